@@ -1,0 +1,2 @@
+"""Framework adapters, installed as ``bridgeflow.adapters``: ``bridgeflow.adapters.torch`` and
+``bridgeflow.adapters.tensorflow``. Each imports its framework only when imported itself."""

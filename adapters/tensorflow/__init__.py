@@ -1,0 +1,1 @@
+"""TensorFlow adapter: QueueInput, StagingInput, tf.data and Keras inputs from any DataFlow."""

@@ -1,0 +1,1 @@
+"""PyTorch adapter: a drop-in DataLoader on bridgeflow workers and a CUDA-stream prefetcher."""

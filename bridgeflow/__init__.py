@@ -1,0 +1,77 @@
+"""bridgeflow: length-free DataFlows that keep TensorFlow and PyTorch accelerators fed.
+
+Data is any Python iterator of datapoints (lists or dicts of components). Sources, transforms,
+parallel stages and batching are separate wrappers that compose; adapters in ``bridgeflow.adapters``
+hand the result to PyTorch or TensorFlow while the model trains.
+
+Importing bridgeflow loads only numpy and the standard library.
+"""
+
+from .base import DataFlow, ProxyDataFlow, RNGDataFlow, get_rng, iter_flows, worker_seed_scope
+from .batch import BatchData, BatchDataByShape, UnbatchData, batch_datapoints
+from .combine import ConcatData, JoinData, LocallyShuffleData, RandomChooseData, RandomMixData
+from .errors import (
+    BatchError,
+    BridgeflowError,
+    DataFlowReentrantError,
+    DataFlowTerminated,
+    DatapointError,
+    LengthUnknownError,
+    MissingDependencyError,
+    WorkerError,
+)
+from .sources import DataFromGenerator, DataFromIterable, DataFromList, FakeData
+from .speed import TestDataSpeed, collect_stats
+from .transforms import (
+    CacheData,
+    FilterData,
+    FixedSizeData,
+    MapData,
+    MapDataComponent,
+    PrintData,
+    RepeatedData,
+    SelectComponent,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchData",
+    "BatchDataByShape",
+    "BatchError",
+    "BridgeflowError",
+    "CacheData",
+    "ConcatData",
+    "DataFlow",
+    "DataFlowReentrantError",
+    "DataFlowTerminated",
+    "DataFromGenerator",
+    "DataFromIterable",
+    "DataFromList",
+    "DatapointError",
+    "FakeData",
+    "FilterData",
+    "FixedSizeData",
+    "JoinData",
+    "LengthUnknownError",
+    "LocallyShuffleData",
+    "MapData",
+    "MapDataComponent",
+    "MissingDependencyError",
+    "PrintData",
+    "ProxyDataFlow",
+    "RNGDataFlow",
+    "RandomChooseData",
+    "RandomMixData",
+    "RepeatedData",
+    "SelectComponent",
+    "TestDataSpeed",
+    "UnbatchData",
+    "WorkerError",
+    "__version__",
+    "batch_datapoints",
+    "collect_stats",
+    "get_rng",
+    "iter_flows",
+    "worker_seed_scope",
+]

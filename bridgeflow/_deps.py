@@ -1,0 +1,34 @@
+"""Import optional dependencies where they are used, with an error that says how to install them."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from .errors import MissingDependencyError
+
+# module name -> (extra, pip distribution)
+_EXTRAS = {
+    "lmdb": ("lmdb", "lmdb"),
+    "h5py": ("hdf5", "h5py"),
+    "msgpack": ("msgpack", "msgpack"),
+    "zmq": ("zmq", "pyzmq"),
+    "ray": ("ray", "ray"),
+    "torch": ("torch", "torch"),
+    "tensorflow": ("tensorflow", "tensorflow-cpu"),
+}
+
+
+def require(module: str, feature: str = "") -> ModuleType:
+    """Import ``module`` or raise :class:`MissingDependencyError` naming the extra that provides it.
+
+    Example:
+        >>> lmdb = require("lmdb", "LMDBSerializer")  # doctest: +SKIP
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        extra, dist = _EXTRAS.get(module.split(".")[0], (None, module))
+        what = f"{feature} needs {dist}" if feature else f"{dist} is not installed"
+        hint = f'pip install -e ".[{extra}]"' if extra else f"pip install {dist}"
+        raise MissingDependencyError(f"{what}; install it with: {hint}") from exc

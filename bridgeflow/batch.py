@@ -1,0 +1,212 @@
+"""Batching, kept apart from parallelism: put it before or after any parallel stage.
+
+How a component is batched depends on its value in the first datapoint of the batch:
+
+- numpy arrays are stacked into one array with a new leading axis (ragged arrays are padded to the
+  batch maximum when ``pad_value`` is given);
+- Python and numpy numbers and bools become a 1-d array (numpy's default dtypes: int64, float64, bool);
+- anything else (str, bytes, objects, nested lists) stays a list.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Hashable, Iterator, Sequence
+from numbers import Number
+from typing import Any
+
+import numpy as np
+
+from .base import DataFlow, ProxyDataFlow
+from .errors import BatchError, DatapointError, LengthUnknownError
+from .transforms import check_datapoint, get_component
+
+__all__ = ["BatchData", "BatchDataByShape", "UnbatchData", "batch_datapoints"]
+
+_NUMERIC_KINDS = frozenset("biufc")
+
+
+def _shapes_seen(values: Sequence[Any]) -> str:
+    counts = Counter(tuple(np.shape(v)) for v in values)
+    return ", ".join(f"{shape} x{n}" for shape, n in counts.most_common(6))
+
+
+def _pad_stack(values: Sequence[np.ndarray], pad_value: Any, name: str) -> np.ndarray:
+    ndims = {v.ndim for v in values}
+    if len(ndims) != 1:
+        raise BatchError(f"component {name}: cannot pad arrays of different ranks ({sorted(ndims)}); "
+                         f"shapes seen: {_shapes_seen(values)}")
+    shape = tuple(max(dims) for dims in zip(*(v.shape for v in values)))
+    out = np.full((len(values), *shape), pad_value, dtype=np.result_type(*values))
+    for i, v in enumerate(values):
+        out[(i, *(slice(0, d) for d in v.shape))] = v
+    return out
+
+
+def _batch_component(values: list[Any], name: str, pad_value: Any) -> Any:
+    first = values[0]
+    if isinstance(first, np.ndarray):
+        try:
+            return np.stack(values)
+        except (ValueError, TypeError):
+            if not all(isinstance(v, np.ndarray) for v in values):
+                kinds = sorted({type(v).__name__ for v in values})
+                raise BatchError(f"component {name}: mixes arrays with {kinds}") from None
+            if pad_value is None:
+                raise BatchError(
+                    f"component {name}: arrays of different shapes cannot be stacked "
+                    f"(shapes seen: {_shapes_seen(values)}); pass pad_value= to pad them, or use_list=True"
+                ) from None
+            return _pad_stack(values, pad_value, name)
+    if isinstance(first, (Number, np.bool_, np.number)) and not isinstance(first, (str, bytes)):
+        try:
+            arr = np.asarray(values)
+        except (ValueError, TypeError):
+            arr = None
+        if arr is None or arr.dtype.kind not in _NUMERIC_KINDS or arr.ndim != 1:
+            kinds = sorted({type(v).__name__ for v in values})
+            raise BatchError(f"component {name}: numbers mixed with other types ({kinds}); use_list=True "
+                             "keeps them as a list")
+        return arr
+    return list(values)
+
+
+def batch_datapoints(dps: Sequence[Any], use_list: bool | Collection[Hashable] = False,
+                     pad_value: Any = None) -> Any:
+    """Turn a sequence of datapoints into one batch datapoint of the same structure.
+
+    Args:
+        dps: list/tuple datapoints of equal length, or dict datapoints with the same keys.
+        use_list: ``True`` keeps every component as a list; a collection of positions/keys keeps those.
+        pad_value: pad ragged arrays with this value up to the largest shape in the batch.
+
+    Example:
+        >>> batch_datapoints([[np.zeros(2), 1], [np.ones(2), 2]])[1]
+        array([1, 2])
+    """
+    if not dps:
+        raise BatchError("cannot batch an empty list of datapoints")
+    first = check_datapoint(dps[0], "BatchData input")
+    as_list = (lambda k: True) if use_list is True else (lambda k: bool(use_list) and k in use_list)
+    if isinstance(first, dict):
+        keys = list(first)
+        for j, dp in enumerate(dps):
+            if not isinstance(dp, dict) or len(dp) != len(keys):
+                _check_keys(dp, keys, j)
+        out = {}
+        for k in keys:
+            values = [get_component(dp, k, f"BatchData datapoint {j}") for j, dp in enumerate(dps)]
+            out[k] = values if as_list(k) else _batch_component(values, repr(k), pad_value)
+        return out
+    n = len(first)
+    for j, dp in enumerate(dps):
+        if len(dp) != n or isinstance(dp, dict):
+            raise DatapointError(f"BatchData: datapoint {j} of the batch has {len(dp)} components, the first "
+                                 f"has {n}")
+    columns = list(zip(*dps))
+    batched = [list(col) if as_list(i) else _batch_component(list(col), str(i), pad_value)
+               for i, col in enumerate(columns)]
+    return tuple(batched) if isinstance(first, tuple) else batched
+
+
+def _check_keys(dp: Any, keys: list, j: int) -> None:
+    if not isinstance(dp, dict):
+        raise DatapointError(f"BatchData: datapoint {j} is a {type(dp).__name__} in a batch of dicts")
+    missing = [k for k in keys if k not in dp]
+    extra = [k for k in dp if k not in keys]
+    raise DatapointError(f"BatchData: datapoint {j} of the batch differs in keys from the first "
+                         f"(missing {missing}, extra {extra})")
+
+
+def _check_batch_size(batch_size: Any, who: str) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+        raise ValueError(f"{who} batch_size must be a positive integer, got {batch_size!r}")
+    return int(batch_size)
+
+
+class BatchData(ProxyDataFlow):
+    """Group ``batch_size`` consecutive datapoints into one batch (see :func:`batch_datapoints`).
+
+    Args:
+        remainder: also yield the last, smaller batch of an epoch.
+        use_list: keep components as lists instead of stacking (``True`` or a collection of components).
+        pad_value: pad ragged arrays to the batch maximum with this value instead of raising.
+    """
+
+    def __init__(self, ds: DataFlow, batch_size: int, remainder: bool = False,
+                 use_list: bool | Collection[Hashable] = False, pad_value: Any = None) -> None:
+        super().__init__(ds)
+        self.batch_size = _check_batch_size(batch_size, "BatchData")
+        self.remainder = remainder
+        self.use_list = use_list
+        self.pad_value = pad_value
+
+    def __len__(self) -> int:
+        n = len(self.ds)
+        return -(-n // self.batch_size) if self.remainder else n // self.batch_size
+
+    def __iter__(self) -> Iterator:
+        bs, use_list, pad = self.batch_size, self.use_list, self.pad_value
+        holder: list = []
+        for dp in self.ds:
+            holder.append(dp)
+            if len(holder) == bs:
+                yield batch_datapoints(holder, use_list, pad)
+                holder = []
+        if self.remainder and holder:
+            yield batch_datapoints(holder, use_list, pad)
+
+
+class BatchDataByShape(ProxyDataFlow):
+    """Batch datapoints whose component ``idx`` has the same shape (e.g. images of equal size).
+
+    Datapoints wait in one bucket per shape; a bucket is emitted when full. With ``remainder=True`` the
+    partial buckets are emitted at the end of an epoch.
+    """
+
+    def __init__(self, ds: DataFlow, batch_size: int, idx: Hashable, remainder: bool = False,
+                 use_list: bool | Collection[Hashable] = False) -> None:
+        super().__init__(ds)
+        self.batch_size = _check_batch_size(batch_size, "BatchDataByShape")
+        self.idx = idx
+        self.remainder = remainder
+        self.use_list = use_list
+
+    def __len__(self) -> int:
+        raise LengthUnknownError("BatchDataByShape's number of batches depends on the shapes it sees")
+
+    def __iter__(self) -> Iterator:
+        buckets: dict[tuple, list] = {}
+        for dp in self.ds:
+            shape = np.shape(get_component(dp, self.idx, "BatchDataByShape"))
+            bucket = buckets.setdefault(shape, [])
+            bucket.append(dp)
+            if len(bucket) == self.batch_size:
+                yield batch_datapoints(bucket, self.use_list)
+                del buckets[shape]
+        if self.remainder:
+            for bucket in buckets.values():
+                yield batch_datapoints(bucket, self.use_list)
+
+
+class UnbatchData(ProxyDataFlow):
+    """Split each batch back into datapoints: the inverse of :class:`BatchData`."""
+
+    def __iter__(self) -> Iterator:
+        for batch in self.ds:
+            check_datapoint(batch, "UnbatchData input")
+            keys = list(batch) if isinstance(batch, dict) else range(len(batch))
+            sizes = {k: len(batch[k]) for k in keys}
+            if len(set(sizes.values())) > 1:
+                raise BatchError(f"UnbatchData: components of one batch differ in length: {sizes}")
+            n = next(iter(sizes.values()), 0)
+            if isinstance(batch, dict):
+                for i in range(n):
+                    yield {k: batch[k][i] for k in keys}
+            else:
+                cls = tuple if isinstance(batch, tuple) else list
+                for i in range(n):
+                    yield cls(batch[k][i] for k in keys)
+
+    def __len__(self) -> int:
+        raise LengthUnknownError("UnbatchData's length depends on the sizes of the batches it reads")

@@ -1,0 +1,149 @@
+"""The ``bridgeflow`` command line: ``demo``, ``bench``, and the commands other modules register.
+
+Each command prints to stdout; progress bars go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .base import DataFlow
+from .errors import BridgeflowError
+
+__all__ = ["load_object", "main", "parse_shapes"]
+
+log = logging.getLogger(__name__)
+
+
+def load_object(spec: str) -> Any:
+    """Resolve ``module:attr`` or ``path/to/file.py:attr``; call ``attr`` if it is not a DataFlow already."""
+    if ":" not in spec:
+        raise ValueError(f"expected MODULE:FUNCTION or FILE.py:FUNCTION, got {spec!r}")
+    target, attr = spec.rsplit(":", 1)
+    if target.endswith(".py"):
+        if not os.path.isfile(target):
+            raise FileNotFoundError(f"no such file: {target}")
+        name = "_bridgeflow_user_" + os.path.splitext(os.path.basename(target))[0]
+        mod_spec = importlib.util.spec_from_file_location(name, target)
+        module = importlib.util.module_from_spec(mod_spec)  # type: ignore[arg-type]
+        sys.modules[name] = module  # so pickling for spawn-started workers can find its functions
+        mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(target)
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise AttributeError(f"{target} has no attribute {attr!r}") from None
+    if callable(obj) and not isinstance(obj, DataFlow):
+        obj = obj()
+    return obj
+
+
+def parse_shapes(text: str) -> list[list[int]]:
+    """``"3x224x224,1"`` -> ``[[3, 224, 224], [1]]``; a component ``scalar`` gives shape ``[]``."""
+    shapes = []
+    for part in text.split(","):
+        part = part.strip()
+        if part in ("", "scalar"):
+            shapes.append([])
+            continue
+        try:
+            shapes.append([int(d) for d in part.lower().split("x")])
+        except ValueError:
+            raise ValueError(f"bad shape {part!r} in {text!r}; write shapes like 3x224x224,1") from None
+    return shapes
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .batch import BatchData
+    from .sources import FakeData
+    from .speed import TestDataSpeed
+
+    if (args.target is None) == (args.fake is None):
+        raise SystemExit("bridgeflow bench: give either TARGET (module:function or a dataset file) or --fake")
+    if args.target is not None and ":" not in args.target and os.path.exists(args.target):
+        from .serialize.cli import bench_file
+
+        return bench_file(args.target, args)
+    if args.fake is not None:
+        df: DataFlow = FakeData(parse_shapes(args.fake), size=None, random=not args.constant,
+                                dtype=args.dtype, seed=0)
+    else:
+        df = load_object(args.target)
+    if args.batch:
+        df = BatchData(df, args.batch)
+    with df:
+        TestDataSpeed(df, size=args.size, warmup=args.warmup, progress=not args.quiet).start()
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(size=args.size, workdir=args.workdir)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bridgeflow", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"bridgeflow {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    bench = sub.add_parser("bench", help="measure how fast a flow or dataset file produces datapoints")
+    bench.add_argument("target", nargs="?", help="module:function returning a DataFlow, or a dataset file")
+    bench.add_argument("--fake", metavar="SHAPES", help="measure FakeData of these shapes, e.g. 3x224x224,1")
+    bench.add_argument("--dtype", default="uint8", help="dtype of --fake components (default uint8)")
+    bench.add_argument("--constant", action="store_true", help="--fake repeats one datapoint (no RNG cost)")
+    bench.add_argument("--batch", type=int, default=0, help="wrap the flow in BatchData of this size")
+    bench.add_argument("--size", type=int, default=2000, help="datapoints to time (default 2000)")
+    bench.add_argument("--warmup", type=int, default=50, help="datapoints to skip before timing")
+    bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    bench.set_defaults(func=_cmd_bench)
+
+    demo = sub.add_parser("demo", help="build, serialize and measure a pipeline on built-in fake data")
+    demo.add_argument("--size", type=int, default=2048, help="datapoints in the demo dataset")
+    demo.add_argument("--workdir", help="where to write the demo dataset (default: a temporary folder)")
+    demo.set_defaults(func=_cmd_demo)
+
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+# Modules that add their own sub-commands with ``register(subparsers)``.
+_COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    np.set_printoptions(precision=4, suppress=True)
+    try:
+        return int(args.func(args) or 0)
+    except (BridgeflowError, FileNotFoundError, ValueError, AttributeError, ImportError) as exc:
+        print(f"bridgeflow {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"bridgeflow {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

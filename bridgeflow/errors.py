@@ -1,0 +1,62 @@
+"""Exceptions raised by bridgeflow.
+
+Every error the library raises on purpose derives from :class:`BridgeflowError`, so callers can catch
+them all at once; where a builtin type carries meaning (``TypeError`` for an unknown length,
+``ValueError`` for a bad argument) the error derives from that too.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchError",
+    "BridgeflowError",
+    "DataFlowReentrantError",
+    "DataFlowTerminated",
+    "DatapointError",
+    "LengthUnknownError",
+    "MissingDependencyError",
+    "WorkerError",
+]
+
+
+class BridgeflowError(Exception):
+    """Base class of the errors bridgeflow raises on purpose."""
+
+
+class LengthUnknownError(BridgeflowError, TypeError):
+    """``len()`` of a flow whose length is not known without iterating it.
+
+    It is a ``TypeError`` so that ``list(df)`` and ``operator.length_hint`` treat the flow as length-free.
+    """
+
+
+class DataFlowReentrantError(BridgeflowError, RuntimeError):
+    """One flow iterated by two consumers at the same time."""
+
+
+class DataFlowTerminated(BridgeflowError):
+    """Raised inside a flow that was closed while a consumer was still iterating it."""
+
+
+class DatapointError(BridgeflowError, ValueError):
+    """A datapoint with the wrong structure: not a list/tuple/dict, a missing key, a wrong length."""
+
+
+class BatchError(DatapointError):
+    """A component that cannot be batched (ragged shapes without padding, mixed types)."""
+
+
+class WorkerError(BridgeflowError, RuntimeError):
+    """A parallel worker died without reporting an exception (signal, ``os._exit``, OOM kill)."""
+
+    def __init__(self, message: str, *, stage: str = "", worker: int = -1, pid: int | None = None,
+                 exitcode: int | None = None) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.worker = worker
+        self.pid = pid
+        self.exitcode = exitcode
+
+
+class MissingDependencyError(BridgeflowError, ImportError):
+    """An optional dependency is needed for the feature used; the message names the extra to install."""

@@ -1,0 +1,1 @@
+"""Parallel stages: threads and processes with a shared-memory transport (see bridgeflow.parallel.*)."""

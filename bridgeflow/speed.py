@@ -1,0 +1,100 @@
+"""Measure how fast a flow produces datapoints, and show which stage is the slow side."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .base import DataFlow, ProxyDataFlow, iter_flows
+
+__all__ = ["TestDataSpeed", "collect_stats", "format_stats"]
+
+
+def collect_stats(df: DataFlow) -> dict[str, dict[str, float]]:
+    """``{path: stats}`` for every flow in the pipeline whose ``stats()`` is not empty."""
+    out = {}
+    for path, flow in iter_flows(df):
+        stats = flow.stats() if isinstance(flow, DataFlow) else {}
+        if stats:
+            out[path] = dict(stats)
+    return out
+
+
+def format_stats(stats: dict[str, dict[str, float]]) -> str:
+    lines = []
+    for path, values in stats.items():
+        parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()]
+        lines.append(f"  {path}: " + " ".join(parts))
+    return "\n".join(lines)
+
+
+class TestDataSpeed(ProxyDataFlow):
+    """Iterate a flow ``size`` times behind a progress bar and report datapoints per second.
+
+    ``start()`` runs the test and returns the rate; the first ``warmup`` datapoints are not timed (worker
+    start-up, caches). If the flow runs out before ``size`` it is iterated again. Afterwards the
+    statistics of every stage that keeps them (queue fill, consumer wait) are printed, so the slow side
+    shows: an output buffer that is nearly always empty means the producer is the bottleneck.
+
+    Example:
+        >>> from bridgeflow import FakeData
+        >>> rate = TestDataSpeed(FakeData([[4]], size=100), size=50).start()  # doctest: +SKIP
+    """
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    def __init__(self, ds: DataFlow, size: int = 5000, warmup: int = 0, *, progress: bool = True,
+                 file: Any = None) -> None:
+        super().__init__(ds)
+        if size <= 0 or warmup < 0:
+            raise ValueError(f"TestDataSpeed needs size > 0 and warmup >= 0, got size={size} warmup={warmup}")
+        self.test_size = int(size)
+        self.warmup = int(warmup)
+        self.progress = progress
+        self.file = file
+        self.rate: float | None = None
+
+    def _stream(self) -> Iterator:
+        while True:
+            empty = True
+            for dp in self.ds:
+                empty = False
+                yield dp
+            if empty:
+                raise ValueError(f"TestDataSpeed: {type(self.ds).__name__} yielded no datapoint")
+
+    def start(self) -> float:
+        """Run the test; returns datapoints per second and prints a summary."""
+        from tqdm import tqdm
+
+        if not self._bf_reset_done:
+            self.reset_state()
+        out = self.file or sys.stdout
+        stream = self._stream()
+        try:
+            for _ in range(self.warmup):
+                next(stream)
+            bar = tqdm(total=self.test_size, unit="dp", smoothing=0.1, disable=not self.progress,
+                       file=sys.stderr, dynamic_ncols=True, leave=False)
+            t0 = time.perf_counter()
+            with bar:
+                for _ in range(self.test_size):
+                    next(stream)
+                    bar.update(1)
+            elapsed = time.perf_counter() - t0
+        finally:
+            stream.close()
+        self.rate = self.test_size / max(elapsed, 1e-9)
+        print(f"{self.test_size} datapoints in {elapsed:.3f}s: {self.rate:.1f} datapoints/s", file=out)
+        stats = collect_stats(self.ds)
+        if stats:
+            print("stage statistics:\n" + format_stats(stats), file=out)
+        return self.rate
+
+    start_test = start  # tensorpack's older name
+
+    def __iter__(self) -> Iterator:
+        self.start()
+        yield from self.ds

@@ -1,0 +1,111 @@
+"""Contract checks that every DataFlow should pass; use them in your own flows' tests.
+
+Example:
+    >>> from bridgeflow import DataFromList
+    >>> from bridgeflow.testing import check_dataflow
+    >>> check_dataflow(DataFromList([[1], [2]], shuffle=False))
+    [[1], [2]]
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from .base import DataFlow
+from .errors import DataFlowReentrantError, LengthUnknownError
+
+__all__ = ["assert_same_datapoints", "check_dataflow", "datapoint_structure"]
+
+
+def datapoint_structure(dp: Any) -> Any:
+    """A hashable summary of a datapoint's structure: container types, keys, array dtypes and ranks."""
+    if isinstance(dp, dict):
+        return ("dict", tuple((k, datapoint_structure(v)) for k, v in dp.items()))
+    if isinstance(dp, (list, tuple)):
+        return (type(dp).__name__, tuple(datapoint_structure(v) for v in dp))
+    if isinstance(dp, np.ndarray):
+        return ("ndarray", dp.dtype.str, dp.ndim)
+    return (type(dp).__name__,)
+
+
+def _key(dp: Any) -> Any:
+    """A hashable, value-exact key for comparing datapoints as a multiset."""
+    if isinstance(dp, dict):
+        return ("d", tuple((k, _key(v)) for k, v in dp.items()))
+    if isinstance(dp, (list, tuple)):
+        return ("l", tuple(_key(v) for v in dp))
+    if isinstance(dp, np.ndarray):
+        return ("a", dp.dtype.str, dp.shape, dp.tobytes())
+    return ("v", repr(dp))
+
+
+def assert_same_datapoints(a: list, b: list, ordered: bool = True) -> None:
+    """Assert two lists of datapoints are equal (exact array values and dtypes), in order or as multisets."""
+    assert len(a) == len(b), f"{len(a)} datapoints != {len(b)}"
+    ka, kb = [_key(x) for x in a], [_key(x) for x in b]
+    if ordered:
+        for i, (x, y) in enumerate(zip(ka, kb)):
+            assert x == y, f"datapoint {i} differs: {a[i]!r} != {b[i]!r}"
+    else:
+        assert Counter(ka) == Counter(kb), "the two flows yield different multisets of datapoints"
+
+
+def check_dataflow(df: DataFlow, *, epochs: int = 2, deterministic: bool | None = None,
+                   max_datapoints: int = 100_000) -> list:
+    """Check the DataFlow contract on ``df`` and return the datapoints of its first epoch.
+
+    Checks: ``reset_state()`` then two epochs; every datapoint is a list/tuple/dict with one structure
+    throughout; ``len()`` equals the count, or raises ``LengthUnknownError`` (a ``TypeError``); a second
+    concurrent ``iter()`` is refused; ``close()`` works twice. ``deterministic=True`` also requires the
+    epochs to be equal; ``None`` compares them as multisets when the flow has a length.
+    """
+    df.reset_state()
+    try:
+        length: int | None = len(df)
+    except LengthUnknownError:
+        length = None
+    except TypeError as exc:
+        raise AssertionError(f"len() raised a TypeError that is not LengthUnknownError: {exc!r}") from exc
+
+    runs = []
+    for epoch in range(epochs):
+        out = []
+        structure = None
+        for dp in df:
+            assert isinstance(dp, (list, tuple, dict)), f"epoch {epoch}: datapoint is a {type(dp).__name__}"
+            s = datapoint_structure(dp)
+            if structure is None:
+                structure = s
+            assert s == structure, f"epoch {epoch}, datapoint {len(out)}: structure {s} != first {structure}"
+            out.append(dp)
+            assert len(out) <= max_datapoints, f"more than {max_datapoints} datapoints: endless flow?"
+        if length is not None:
+            assert len(out) == length, f"epoch {epoch}: len() is {length} but {len(out)} datapoints came"
+        runs.append(out)
+
+    if deterministic:
+        for r in runs[1:]:
+            assert_same_datapoints(runs[0], r, ordered=True)
+    elif deterministic is None and length is not None:
+        for r in runs[1:]:
+            assert_same_datapoints(runs[0], r, ordered=False)
+
+    first = iter(df)
+    try:
+        next(first)
+        try:
+            iter(df)
+        except DataFlowReentrantError:
+            pass
+        else:
+            raise AssertionError("a second concurrent iter() was not refused")
+    except StopIteration:
+        pass
+    finally:
+        first.close()
+    df.close()
+    df.close()
+    return runs[0]
