@@ -1,0 +1,70 @@
+"""Shared test fixtures: a hang guard, and a check that nothing outlives a test."""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+# A test that hangs longer than this dumps every thread's stack and ends the run, so CI fails instead
+# of stalling until its own limit.
+HANG_TIMEOUT_S = float(os.environ.get("BRIDGEFLOW_TEST_HANG_TIMEOUT", "240"))
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "bf"  # bridgeflow's shared-memory segments are named bf<pid>_...
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard():
+    faulthandler.dump_traceback_later(HANG_TIMEOUT_S, exit=True, file=sys.stderr)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def child_pids() -> set[int]:
+    """Live (non-zombie) child processes of this process, read from /proc."""
+    me = str(os.getpid())
+    out = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            out.add(int(entry))
+    return out
+
+
+def shm_entries() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
+    except FileNotFoundError:
+        return set()
+
+
+def wait_for(predicate, timeout: float = 2.0, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+@pytest.fixture
+def leak_check():
+    """Assert that no child process, thread or bridgeflow shared-memory segment outlives the test (2 s)."""
+    procs0, shm0 = child_pids(), shm_entries()
+    threads0 = {t.ident for t in threading.enumerate()}
+    yield
+    new_threads = lambda: [t for t in threading.enumerate() if t.ident not in threads0 and t.is_alive()]
+    assert wait_for(lambda: not (child_pids() - procs0)), f"child processes left: {child_pids() - procs0}"
+    assert wait_for(lambda: not (shm_entries() - shm0)), f"shared memory left: {shm_entries() - shm0}"
+    assert wait_for(lambda: not new_threads()), f"threads left: {[t.name for t in new_threads()]}"
