@@ -1,0 +1,333 @@
+"""The datapoint codec: a small versioned binary format that never runs code on load.
+
+Layout of one encoded datapoint (integers little-endian)::
+
+    header    24 bytes: magic b"\x93BFC", version u8, codec u8, flags u16,
+              nbuf u32, skel_len u32, nvals u32, heap_len u32
+    skeleton  the shape of the object tree: one tag per node, container sizes, array dtypes and
+              ranks (no values); datapoints of one kind share one skeleton
+    values    nvals x 8 bytes (ints, floats, array dims, heap offsets/lengths), then nbuf x u64: the
+              byte length of each raw buffer
+    heap      the bytes of strings, small bytes objects, big ints and numpy scalars
+    buffers   raw bytes of arrays (and of bytes objects >= 1 KiB) in tree order, each starting at a
+              multiple of 16 bytes from the start of the encoding, so ``np.frombuffer`` views are aligned
+
+Decoding compiles each new skeleton once into a small tree of closures (cached), so reading a stream of
+same-shaped datapoints costs one ``struct.unpack_from`` for values and table plus one ``np.frombuffer``
+per array. With ``codec="pickle"`` the heap holds a protocol-5 pickle and the buffers its out-of-band
+buffers.
+
+:func:`encode` / :func:`decode` work on one contiguous buffer (an LMDB value). :func:`encode_frames` /
+:func:`decode_frames` keep the buffers as separate frames (header + table + structure first), so a
+transport sends arrays without copying them into a header.
+
+Arrays decoded are **views of the buffer given** (zero-copy): writable exactly when that buffer is
+writable (``bytearray``, a writable ``memoryview``), read-only for ``bytes``. The dataset readers in this
+package copy each stored value once into a fresh ``bytearray``, so the arrays they return are writable and
+stay valid after the file is closed.
+
+Supported: numpy arrays of bool, integer, float, complex, datetime/timedelta and fixed-width string dtypes
+(any shape, 0-d and empty too; non-contiguous arrays are stored contiguously, Fortran-ordered ones keep
+their order), numpy scalars, Python ``None``/``bool``/``int``/``float``/``str``/``bytes``, lists, tuples
+and dicts, nested up to 64 levels. Subclasses (``namedtuple``, ``OrderedDict``, ``IntEnum``) are stored as
+their base type. ``codec="pickle"`` stores anything picklable and is read only with ``allow_pickle=True``.
+
+Example:
+    >>> import numpy as np
+    >>> arr, label = decode(encode([np.arange(3, dtype=np.int16), 7]))
+    >>> arr.tolist(), label
+    ([0, 1, 2], 7)
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._plan import ARRAY_KINDS, Plan, T, compile_plan
+from .errors import CorruptDataError, EncodeError, PickleNotAllowedError, UnsupportedFormatError
+
+__all__ = [
+    "CODECS",
+    "DEFAULT_CODEC",
+    "FORMAT_VERSION",
+    "decode",
+    "decode_frames",
+    "encode",
+    "encode_frames",
+    "peek_codec",
+]
+
+MAGIC = b"\x93BFC"
+FORMAT_VERSION = 1
+DEFAULT_CODEC = "bridgeflow"
+CODECS = ("bridgeflow", "pickle")  # index = the codec byte in the header
+ALIGN = 16
+MAX_DEPTH = 64
+INLINE_BYTES = 1024  # bytes objects shorter than this live in the heap, longer ones in a buffer
+
+_HEAD = struct.Struct("<4sBBHIIII")
+_U8, _U32 = struct.Struct("<B"), struct.Struct("<I")
+_INT64 = (-(1 << 63), 1 << 63)
+
+
+# --- encoding -------------------------------------------------------------------------------------
+
+def _where(path: tuple) -> str:
+    return "datapoint" + "".join(f"[{p!r}]" for p in path)
+
+
+def _dtype_code(dt: np.dtype, path: tuple) -> bytes:
+    if dt.kind not in ARRAY_KINDS or dt.fields is not None or dt.subdtype is not None or dt.itemsize == 0:
+        raise EncodeError(f"{_where(path)}: cannot store dtype {dt} with the bridgeflow codec "
+                          "(numeric, bool, datetime and fixed-width string dtypes only; "
+                          'use codec="pickle" for object arrays)')
+    code = dt.str.encode("ascii")
+    return _U8.pack(len(code)) + code
+
+
+class _Encoder:
+    """Walks the object tree once, filling the skeleton, the values (with their struct codes), the heap
+    and the list of raw buffers."""
+
+    __slots__ = ("skel", "fmt", "vals", "heap", "bufs")
+
+    def __init__(self) -> None:
+        self.skel = bytearray()
+        self.fmt: list[str] = []
+        self.vals: list[Any] = []
+        self.heap = bytearray()
+        self.bufs: list[Any] = []
+
+    def _blob(self, tag: bytes, raw: bytes) -> None:
+        self.skel += tag
+        self.fmt.append("QQ")
+        self.vals += (len(self.heap), len(raw))
+        self.heap += raw
+
+    def add(self, x: Any, path: tuple) -> None:
+        skel = self.skel
+        if len(path) > MAX_DEPTH:
+            raise EncodeError(f"{_where(path[:4])}...: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(x, np.ndarray):
+            self._array(x, path)
+        elif isinstance(x, np.generic):  # before int/float/str/bytes: np.float64 is a float subclass
+            skel += T.SCALAR + _dtype_code(x.dtype, path)
+            self.fmt.append("Q")
+            self.vals.append(len(self.heap))
+            self.heap += np.asarray(x).tobytes()
+        elif x is None:
+            skel += T.NONE
+        elif x is True or x is False:
+            skel += T.TRUE if x else T.FALSE
+        elif isinstance(x, int):
+            if _INT64[0] <= x < _INT64[1]:
+                skel += T.INT
+                self.fmt.append("q")
+                self.vals.append(x)
+            else:
+                self._blob(T.BIGINT, int(x).to_bytes((x.bit_length() + 8) // 8, "little", signed=True))
+        elif isinstance(x, float):
+            skel += T.FLOAT
+            self.fmt.append("d")
+            self.vals.append(x)
+        elif isinstance(x, str):
+            self._blob(T.STR, x.encode("utf-8", "surrogatepass"))
+        elif isinstance(x, bytes):
+            if len(x) < INLINE_BYTES:
+                self._blob(T.BYTES, x)
+            else:
+                skel += T.BIGBYTES
+                self.bufs.append(x)
+        elif isinstance(x, (list, tuple)):
+            skel += (T.TUPLE if isinstance(x, tuple) else T.LIST) + _U32.pack(len(x))
+            for i, v in enumerate(x):
+                self.add(v, path + (i,))
+        elif isinstance(x, dict):
+            skel += T.DICT + _U32.pack(len(x))
+            for k, v in x.items():
+                self.add(k, path + ("<key>",))
+                self.add(v, path + (k,))
+        else:
+            raise EncodeError(f"{_where(path)}: cannot store a {type(x).__module__}.{type(x).__qualname__} "
+                              "with the bridgeflow codec (arrays, numbers, str, bytes, None, lists, tuples, "
+                              'dicts); convert it, or save with codec="pickle"')
+
+    def _array(self, a: np.ndarray, path: tuple) -> None:
+        code = _dtype_code(a.dtype, path)
+        fortran = a.ndim > 1 and not a.flags.c_contiguous and a.flags.f_contiguous
+        flat = a.T.reshape(-1) if fortran else np.ascontiguousarray(a).reshape(-1)
+        self.skel += T.ARRAY + code + bytes((1 if fortran else 0, a.ndim))
+        self.fmt.append("Q" * a.ndim)
+        self.vals += a.shape
+        self.bufs.append(flat.view(np.uint8) if flat.size else b"")
+
+
+def _codec_id(codec: str) -> int:
+    try:
+        return CODECS.index(codec)
+    except ValueError:
+        raise ValueError(f"unknown codec {codec!r}; choose one of {list(CODECS)}") from None
+
+
+def _prepare(obj: Any, codec: str) -> tuple[bytes, list[Any]]:
+    """Header + skeleton + values + table + heap, and the raw buffers."""
+    cid = _codec_id(codec)
+    if cid == 0:
+        enc = _Encoder()
+        enc.add(obj, ())
+        skel, fmt, vals, heap, bufs = bytes(enc.skel), "".join(enc.fmt), enc.vals, bytes(enc.heap), enc.bufs
+    else:
+        pbufs: list[pickle.PickleBuffer] = []
+        heap = pickle.dumps(obj, protocol=5, buffer_callback=pbufs.append)
+        skel, fmt, vals, bufs = b"", "", [], [pb.raw() for pb in pbufs]
+    lengths = [memoryview(b).nbytes for b in bufs]
+    nvals = len(fmt)
+    head = _HEAD.pack(MAGIC, FORMAT_VERSION, cid, 0, len(bufs), len(skel), nvals, len(heap))
+    table = struct.pack(f"<{fmt}{len(bufs)}Q", *vals, *lengths)
+    return b"".join((head, skel, table, heap)), bufs
+
+
+def encode(obj: Any, *, codec: str = DEFAULT_CODEC) -> bytes:
+    """Encode a datapoint (or any supported object) into one contiguous ``bytes``.
+
+    Raises :class:`EncodeError` naming the component it cannot store.
+    """
+    head, bufs = _prepare(obj, codec)
+    parts: list[Any] = [head]
+    size = len(head)
+    zeros = bytes(ALIGN)
+    for b in bufs:
+        pad = -size % ALIGN
+        if pad:
+            parts.append(zeros[:pad])
+        parts.append(b)
+        size += pad + memoryview(b).nbytes
+    return b"".join(parts)
+
+
+def encode_frames(obj: Any, *, codec: str = DEFAULT_CODEC) -> list[bytes | memoryview]:
+    """Encode into frames ``[header+structure, buffer0, buffer1, ...]``; contiguous arrays are not copied.
+
+    The buffers are memoryviews of the arrays given (or of contiguous copies): send them before
+    modifying the arrays.
+    """
+    head, bufs = _prepare(obj, codec)
+    return [head] + [b if isinstance(b, bytes) else memoryview(b) for b in bufs]
+
+
+# --- decoding -------------------------------------------------------------------------------------
+
+_plans: dict[bytes, Plan] = {}
+_MAX_PLANS = 1024
+_OWN_ERRORS = (CorruptDataError, UnsupportedFormatError, PickleNotAllowedError)
+
+
+def _plan(skeleton: bytes) -> Plan:
+    plan = _plans.get(skeleton)
+    if plan is None:
+        plan = compile_plan(skeleton, MAX_DEPTH)
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[skeleton] = plan
+    return plan
+
+
+def _check_head(magic: bytes, version: int, cid: int) -> None:
+    if magic != MAGIC:
+        raise CorruptDataError(f"not a bridgeflow encoding (magic {bytes(magic)!r})")
+    if version != FORMAT_VERSION:
+        raise UnsupportedFormatError(f"encoded with format version {version}; this bridgeflow reads "
+                                     f"version {FORMAT_VERSION} (upgrade bridgeflow to read it)")
+    if cid >= len(CODECS):
+        raise UnsupportedFormatError(f"encoded with unknown codec id {cid}; known: {list(CODECS)}")
+
+
+def _as_bytes_like(buf: Any) -> Any:
+    """``bytes``/``bytearray`` as they are (fastest to slice and unpack), anything else as a byte view."""
+    if type(buf) is bytes or type(buf) is bytearray:
+        return buf
+    mv = memoryview(buf)
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def _decode_parts(b: Any, frames: Sequence[Any] | None, allow_pickle: bool) -> Any:
+    """Decode from ``b`` (a whole encoding, or the first frame when ``frames`` is given)."""
+    if len(b) < 24:
+        raise CorruptDataError(f"encoded datapoint too short ({len(b)} bytes) for its header")
+    magic, version, cid, _flags, nbuf, skel_len, nvals, heap_len = _HEAD.unpack_from(b)
+    if magic != MAGIC or version != FORMAT_VERSION or cid >= len(CODECS):
+        _check_head(magic, version, cid)
+    tstart = 24 + skel_len
+    if cid == 0:
+        plan = _plans.get(bytes(b[24:tstart])) or _plan(bytes(b[24:tstart]))
+        if plan.nbufs != nbuf or plan.nvals != nvals:
+            raise CorruptDataError(f"skeleton needs {plan.nvals} values and {plan.nbufs} buffers; the "
+                                   f"header says {nvals} and {nbuf}")
+        vals = plan.values.unpack_from(b, tstart)
+    elif not allow_pickle:
+        raise PickleNotAllowedError('data written with codec="pickle": pass allow_pickle=True to read it, '
+                                    "and only for data you trust (unpickling can run code)")
+    else:
+        plan = None
+        vals = struct.unpack_from(f"<{nvals + nbuf}Q", b, tstart)
+    hstart = tstart + 8 * (nvals + nbuf)
+    end = hstart + heap_len
+    if frames is None:
+        bufs = []
+        for n in vals[nvals:]:
+            off = end + (-end % ALIGN)
+            end = off + n
+            bufs.append((b, off, n))
+    else:
+        if len(frames) != 1 + nbuf:
+            raise CorruptDataError(f"got {len(frames)} frames; the header announces {1 + nbuf}")
+        bufs = [(_as_bytes_like(f), 0, n) for f, n in zip(frames[1:], vals[nvals:])]
+        for f, _, n in bufs:
+            if len(f) != n:
+                raise CorruptDataError(f"a frame of {len(f)} bytes where the header says {n}")
+    if end != len(b):
+        raise CorruptDataError(f"encoding is {len(b)} bytes but its header says {end}")
+    if plan is None:
+        return pickle.loads(b[hstart:end], buffers=[memoryview(f)[o:o + n] for f, o, n in bufs])
+    return plan.build(vals, bufs, bytes(b[hstart:end]) if plan.heap else b"")
+
+
+def decode(buf: Any, *, allow_pickle: bool = False) -> Any:
+    """Decode one buffer made by :func:`encode`; arrays are zero-copy views of ``buf``.
+
+    Anything that is not a valid encoding raises :class:`CorruptDataError` (never another error type);
+    an unknown format version or codec raises :class:`UnsupportedFormatError`.
+    """
+    try:
+        return _decode_parts(_as_bytes_like(buf), None, allow_pickle)
+    except _OWN_ERRORS:
+        raise
+    except Exception as exc:  # struct.error, IndexError, UnicodeDecodeError, unhashable keys, ...
+        raise CorruptDataError(f"cannot decode datapoint: {type(exc).__name__}: {exc}") from exc
+
+
+def decode_frames(frames: Sequence[Any], *, allow_pickle: bool = False) -> Any:
+    """Decode frames made by :func:`encode_frames`; arrays are zero-copy views of the frames."""
+    try:
+        if not frames:
+            raise CorruptDataError("no frames to decode")
+        return _decode_parts(_as_bytes_like(frames[0]), frames, allow_pickle)
+    except _OWN_ERRORS:
+        raise
+    except Exception as exc:
+        raise CorruptDataError(f"cannot decode frames: {type(exc).__name__}: {exc}") from exc
+
+
+def peek_codec(buf: Any) -> tuple[str, int]:
+    """``(codec name, format version)`` of an encoded buffer, without decoding it."""
+    try:
+        magic, version, cid, *_ = _HEAD.unpack_from(_as_bytes_like(buf))
+    except Exception as exc:
+        raise CorruptDataError(f"cannot read the header: {type(exc).__name__}: {exc}") from exc
+    _check_head(magic, version, cid)
+    return CODECS[cid], version

@@ -1,0 +1,41 @@
+"""Errors raised by bridgeflow.serialize; all derive from :class:`bridgeflow.errors.BridgeflowError`."""
+
+from __future__ import annotations
+
+from ..errors import BridgeflowError
+
+__all__ = [
+    "CorruptDataError",
+    "EncodeError",
+    "PickleNotAllowedError",
+    "SerializationError",
+    "TargetExistsError",
+    "UnsupportedFormatError",
+]
+
+
+class SerializationError(BridgeflowError):
+    """Base class of the errors raised while encoding, decoding, saving or loading datasets."""
+
+
+class CorruptDataError(SerializationError, ValueError):
+    """Bytes that are not a valid encoding, or a dataset file that is truncated, corrupt or of another format.
+
+    File errors name the path; the original low-level error (``lmdb.Error``, ``OSError``) is the cause.
+    """
+
+
+class UnsupportedFormatError(SerializationError, ValueError):
+    """A valid file or buffer written with a codec or format version this bridgeflow does not know."""
+
+
+class PickleNotAllowedError(SerializationError, ValueError):
+    """Data written with ``codec="pickle"`` read without ``allow_pickle=True`` (pickle can run code)."""
+
+
+class EncodeError(SerializationError, TypeError):
+    """An object the codec cannot store; the message names where it sits inside the datapoint."""
+
+
+class TargetExistsError(SerializationError, FileExistsError):
+    """``save`` would replace an existing file; pass ``overwrite=True`` to allow it."""
