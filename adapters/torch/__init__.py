@@ -1,1 +1,14 @@
-"""PyTorch adapter: a drop-in DataLoader on bridgeflow workers and a CUDA-stream prefetcher."""
+"""PyTorch adapter: a drop-in DataLoader on bridgeflow workers and a CUDA-stream prefetcher.
+
+Importing this package imports torch (and raises an error naming the extra to install when it is missing).
+
+Example:
+    >>> from bridgeflow.adapters.torch import DataLoader
+    >>> [b.tolist() for b in DataLoader([1, 2, 3], batch_size=2)]
+    [[1, 2], [3]]
+"""
+
+from .loader import DataLoader
+from .prefetcher import CUDAPrefetcher, DeviceUnavailableError
+
+__all__ = ["CUDAPrefetcher", "DataLoader", "DeviceUnavailableError"]
