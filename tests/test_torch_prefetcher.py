@@ -1,0 +1,208 @@
+"""CUDAPrefetcher: pass-through on CPU, the staging pipeline with a host backend, and GPU tests that skip
+cleanly without CUDA."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader, DeviceUnavailableError
+
+import bridgeflow
+
+Pair = collections.namedtuple("Pair", ["image", "label"])
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _batches(n=5):
+    return [{"x": np.full((4, 3), i, dtype=np.float32), "pair": Pair(torch.full((2,), i), i),
+             "names": [f"n{i}"], "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) + i} for i in range(n)]
+
+
+class HostBackend:
+    """Runs the staging pipeline without a GPU: plain host buffers, copies that clone, no-op events.
+
+    Records every staging buffer it hands out, so tests can check reuse."""
+
+    class Event:
+        def synchronize(self):
+            pass
+
+    def __init__(self):
+        self.allocations = 0
+        self.consumer_waits = 0
+        self.thread_names = set()
+
+    def alloc(self, nbytes):
+        self.allocations += 1
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def is_pinned(self, t):
+        return False
+
+    def context(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def enter_thread(self):
+        self.thread_names.add(threading.current_thread().name)
+
+    def to_device(self, host):
+        return host.clone()
+
+    def record(self):
+        return self.Event()
+
+    def wait_consumer(self, event, tensors):
+        self.consumer_waits += 1
+
+
+def _same(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    else:
+        assert a == b
+
+
+def _as_tensors(batch):
+    return {"x": torch.from_numpy(batch["x"]), "pair": batch["pair"], "names": batch["names"], "t": batch["t"]}
+
+
+def test_cpu_pass_through_turns_arrays_into_tensors():
+    batches = _batches()
+    out = list(CUDAPrefetcher(batches, device="cpu"))
+    for got, src in zip(out, batches):
+        _same(got, _as_tensors(src))
+        assert np.shares_memory(got["x"].numpy(), src["x"])  # zero copy
+    assert len(CUDAPrefetcher(batches, device="cpu")) == 5
+
+
+def test_without_cuda_it_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(DeviceUnavailableError, match="no CUDA device"):
+        CUDAPrefetcher(_batches(), device="cuda")
+    with pytest.raises(RuntimeError):  # DeviceUnavailableError is a RuntimeError too
+        CUDAPrefetcher(_batches())
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_stages=0), "num_stages should be a positive integer"),
+    (dict(num_stages=True), "num_stages should be a positive integer"),
+    (dict(device="tpu:0"), "is not a device name|only 'cuda' devices"),
+    (dict(device="meta"), "only 'cuda' devices"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CUDAPrefetcher(_batches(), **kwargs)
+
+
+def test_loader_that_is_not_iterable():
+    with pytest.raises(TypeError, match="iterable of batches, got int"):
+        CUDAPrefetcher(3, device="cpu")
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 3])
+def test_staging_pipeline_keeps_structure_and_values(num_stages, leak_check):
+    backend = HostBackend()
+    batches = _batches(7)
+    out = list(CUDAPrefetcher(batches, num_stages=num_stages, _backend=backend))
+    for got, src in zip(out, batches):
+        _same(got, _as_tensors(src))
+        assert not np.shares_memory(got["x"].numpy(), src["x"])  # it went through staging and a copy
+    assert len(out) == 7 and backend.consumer_waits == 7
+    assert backend.thread_names == {"bf-cuda-prefetch"}
+    # buffers are reused: one per tensor leaf (x, pair.image, t) per stage, never per batch
+    assert backend.allocations == 3 * min(num_stages, 7)
+
+
+def test_staging_buffers_grow_when_a_batch_is_larger(leak_check):
+    backend = HostBackend()
+    batches = [np.zeros(4, np.float32), np.ones(16, np.float32), np.full(8, 2, np.float32)]
+    out = list(CUDAPrefetcher(batches, num_stages=1, _backend=backend))
+    assert [o.tolist() for o in out] == [b.tolist() for b in batches]
+    assert backend.allocations == 2
+
+
+def test_loader_error_reaches_the_consumer(leak_check):
+    def gen():
+        yield np.zeros(2)
+        raise KeyError("shard 3 missing")
+
+    it = iter(CUDAPrefetcher(gen(), _backend=HostBackend()))
+    assert next(it).tolist() == [0.0, 0.0]
+    with pytest.raises(KeyError, match="shard 3 missing"):
+        next(it)
+
+
+def test_early_break_stops_the_thread_and_closes_the_source(leak_check):
+    closed = []
+
+    def endless():
+        try:
+            i = 0
+            while True:
+                yield np.full(3, i)
+                i += 1
+        finally:
+            closed.append(True)
+
+    for i, _ in enumerate(CUDAPrefetcher(endless(), num_stages=2, _backend=HostBackend())):
+        if i == 3:
+            break
+    deadline = time.monotonic() + 2
+    while not closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert closed == [True]
+
+
+def test_wraps_the_dataloader_and_a_dataflow(leak_check):
+    flow = bridgeflow.BatchData(bridgeflow.DataFromList([[np.full(2, i), i] for i in range(6)], shuffle=False), 3)
+    out = list(CUDAPrefetcher(flow, _backend=HostBackend()))
+    assert [o[1].tolist() for o in out] == [[0, 1, 2], [3, 4, 5]]
+    flow.close()
+    loader = DataLoader(list(range(10)), batch_size=4, num_workers=2)
+    assert [b.tolist() for b in CUDAPrefetcher(loader, device="cpu")] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+# --- on a GPU ----------------------------------------------------------------------------------------
+
+@needs_cuda
+def test_gpu_batches_arrive_on_the_device_with_equal_values():
+    batches = _batches(6)
+    out = list(CUDAPrefetcher(batches, device="cuda", num_stages=2))
+    for got, src in zip(out, batches):
+        assert got["x"].is_cuda and got["pair"].image.is_cuda and got["t"].dtype == torch.bfloat16
+        _same({k: v for k, v in got.items() if k != "pair"} | {"x": got["x"].cpu(), "t": got["t"].cpu()},
+              {k: v for k, v in _as_tensors(src).items() if k != "pair"})
+        assert got["pair"].image.cpu().tolist() == src["pair"].image.tolist()
+
+
+@needs_cuda
+def test_gpu_values_are_not_overwritten_by_later_batches():
+    """Staging buffers are reused; batches held by the consumer must keep their own values."""
+    batches = [np.full((256, 1024), i, dtype=np.float32) for i in range(8)]
+    held = list(CUDAPrefetcher(batches, device="cuda", num_stages=2))
+    torch.cuda.synchronize()
+    assert [int(h[0, 0].item()) for h in held] == list(range(8))
+
+
+@needs_cuda
+def test_gpu_with_pinned_dataloader_batches():
+    loader = DataLoader([np.full(3, i, np.float32) for i in range(6)], batch_size=2, pin_memory=True)
+    out = [b.cpu().tolist() for b in CUDAPrefetcher(loader, device="cuda")]
+    assert out == [[[0.0] * 3, [1.0] * 3], [[2.0] * 3, [3.0] * 3], [[4.0] * 3, [5.0] * 3]]
