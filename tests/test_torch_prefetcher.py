@@ -20,7 +20,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def _batches(n=5):
     return [{"x": np.full((4, 3), i, dtype=np.float32), "pair": Pair(torch.full((2,), i), i),
-             "names": [f"n{i}"], "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) + i} for i in range(n)]
+             "names": [f"n{i}"], "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) + i}
+            for i in range(n)]
 
 
 class HostBackend:
@@ -79,7 +80,7 @@ def _same(a, b):
 
 
 def _as_tensors(batch):
-    return {"x": torch.from_numpy(batch["x"]), "pair": batch["pair"], "names": batch["names"], "t": batch["t"]}
+    return {**batch, "x": torch.from_numpy(batch["x"])}
 
 
 def test_cpu_pass_through_turns_arrays_into_tensors():
@@ -171,7 +172,8 @@ def test_early_break_stops_the_thread_and_closes_the_source(leak_check):
 
 
 def test_wraps_the_dataloader_and_a_dataflow(leak_check):
-    flow = bridgeflow.BatchData(bridgeflow.DataFromList([[np.full(2, i), i] for i in range(6)], shuffle=False), 3)
+    source = bridgeflow.DataFromList([[np.full(2, i), i] for i in range(6)], shuffle=False)
+    flow = bridgeflow.BatchData(source, 3)
     out = list(CUDAPrefetcher(flow, _backend=HostBackend()))
     assert [o[1].tolist() for o in out] == [[0, 1, 2], [3, 4, 5]]
     flow.close()
