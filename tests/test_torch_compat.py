@@ -68,3 +68,52 @@ def test_numpy_seed_words_seed_numpy():
 def test_accelerator_probe_agrees_with_torch():
     assert _compat.accelerator_available() == torch.accelerator.is_available()
     assert _compat.cpu_count() >= 1
+
+
+def _same_or_same_error(batch):
+    def run(fn):
+        try:
+            return fn(batch)
+        except Exception as exc:
+            return type(exc), str(exc)
+    return run(tud.default_collate), run(_compat.fast_default_collate)
+
+
+@pytest.mark.parametrize("batch", [
+    [np.full((2, 3), i, dtype=np.uint8) for i in range(4)],
+    [np.arange(3, dtype=np.float16), np.arange(3, dtype=np.float16)],
+    [np.arange(3, dtype=">i4"), np.arange(3, dtype=">i4")],  # non-native byte order: torch decides
+    [np.arange(3), np.arange(4)],  # ragged: torch's error
+    [np.arange(3, dtype=np.int32), np.arange(3, dtype=np.int64)],  # mixed dtypes: torch's promotion rules
+    [np.array(["a", "b"]), np.array(["c", "d"])],  # strings: torch's TypeError
+    [torch.arange(4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16)],
+    [torch.arange(6).reshape(2, 3).t(), torch.zeros(3, 2, dtype=torch.int64)],  # non-contiguous
+    [{"img": np.ones((2, 2), np.float32), "y": 1}, {"img": np.zeros((2, 2), np.float32), "y": 2}],
+    [(torch.ones(2), "a"), (torch.zeros(2), "b")],
+])
+def test_fast_default_collate_equals_default_collate(batch):
+    ref, got = _same_or_same_error(batch)
+    if isinstance(ref, tuple) and len(ref) == 2 and isinstance(ref[0], type):
+        assert got == ref
+        return
+    flat_ref, flat_got = [ref], [got]
+    while flat_ref:
+        a, b = flat_ref.pop(), flat_got.pop()
+        assert type(a) is type(b)
+        if isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        elif isinstance(a, dict):
+            assert list(a) == list(b)
+            flat_ref.extend(a.values())
+            flat_got.extend(b.values())
+        elif isinstance(a, (list, tuple)):
+            flat_ref.extend(a)
+            flat_got.extend(b)
+        else:
+            assert a == b
+
+
+def test_fast_default_collate_respects_a_users_handler(monkeypatch):
+    table = _compat.COLLATE_MODULE.default_collate_fn_map
+    monkeypatch.setitem(table, np.ndarray, lambda batch, *, collate_fn_map=None: "mine")
+    assert _compat.fast_default_collate([np.zeros(2), np.ones(2)]) == "mine"

@@ -23,7 +23,17 @@ from bridgeflow.errors import WorkerError
 from . import _compat
 from ._compat import torch
 from .convert import map_structure, unpack
-from .fetch import COLLATE, ITERABLE, Fetcher, Reset, StopFromDataset, WorkerSpec, init_worker, make_fetcher
+from .fetch import (
+    COLLATE,
+    ITERABLE,
+    Fetcher,
+    Reset,
+    StopFromDataset,
+    WorkerSpec,
+    init_worker,
+    make_fetcher,
+    resolve_collate,
+)
 
 __all__ = ["PoolLoaderIter", "SingleLoaderIter"]
 
@@ -107,8 +117,8 @@ class SingleLoaderIter(_LoaderIter):
     def __init__(self, loader: Any) -> None:
         super().__init__(loader)
         kind = ITERABLE if self._kind == COLLATE else self._kind
-        self._fetcher = make_fetcher(kind, self._dataset, self._auto_collation, self._collate_fn,
-                                     self._drop_last)
+        self._fetcher = make_fetcher(kind, self._dataset, self._auto_collation,
+                                     resolve_collate(self._collate_fn, in_worker=False), self._drop_last)
 
     def _next_data(self) -> Any:
         try:
