@@ -10,8 +10,8 @@ random streams of sampler and workers match torch's.
 
 from __future__ import annotations
 
-import collections
 import functools
+import inspect
 import itertools
 import logging
 import warnings
@@ -26,6 +26,7 @@ from .convert import map_structure, unpack
 from .fetch import (
     COLLATE,
     ITERABLE,
+    MAP,
     Fetcher,
     Reset,
     StopFromDataset,
@@ -38,6 +39,10 @@ from .fetch import (
 __all__ = ["PoolLoaderIter", "SingleLoaderIter"]
 
 log = logging.getLogger(__name__)
+
+
+def _supports_unordered(pool_cls: type) -> bool:
+    return "ordered" in inspect.signature(pool_cls).parameters
 
 
 def _keep_samples(samples: Any) -> Any:
@@ -154,9 +159,14 @@ class PoolLoaderIter(_LoaderIter):
             dataset=None if self._kind == COLLATE else self._dataset,
             auto_collation=self._auto_collation, collate_fn=self._collate_fn, drop_last=self._drop_last,
             base_seed=self._base_seed, num_workers=self._num_workers, worker_init_fn=loader.worker_init_fn)
+        options = {}
+        # in_order=False: map-style results as they are ready (iterables keep order: their workers run dry)
+        self._unordered = not loader.in_order and self._kind == MAP and _supports_unordered(WorkerPool)
+        if self._unordered:
+            options["ordered"] = False
         self._pool = WorkerPool(functools.partial(init_worker, spec), self._num_workers, processes=True,
                                 start_method=loader.start_method, name="DataLoader",
-                                base_seed=self._base_seed)
+                                base_seed=self._base_seed, **options)
         self._finalizer = weakref.finalize(self, self._pool.close)
         try:
             self._pool.start()
@@ -166,7 +176,6 @@ class PoolLoaderIter(_LoaderIter):
         self._start_epoch()
 
     def _start_epoch(self) -> None:
-        self._pending: collections.deque[int] = collections.deque()  # worker of each task in flight
         self._active = [True] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
         if self._kind == COLLATE:  # the flow is read here; workers only collate
@@ -181,8 +190,7 @@ class PoolLoaderIter(_LoaderIter):
         self._sampler_iter = iter(self._index_sampler)
         self._num_yielded = 0
         self._len_called = loader._IterableDataset_len_called
-        while self._pending:  # results of the epoch left early are dropped, errors included
-            self._pending.popleft()
+        while self._pool.outstanding > 0:  # results of the epoch left early are dropped, errors included
             try:
                 self._get()
             except WorkerError:
@@ -215,26 +223,26 @@ class PoolLoaderIter(_LoaderIter):
                 task = self._source.fetch(task)
         except StopIteration:
             return
-        for _ in range(self._num_workers):
-            worker = next(self._cycle)
-            if self._active[worker]:
-                break
-        else:
-            return
+        worker = None  # unordered: the pool picks the least busy worker
+        if not self._unordered:
+            for _ in range(self._num_workers):
+                worker = next(self._cycle)
+                if self._active[worker]:
+                    break
+            else:
+                return
         self._pool.put(task, worker=worker)
-        self._pending.append(worker)
 
     def _next_data(self) -> Any:
         while True:
             if self.closed:
                 raise StopIteration
-            if not self._pending:
+            if self._pool.outstanding <= 0:
                 if not self._persistent:
                     self.shutdown()
                 else:
                     _close_source(self._source)
                 raise StopIteration
-            self._pending.popleft()
             try:
                 worker, result = self._get()
             except Exception:  # the dataset's error: keep the pipeline full, as torch does, then raise
@@ -253,6 +261,5 @@ class PoolLoaderIter(_LoaderIter):
         if self.closed:
             return
         self.closed = True
-        self._pending = collections.deque()
         _close_source(self._source)
         self._finalizer()
