@@ -96,7 +96,7 @@ class SlowDataset(tud.Dataset):
 
     def __getitem__(self, i: int):
         if i == 2:
-            time.sleep(3)
+            time.sleep(1.5)
         return i
 
 
@@ -386,11 +386,13 @@ def tracker_running():
     resource_tracker.ensure_running()
 
 
+@pytest.mark.slow
 def test_spawn_workers(tracker_running, leak_check):
     assert_equivalent(RandomAugDataset(), batch_size=4, num_workers=2, multiprocessing_context="spawn",
                       gen_seed=2)
 
 
+@pytest.mark.slow
 def test_spawn_iterable_persistent(tracker_running, leak_check):
     assert_equivalent(RangeIterable(0, 9), epochs=2, batch_size=2, num_workers=2, persistent_workers=True,
                       multiprocessing_context="spawn")

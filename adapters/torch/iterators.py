@@ -170,10 +170,10 @@ class PoolLoaderIter(_LoaderIter):
         self._finalizer = weakref.finalize(self, self._pool.close)
         try:
             self._pool.start()
+            self._start_epoch()
         except BaseException:
             self.shutdown()
             raise
-        self._start_epoch()
 
     def _start_epoch(self) -> None:
         self._active = [True] * self._num_workers
