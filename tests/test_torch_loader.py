@@ -542,3 +542,34 @@ def test_pack_is_zero_copy_and_leaves_other_values_alone():
     assert pack(plain) is plain
     grad = unpack(pack(torch.ones(2, requires_grad=True)))
     assert grad.requires_grad and grad.is_leaf
+
+
+class UnpicklableDataset(ArrayDataset):
+    def __init__(self) -> None:
+        super().__init__(4)
+        self.transform = lambda x: x  # lambdas do not pickle: spawn workers cannot receive this dataset
+
+
+def test_unpicklable_dataset_with_spawn_fails_at_start(tracker_running, leak_check):
+    errors = []
+    for cls in (tud.DataLoader, DataLoader):
+        loader = cls(UnpicklableDataset(), batch_size=2, num_workers=2, multiprocessing_context="spawn")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch adds a hint about pickling as a warning
+            with pytest.raises(Exception) as info:
+                next(iter(loader))
+        errors.append(info.value)
+        del loader, info
+    assert "lambda" in str(errors[1]) or "pickle" in str(errors[1]).lower()
+
+
+def test_iterable_longer_than_its_len_warns_like_torch(leak_check):
+    class Liar(RangeIterable):
+        def __len__(self) -> int:
+            return 2
+
+    for cls in (tud.DataLoader, DataLoader):
+        loader = cls(Liar(0, 4), batch_size=None)
+        len(loader)
+        with pytest.warns(UserWarning, match="was reported to be 2"):
+            assert len(list(loader)) == 4
