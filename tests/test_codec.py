@@ -205,7 +205,7 @@ def test_mutated_encodings_raise_only_library_errors(flips, cut):
 
 def test_header_fields_mutated_one_by_one():
     buf = encode([np.arange(3), "x"])
-    for i in range(24):
+    for i in range(32):
         for v in (0, 1, 0x7F, 0xFF):
             b = bytearray(buf)
             b[i] = v
@@ -224,6 +224,6 @@ def test_deep_nesting_refused_on_both_sides():
     with pytest.raises(EncodeError, match="deeper"):
         encode(deep)
     skel = b"l\x01\x00\x00\x00" * 100 + b"N"
-    head = struct.pack("<4sBBHIIII", b"\x93BFC", FORMAT_VERSION, 0, 0, 0, len(skel), 0, 0)
+    head = struct.pack("<4sBBHIIIIQ", b"\x93BFC", FORMAT_VERSION, 0, 0, 0, len(skel), 0, 0, 32 + len(skel))
     with pytest.raises(CorruptDataError, match="deeper"):
         decode(head + skel)

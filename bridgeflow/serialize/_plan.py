@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,15 +32,15 @@ class T:
     ARRAY, SCALAR = b"a", b"g"
 
 
-@dataclass(frozen=True)
 class Plan:
     """How to decode one skeleton: ``values`` unpacks the values followed by the buffer-length table."""
 
-    nvals: int
-    nbufs: int
-    values: struct.Struct
-    heap: bool
-    build: Build
+    __slots__ = ("build", "heap", "key", "nbufs", "nvals", "values")
+
+    def __init__(self, key: bytes, nvals: int, nbufs: int, values: struct.Struct, heap: bool,
+                 build: Build) -> None:
+        self.key, self.nvals, self.nbufs, self.values, self.heap, self.build = (
+            key, nvals, nbufs, values, heap, build)
 
 
 _U32 = struct.Struct("<I")
@@ -120,9 +119,12 @@ def _array(dt: np.dtype, fortran: bool, ndim: int, i: int, k: int) -> Build:
     return build
 
 
-def _sequence(children: list[Build], as_tuple: bool) -> Build:
+def _sequence(children: list[Build], as_tuple: bool, value_at: list[int | None]) -> Build:
     if len(children) == 2 and not as_tuple:
         c0, c1 = children
+        i0, i1 = value_at
+        if i1 is not None and i0 is None:  # [array, label]: the most common datapoint
+            return lambda v, b, h: [c0(v, b, h), v[i1]]
         return lambda v, b, h: [c0(v, b, h), c1(v, b, h)]
     if as_tuple:
         return lambda v, b, h: tuple([c(v, b, h) for c in children])
@@ -182,7 +184,13 @@ class _Compiler:
                 raise CorruptDataError(f"container of {n} items longer than its skeleton")
             if tag == 0x64:
                 return _dict([(self.node(depth + 1), self.node(depth + 1)) for _ in range(n)])
-            return _sequence([self.node(depth + 1) for _ in range(n)], tag == 0x74)
+            kids, value_at = [], []
+            for _ in range(n):
+                first = self.nvals
+                kind = s[self.pos] if self.pos < len(s) else -1
+                kids.append(self.node(depth + 1))
+                value_at.append(first if kind in (0x69, 0x66) else None)
+            return _sequence(kids, tag == 0x74, value_at)
         if tag in (0x73, 0x62, 0x49):  # str, bytes, big int
             return _blob(tag, self._take_value("QQ", heap=True))
         if tag == 0x42:  # big bytes in a buffer
@@ -210,4 +218,4 @@ def compile_plan(skeleton: bytes, max_depth: int) -> Plan:
     if c.pos != len(skeleton):
         raise CorruptDataError(f"{len(skeleton) - c.pos} stray bytes after the skeleton")
     values = struct.Struct("<" + "".join(c.fmt) + "Q" * c.nbufs)
-    return Plan(c.nvals, c.nbufs, values, c.heap, build)
+    return Plan(bytes(skeleton), c.nvals, c.nbufs, values, c.heap, build)

@@ -2,8 +2,9 @@
 
 Layout of one encoded datapoint (integers little-endian)::
 
-    header    24 bytes: magic b"\x93BFC", version u8, codec u8, flags u16,
-              nbuf u32, skel_len u32, nvals u32, heap_len u32
+    header    32 bytes: magic b"\x93BFC", version u8, codec u8, flags u16,
+              nbuf u32, skel_len u32, nvals u32, heap_len u32, total u64 (the length of this encoding,
+              checked before a reader copies a stored value)
     skeleton  the shape of the object tree: one tag per node, container sizes, array dtypes and
               ranks (no values); datapoints of one kind share one skeleton
     values    nvals x 8 bytes (ints, floats, array dims, heap offsets/lengths), then nbuf x u64: the
@@ -70,7 +71,9 @@ ALIGN = 16
 MAX_DEPTH = 64
 INLINE_BYTES = 1024  # bytes objects shorter than this live in the heap, longer ones in a buffer
 
-_HEAD = struct.Struct("<4sBBHIIII")
+_HEAD = struct.Struct("<4sBBHIIIIQ")
+HEAD_SIZE = _HEAD.size  # 32
+TOTAL = struct.Struct("<Q")  # TOTAL.unpack_from(buf, 24)[0] is the encoding's declared length
 _U8, _U32 = struct.Struct("<B"), struct.Struct("<I")
 _INT64 = (-(1 << 63), 1 << 63)
 
@@ -187,8 +190,11 @@ def _prepare(obj: Any, codec: str) -> tuple[bytes, list[Any]]:
         skel, fmt, vals, bufs = b"", "", [], [pb.raw() for pb in pbufs]
     lengths = [memoryview(b).nbytes for b in bufs]
     nvals = len(fmt)
-    head = _HEAD.pack(MAGIC, FORMAT_VERSION, cid, 0, len(bufs), len(skel), nvals, len(heap))
     table = struct.pack(f"<{fmt}{len(bufs)}Q", *vals, *lengths)
+    total = HEAD_SIZE + len(skel) + len(table) + len(heap)
+    for n in lengths:
+        total += -total % ALIGN + n
+    head = _HEAD.pack(MAGIC, FORMAT_VERSION, cid, 0, len(bufs), len(skel), nvals, len(heap), total)
     return b"".join((head, skel, table, heap)), bufs
 
 
@@ -224,6 +230,7 @@ def encode_frames(obj: Any, *, codec: str = DEFAULT_CODEC) -> list[bytes | memor
 
 _plans: dict[bytes, Plan] = {}
 _MAX_PLANS = 1024
+_last: list[Plan] = [compile_plan(b"N", MAX_DEPTH)]  # the plan used last: same-shaped streams hit it
 _OWN_ERRORS = (CorruptDataError, UnsupportedFormatError, PickleNotAllowedError)
 
 
@@ -256,45 +263,77 @@ def _as_bytes_like(buf: Any) -> Any:
 
 
 def _decode_parts(b: Any, frames: Sequence[Any] | None, allow_pickle: bool) -> Any:
-    """Decode from ``b`` (a whole encoding, or the first frame when ``frames`` is given)."""
-    if len(b) < 24:
-        raise CorruptDataError(f"encoded datapoint too short ({len(b)} bytes) for its header")
-    magic, version, cid, _flags, nbuf, skel_len, nvals, heap_len = _HEAD.unpack_from(b)
-    if magic != MAGIC or version != FORMAT_VERSION or cid >= len(CODECS):
+    """Decode from ``b`` (a whole encoding, or the first frame when ``frames`` is given).
+
+    This is the hot path of dataset reads: keep it lean (the last plan is tried before the cache).
+    """
+    magic, version, cid, _flags, nbuf, skel_len, nvals, heap_len, total = _HEAD.unpack_from(b)
+    if magic != MAGIC or version != FORMAT_VERSION or cid:
         _check_head(magic, version, cid)
-    tstart = 24 + skel_len
-    if cid == 0:
-        plan = _plans.get(bytes(b[24:tstart])) or _plan(bytes(b[24:tstart]))
-        if plan.nbufs != nbuf or plan.nvals != nvals:
-            raise CorruptDataError(f"skeleton needs {plan.nvals} values and {plan.nbufs} buffers; the "
-                                   f"header says {nvals} and {nbuf}")
-        vals = plan.values.unpack_from(b, tstart)
-    elif not allow_pickle:
-        raise PickleNotAllowedError('data written with codec="pickle": pass allow_pickle=True to read it, '
-                                    "and only for data you trust (unpickling can run code)")
-    else:
-        plan = None
-        vals = struct.unpack_from(f"<{nvals + nbuf}Q", b, tstart)
+        return _decode_pickle(b, frames, allow_pickle, nbuf, skel_len, nvals, heap_len)
+    if frames is None and total != len(b):
+        raise CorruptDataError(f"encoding is {len(b)} bytes but its header says {total}")
+    tstart = 32 + skel_len
+    plan = _last[0]
+    if len(plan.key) != skel_len or not (b.startswith(plan.key, 32) if type(b) is not memoryview
+                                         else b[32:tstart] == plan.key):
+        key = bytes(b[32:tstart])
+        plan = _plans.get(key) or _plan(key)
+        _last[0] = plan
+    if plan.nbufs != nbuf or plan.nvals != nvals:
+        raise CorruptDataError(f"skeleton needs {plan.nvals} values and {plan.nbufs} buffers; the "
+                               f"header says {nvals} and {nbuf}")
+    vals = plan.values.unpack_from(b, tstart)
     hstart = tstart + 8 * (nvals + nbuf)
     end = hstart + heap_len
-    if frames is None:
+    if frames is not None:
+        bufs = _frame_buffers(frames, vals[nvals:])
+    elif nbuf == 1:
+        off = end + (-end % ALIGN)
+        end = off + vals[-1]
+        bufs = [(b, off, vals[-1])]
+    else:
         bufs = []
         for n in vals[nvals:]:
             off = end + (-end % ALIGN)
             end = off + n
             bufs.append((b, off, n))
-    else:
-        if len(frames) != 1 + nbuf:
-            raise CorruptDataError(f"got {len(frames)} frames; the header announces {1 + nbuf}")
-        bufs = [(_as_bytes_like(f), 0, n) for f, n in zip(frames[1:], vals[nvals:])]
-        for f, _, n in bufs:
-            if len(f) != n:
-                raise CorruptDataError(f"a frame of {len(f)} bytes where the header says {n}")
     if end != len(b):
         raise CorruptDataError(f"encoding is {len(b)} bytes but its header says {end}")
-    if plan is None:
-        return pickle.loads(b[hstart:end], buffers=[memoryview(f)[o:o + n] for f, o, n in bufs])
     return plan.build(vals, bufs, bytes(b[hstart:end]) if plan.heap else b"")
+
+
+def _frame_buffers(frames: Sequence[Any], lengths: Sequence[int]) -> list:
+    if len(frames) != 1 + len(lengths):
+        raise CorruptDataError(f"got {len(frames)} frames; the header announces {1 + len(lengths)}")
+    bufs = [(_as_bytes_like(f), 0, n) for f, n in zip(frames[1:], lengths)]
+    for f, _, n in bufs:
+        if len(f) != n:
+            raise CorruptDataError(f"a frame of {len(f)} bytes where the header says {n}")
+    return bufs
+
+
+def _decode_pickle(b: Any, frames: Sequence[Any] | None, allow_pickle: bool, nbuf: int, skel_len: int,
+                   nvals: int, heap_len: int) -> Any:
+    if not allow_pickle:
+        raise PickleNotAllowedError('data written with codec="pickle": pass allow_pickle=True to read it, '
+                                    "and only for data you trust (unpickling can run code)")
+    if skel_len or nvals:
+        raise CorruptDataError("a pickle encoding with a skeleton")
+    hstart = 32 + 8 * nbuf
+    end = hstart + heap_len
+    lengths = struct.unpack_from(f"<{nbuf}Q", b, 32)
+    if frames is not None:
+        bufs = _frame_buffers(frames, lengths)
+    else:
+        bufs = []
+        for n in lengths:
+            off = end + (-end % ALIGN)
+            end = off + n
+            bufs.append((b, off, n))
+    if end != len(b):
+        raise CorruptDataError(f"encoding is {len(b)} bytes but its header says {end}")
+    return pickle.loads(b[hstart:hstart + heap_len], buffers=[memoryview(f)[o:o + n] for f, o, n in bufs])
 
 
 def decode(buf: Any, *, allow_pickle: bool = False) -> Any:
@@ -304,7 +343,10 @@ def decode(buf: Any, *, allow_pickle: bool = False) -> Any:
     an unknown format version or codec raises :class:`UnsupportedFormatError`.
     """
     try:
-        return _decode_parts(_as_bytes_like(buf), None, allow_pickle)
+        b = buf if type(buf) is bytearray or type(buf) is bytes else _as_bytes_like(buf)
+        if len(b) < 32:
+            raise CorruptDataError(f"encoded datapoint too short ({len(b)} bytes) for its header")
+        return _decode_parts(b, None, allow_pickle)
     except _OWN_ERRORS:
         raise
     except Exception as exc:  # struct.error, IndexError, UnicodeDecodeError, unhashable keys, ...
@@ -316,7 +358,10 @@ def decode_frames(frames: Sequence[Any], *, allow_pickle: bool = False) -> Any:
     try:
         if not frames:
             raise CorruptDataError("no frames to decode")
-        return _decode_parts(_as_bytes_like(frames[0]), frames, allow_pickle)
+        head = _as_bytes_like(frames[0])
+        if len(head) < 32:
+            raise CorruptDataError(f"first frame too short ({len(head)} bytes) for a header")
+        return _decode_parts(head, frames, allow_pickle)
     except _OWN_ERRORS:
         raise
     except Exception as exc:

@@ -6,6 +6,7 @@ from ..errors import BridgeflowError
 
 __all__ = [
     "CorruptDataError",
+    "DatasetNotFoundError",
     "EncodeError",
     "PickleNotAllowedError",
     "SerializationError",
@@ -39,3 +40,7 @@ class EncodeError(SerializationError, TypeError):
 
 class TargetExistsError(SerializationError, FileExistsError):
     """``save`` would replace an existing file; pass ``overwrite=True`` to allow it."""
+
+
+class DatasetNotFoundError(SerializationError, FileNotFoundError):
+    """``load`` of a path that does not exist."""

@@ -1,0 +1,55 @@
+"""Small pieces shared by the dataset formats: progress bars, path checks, index normalisation."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from ..base import DataFlow
+from .errors import DatasetNotFoundError
+
+__all__ = ["existing_path", "iterate_source", "normalize_index", "source_length"]
+
+
+def existing_path(path: str | os.PathLike, what: str) -> str:
+    """``path`` as a string, or :class:`DatasetNotFoundError` naming it."""
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise DatasetNotFoundError(f"{what}: no such file: {p}")
+    return p
+
+
+def source_length(df: Any) -> int | None:
+    try:
+        return len(df)
+    except TypeError:  # LengthUnknownError is a TypeError
+        return None
+
+
+def iterate_source(df: DataFlow, *, progress: bool, desc: str) -> Iterator[Any]:
+    """``reset_state()`` then iterate ``df`` behind a tqdm bar on stderr (with ETA when len() is known)."""
+    from tqdm import tqdm
+
+    if not hasattr(df, "__iter__"):
+        raise TypeError(f"{desc}: expected a DataFlow or iterable, got {type(df).__name__}")
+    if hasattr(df, "reset_state"):
+        df.reset_state()
+    with tqdm(total=source_length(df), desc=desc, unit="dp", file=sys.stderr, disable=not progress,
+              dynamic_ncols=True, smoothing=0.1) as bar:
+        for dp in df:
+            yield dp
+            bar.update(1)
+
+
+def normalize_index(index: Any, n: int, who: str) -> int:
+    try:
+        i = int(index)
+    except (TypeError, ValueError):
+        raise TypeError(f"{who} indices must be integers, got {type(index).__name__}") from None
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"{who} index {index} out of range for {n} datapoints")
+    return i

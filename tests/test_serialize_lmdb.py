@@ -1,0 +1,299 @@
+"""LMDBSerializer and LMDBData on real LMDB files: round trips, random access, atomic saves, bad files."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+
+import lmdb
+import numpy as np
+import pytest
+
+from bridgeflow import DataFromGenerator, DataFromList, FakeData
+from bridgeflow.serialize import lmdb_format
+from bridgeflow.serialize.errors import (
+    CorruptDataError,
+    DatasetNotFoundError,
+    PickleNotAllowedError,
+    TargetExistsError,
+    UnsupportedFormatError,
+)
+from bridgeflow.serialize.lmdb_format import LMDBData, LMDBSerializer, read_lmdb_meta
+from bridgeflow.testing import assert_same_datapoints, check_dataflow
+
+
+def mixed(n=40):
+    return [[np.full((i % 3, 4), i, np.float32), i, f"name{i}", {"box": np.arange(i, dtype=np.int16)}]
+            for i in range(n)]
+
+
+def save(tmp_path, dps, name="d.lmdb", **kw):
+    path = tmp_path / name
+    kw.setdefault("progress", False)
+    LMDBSerializer.save(DataFromList(dps, shuffle=False), path, **kw)
+    return path
+
+
+def test_roundtrip_sequential_passes_contract(tmp_path):
+    dps = mixed()
+    path = save(tmp_path, dps, write_frequency=7)
+    ds = LMDBSerializer.load(path, shuffle=False)
+    out = check_dataflow(ds, deterministic=True)
+    assert_same_datapoints(dps, out)
+    assert sorted(os.listdir(tmp_path)) == ["d.lmdb"]  # no temp or -lock file left
+
+
+def test_shuffled_is_a_permutation_reproducible_by_seed(tmp_path):
+    dps = [[i] for i in range(200)]
+    path = save(tmp_path, dps)
+    ds = LMDBSerializer.load(path, shuffle=True, seed=5)
+    check_dataflow(ds)
+    orders = []
+    for _ in range(2):
+        d = LMDBData(path, shuffle=True, seed=5)
+        d.reset_state()
+        orders.append([[dp[0] for dp in d], [dp[0] for dp in d]])
+        d.close()
+    assert orders[0] == orders[1]  # same seed, same orders
+    e1, e2 = orders[0]
+    assert sorted(e1) == list(range(200)) and e1 != e2 and e1 != sorted(e1)
+
+
+def test_random_access_and_len(tmp_path):
+    dps = mixed(25)
+    path = save(tmp_path, dps)
+    with LMDBData(path, shuffle=False) as ds:
+        assert len(ds) == 25
+        assert_same_datapoints([dps[3], dps[-1], dps[0]], [ds[3], ds[-1], ds[np.int64(0)]])
+        with pytest.raises(IndexError, match="25"):
+            ds[25]
+        with pytest.raises(TypeError):
+            ds["a"]
+        arr = ds[5][0]
+        assert arr.flags.writeable  # copied out of the map once: writable, owned by the datapoint
+    np.testing.assert_array_equal(arr, dps[5][0])  # still valid after close
+
+
+def test_dict_datapoints_and_empty_flow(tmp_path):
+    dps = [{"img": np.zeros((2, 2), np.uint8) + i, "label": i} for i in range(5)]
+    ds = LMDBSerializer.load(save(tmp_path, dps), shuffle=False)
+    assert_same_datapoints(dps, check_dataflow(ds, deterministic=True))
+    empty = LMDBSerializer.load(save(tmp_path, [], name="e.lmdb"), shuffle=False)
+    assert len(empty) == 0 and check_dataflow(empty) == []
+
+
+def test_metadata_and_key_order(tmp_path):
+    path = save(tmp_path, [[i] for i in range(300)])
+    assert read_lmdb_meta(path) == {"format": "bridgeflow-lmdb", "codec": "bridgeflow", "version": 1,
+                                    "count": 300}
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        keys = [k for k, _ in txn.cursor()]
+    env.close()
+    assert keys[:300] == [struct.pack(">Q", i) for i in range(300)]
+    assert all(k.startswith(b"__bf__/") for k in keys[300:])
+
+
+def test_map_grows_as_needed(tmp_path, monkeypatch):
+    monkeypatch.setattr(lmdb_format, "_INITIAL_MAP", 64 << 10)
+    df = FakeData([[64, 1024]], size=40, dtype="uint8", seed=0)  # 40 x 64 KiB into a 64 KiB map
+    path = tmp_path / "big.lmdb"
+    assert LMDBSerializer.save(df, path, write_frequency=8, progress=False) == 40
+    ds = LMDBSerializer.load(path, shuffle=False)
+    ds.reset_state()
+    assert_same_datapoints(list(FakeData([[64, 1024]], size=40, dtype="uint8", seed=0)), list(ds))
+    ds.close()
+
+
+def test_lmdb_directory_layout_is_read(tmp_path):
+    path = save(tmp_path, [[1], [2]])
+    folder = tmp_path / "dir_env"
+    folder.mkdir()
+    os.replace(path, folder / "data.mdb")
+    ds = LMDBData(folder, shuffle=False)
+    assert check_dataflow(ds, deterministic=True) == [[1], [2]]
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def failing_source(n, exc):
+    def gen():
+        for i in range(n):
+            yield [np.zeros(1000, np.uint8), i]
+        raise exc
+    return DataFromGenerator(gen)
+
+
+@pytest.mark.parametrize("exc", [Boom("source failed"), KeyboardInterrupt()])
+def test_interrupted_save_leaves_directory_as_it_was(tmp_path, exc):
+    (tmp_path / "other.txt").write_text("keep me")
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(type(exc)):
+        LMDBSerializer.save(failing_source(30, exc), tmp_path / "x.lmdb", write_frequency=10, progress=False)
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_existing_target_refused_unless_overwrite(tmp_path):
+    path = save(tmp_path, [[1]])
+    with pytest.raises(TargetExistsError, match=str(path)):
+        save(tmp_path, [[2]])
+    with pytest.raises(FileExistsError):
+        save(tmp_path, [[2]])
+    save(tmp_path, [[2], [3]], overwrite=True)
+    with LMDBData(path, shuffle=False) as ds:
+        assert list(ds) == [[2], [3]]
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="write_frequency"):
+        LMDBSerializer.save(DataFromList([[1]]), tmp_path / "a.lmdb", write_frequency=0)
+    with pytest.raises(ValueError, match="codec"):
+        LMDBSerializer.save(DataFromList([[1]]), tmp_path / "a.lmdb", codec="json")
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        LMDBSerializer.save(DataFromList([[1]]), tmp_path / "nowhere" / "a.lmdb")
+    assert os.listdir(tmp_path) == []
+
+
+def test_pickle_codec_needs_allow_pickle(tmp_path):
+    path = save(tmp_path, [[{1, 2}], [{3}]], codec="pickle")
+    with pytest.raises(PickleNotAllowedError, match=str(path)):
+        LMDBSerializer.load(path)
+    ds = LMDBSerializer.load(path, shuffle=False, allow_pickle=True)
+    assert check_dataflow(ds, deterministic=True) == [[{1, 2}], [{3}]]
+
+
+def test_missing_garbage_truncated_and_wrong_format_files(tmp_path):
+    with pytest.raises(DatasetNotFoundError, match="nope.lmdb"):
+        LMDBSerializer.load(tmp_path / "nope.lmdb")
+    garbage = tmp_path / "garbage.lmdb"
+    garbage.write_bytes(os.urandom(50_000))
+    with pytest.raises(CorruptDataError, match="garbage.lmdb"):
+        LMDBSerializer.load(garbage)
+    npz = tmp_path / "arrays.npz"
+    np.savez(npz, a=np.arange(3))
+    with pytest.raises(CorruptDataError, match="arrays.npz"):
+        LMDBSerializer.load(npz)
+    good = save(tmp_path, mixed(30))
+    data = good.read_bytes()
+    for cut in (len(data) // 2, len(data) - 4096, 100):
+        bad = tmp_path / f"cut{cut}.lmdb"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(CorruptDataError, match=f"cut{cut}.lmdb"):
+            ds = LMDBSerializer.load(bad, shuffle=False)
+            ds.reset_state()
+            list(ds)
+
+
+def test_foreign_lmdb_and_unknown_version(tmp_path):
+    foreign = tmp_path / "foreign.lmdb"
+    env = lmdb.open(str(foreign), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"a", b"b")
+    env.close()
+    with pytest.raises(CorruptDataError, match="not one written by LMDBSerializer"):
+        LMDBSerializer.load(foreign)
+    path = save(tmp_path, [[1]])
+    env = lmdb.open(str(path), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"__bf__/version", b"99")
+    env.close()
+    with pytest.raises(UnsupportedFormatError, match="version 99"):
+        LMDBSerializer.load(path)
+
+
+def test_flipped_bytes_in_values_raise_library_errors(tmp_path):
+    """Byte flips inside stored values (LMDB trusts its own pages, see the module doc) and cuts: each read
+    succeeds or raises a bridgeflow error; run in a child process so a crash fails the test."""
+    path = save(tmp_path, mixed(40))
+    script = textwrap.dedent(f"""
+        import os, random, struct
+        from bridgeflow.errors import BridgeflowError
+        from bridgeflow.serialize.lmdb_format import LMDBSerializer
+        data = open({str(path)!r}, "rb").read()
+        spans, at = [], data.find(b"\\x93BFC")
+        while at >= 0:
+            spans.append((at, struct.unpack_from("<Q", data, at + 24)[0]))
+            at = data.find(b"\\x93BFC", at + 1)
+        assert len(spans) >= 40, len(spans)  # stale copies in freed pages too
+        rng = random.Random(0)
+        errors = 0
+        for t in range(300):
+            b = bytearray(data)
+            for _ in range(rng.randint(1, 4)):
+                start, n = rng.choice(spans)
+                b[start + rng.randrange(min(n, 80))] = rng.randrange(256)
+            if t % 5 == 0:
+                b = b[:rng.randrange(len(b))]
+            p = os.path.join({str(tmp_path)!r}, "c%d.lmdb" % t)
+            open(p, "wb").write(b)
+            try:
+                ds = LMDBSerializer.load(p, shuffle=False)
+                ds.reset_state()
+                list(ds)
+                [ds[i] for i in range(len(ds))]
+                ds.close()
+            except BridgeflowError as exc:
+                assert isinstance(exc, ValueError), repr(exc)
+                errors += 1
+            os.unlink(p)
+        print("errors", errors)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split()[-1]) > 100  # damage to headers and structure is noticed
+
+
+def _read_all(path, q):
+    ds = LMDBData(path, shuffle=True, seed=os.getpid())
+    ds.reset_state()
+    q.put(sorted(dp[0] for dp in ds))
+    ds.close()
+
+
+def test_readers_in_several_processes_after_fork(tmp_path, leak_check):
+    path = save(tmp_path, [[i] for i in range(100)])
+    parent = LMDBData(path, shuffle=False)
+    parent.reset_state()  # an open handle in the parent, inherited by the children
+    assert parent[7] == [7]
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_read_all, args=(str(path), q)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert results == [list(range(100))] * 3
+    assert [dp[0] for dp in parent] == list(range(100))  # the parent's handle still works
+    parent.close()
+
+
+def test_flow_survives_pickling_before_reset(tmp_path):
+    import pickle
+
+    path = save(tmp_path, [[1], [2]])
+    ds = LMDBData(path, shuffle=False)
+    ds.reset_state()
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy._env is None
+    ds.close()
+    assert check_dataflow(copy, deterministic=True) == [[1], [2]]
+
+
+def test_two_flows_on_one_file_in_one_process(tmp_path):
+    path = save(tmp_path, [[i] for i in range(10)])
+    a, b = LMDBData(path, shuffle=False), LMDBData(path, shuffle=True, seed=1)
+    a.reset_state()
+    b.reset_state()
+    assert sorted(dp[0] for dp in b) == [dp[0] for dp in a]
+    a.close()
+    assert b[3] == [3]  # b's shared handle stays open until b closes
+    b.close()
+    assert lmdb_format._envs == {}
