@@ -573,3 +573,16 @@ def test_iterable_longer_than_its_len_warns_like_torch(leak_check):
         len(loader)
         with pytest.warns(UserWarning, match="was reported to be 2"):
             assert len(list(loader)) == 4
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # torch's __del__ after it
+@pytest.mark.parametrize("kwargs", [dict(timeout=5), dict(num_workers=2, prefetch_factor=0)])
+def test_options_refused_when_iteration_starts_like_torch(kwargs, leak_check):
+    for cls in (tud.DataLoader, DataLoader):
+        loader = cls(ArrayDataset(4), **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(AssertionError):
+                next(iter(loader))
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        next(iter(DataLoader(ArrayDataset(4), **kwargs)))

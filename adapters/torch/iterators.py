@@ -18,7 +18,7 @@ import warnings
 import weakref
 from typing import Any
 
-from bridgeflow.errors import WorkerError
+from bridgeflow.errors import BridgeflowError, WorkerError
 
 from . import _compat
 from ._compat import torch
@@ -36,7 +36,7 @@ from .fetch import (
     resolve_collate,
 )
 
-__all__ = ["PoolLoaderIter", "SingleLoaderIter"]
+__all__ = ["LoaderStateError", "PoolLoaderIter", "SingleLoaderIter"]
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +116,18 @@ class _LoaderIter:
         self.closed = True
 
 
+class LoaderStateError(BridgeflowError, ValueError, AssertionError):
+    """Options that torch accepts at construction but refuses when iteration starts (with an
+    ``AssertionError``; this error is one too, and a ``ValueError``)."""
+
+
 class SingleLoaderIter(_LoaderIter):
     """One epoch read in this process."""
 
     def __init__(self, loader: Any) -> None:
+        if loader.timeout != 0:
+            raise LoaderStateError(f"timeout={loader.timeout} needs num_workers > 0: with num_workers=0 "
+                                   "batches are read in this process and cannot time out")
         super().__init__(loader)
         kind = ITERABLE if self._kind == COLLATE else self._kind
         self._fetcher = make_fetcher(kind, self._dataset, self._auto_collation,
@@ -147,6 +155,9 @@ class PoolLoaderIter(_LoaderIter):
     """Epochs read by a bridgeflow worker pool; kept across epochs with ``persistent_workers``."""
 
     def __init__(self, loader: Any) -> None:
+        if loader.prefetch_factor <= 0:
+            raise LoaderStateError(f"prefetch_factor={loader.prefetch_factor}: with num_workers > 0 "
+                                   "prefetch_factor must be at least 1")
         super().__init__(loader)
         from bridgeflow.parallel.pool import EXHAUSTED, WorkerPool
 

@@ -134,6 +134,8 @@ class CUDAPrefetcher:
             if self.device.index is not None and self.device.index >= torch.cuda.device_count():
                 raise DeviceUnavailableError(f"CUDAPrefetcher: device={device!r} but only "
                                              f"{torch.cuda.device_count()} CUDA device(s) are visible")
+            if self.device.index is None:  # the stager thread must name the device it works on
+                self.device = torch.device("cuda", torch.cuda.current_device())
         elif _backend is None and self.device.type != "cpu":
             raise ValueError(f"CUDAPrefetcher: device={device!r}: only 'cuda' devices and 'cpu' are "
                              "supported")
