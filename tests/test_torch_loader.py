@@ -516,6 +516,18 @@ def test_dataflow_early_break_releases_the_flow(leak_check):
     flow.close()
 
 
+def test_close_ends_persistent_workers_now(leak_check):
+    from conftest import child_pids
+
+    before = child_pids()
+    with DataLoader(ArrayDataset(8), batch_size=2, num_workers=2, persistent_workers=True) as loader:
+        assert len(list(loader)) == 4
+        assert len(child_pids() - before) == 2  # the workers outlive the epoch
+    assert not child_pids() - before  # and end with the loader's close()
+    assert len(list(loader)) == 4  # a closed loader starts new workers when iterated again
+    loader.close()
+
+
 def test_dataflow_rejects_sampling_options():
     with pytest.raises(ValueError, match="DataLoader with DataFlow: expected unspecified shuffle"):
         DataLoader(_flow(), shuffle=True)

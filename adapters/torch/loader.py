@@ -240,6 +240,12 @@ class DataLoader:
         if it is not None:
             it.shutdown()
 
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def check_worker_number_rationality(self) -> None:
         """Warn, as torch does, when more workers are asked for than this process has CPUs."""
         if not self.num_workers:
