@@ -1,1 +1,23 @@
-"""TensorFlow adapter: QueueInput, StagingInput, tf.data and Keras inputs from any DataFlow."""
+"""TensorFlow adapter: QueueInput, StagingInput, tf.data and Keras inputs from any DataFlow.
+
+Importing this package imports TensorFlow (the core ``bridgeflow`` package never does).
+
+- :class:`QueueInput`: a FIFOQueue filled from a DataFlow by a background thread (eager
+  ``tf.function`` steps, or ``tf.compat.v1`` graph mode with ``start(sess)``).
+- :class:`StagingInput`: prefetches ``nr_stage`` batches of another input onto the device.
+- :func:`to_tf_dataset`: a ``tf.data.Dataset`` over a DataFlow, for ``model.fit``.
+- :class:`FeedInput` (feed_dict / per-call arguments) and :class:`DummyConstantInput` (constant tensors)
+  to compare with and to time the model alone.
+"""
+
+from .queue_input import QueueInput
+from .signature import Signature, infer_signature
+from .source import InputSource, InputSourceError
+
+__all__ = [
+    "InputSource",
+    "InputSourceError",
+    "QueueInput",
+    "Signature",
+    "infer_signature",
+]
