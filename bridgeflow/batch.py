@@ -11,7 +11,7 @@ How a component is batched depends on its value in the first datapoint of the ba
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Hashable, Iterator, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from numbers import Number
 from typing import Any
 
@@ -24,6 +24,7 @@ from .transforms import check_datapoint, get_component
 __all__ = ["BatchData", "BatchDataByShape", "UnbatchData", "batch_datapoints"]
 
 _NUMERIC_KINDS = frozenset("biufc")
+Allocator = Callable[[tuple, Any], np.ndarray]
 
 
 def _shapes_seen(values: Sequence[Any]) -> str:
@@ -43,10 +44,14 @@ def _pad_stack(values: Sequence[np.ndarray], pad_value: Any, name: str) -> np.nd
     return out
 
 
-def _batch_component(values: list[Any], name: str, pad_value: Any) -> Any:
+def _batch_component(values: list[Any], name: str, pad_value: Any, alloc: Allocator | None = None) -> Any:
     first = values[0]
     if isinstance(first, np.ndarray):
         try:
+            if alloc is not None:
+                shape, dtype = first.shape, first.dtype
+                if all(type(v) is np.ndarray and v.shape == shape and v.dtype == dtype for v in values):
+                    return np.stack(values, out=alloc((len(values), *shape), dtype))
             return np.stack(values)
         except (ValueError, TypeError):
             if not all(isinstance(v, np.ndarray) for v in values):
@@ -72,13 +77,15 @@ def _batch_component(values: list[Any], name: str, pad_value: Any) -> Any:
 
 
 def batch_datapoints(dps: Sequence[Any], use_list: bool | Collection[Hashable] = False,
-                     pad_value: Any = None) -> Any:
+                     pad_value: Any = None, alloc: Allocator | None = None) -> Any:
     """Turn a sequence of datapoints into one batch datapoint of the same structure.
 
     Args:
         dps: list/tuple datapoints of equal length, or dict datapoints with the same keys.
         use_list: ``True`` keeps every component as a list; a collection of positions/keys keeps those.
         pad_value: pad ragged arrays with this value up to the largest shape in the batch.
+        alloc: ``alloc(shape, dtype)`` returns the array to stack equal-shaped arrays into (parallel
+            workers pass one that allocates in shared memory); default: a new array.
 
     Example:
         >>> batch_datapoints([[np.zeros(2), 1], [np.ones(2), 2]])[1]
@@ -96,7 +103,7 @@ def batch_datapoints(dps: Sequence[Any], use_list: bool | Collection[Hashable] =
         out = {}
         for k in keys:
             values = [get_component(dp, k, f"BatchData datapoint {j}") for j, dp in enumerate(dps)]
-            out[k] = values if as_list(k) else _batch_component(values, repr(k), pad_value)
+            out[k] = values if as_list(k) else _batch_component(values, repr(k), pad_value, alloc)
         return out
     n = len(first)
     for j, dp in enumerate(dps):
@@ -104,7 +111,7 @@ def batch_datapoints(dps: Sequence[Any], use_list: bool | Collection[Hashable] =
             raise DatapointError(f"BatchData: datapoint {j} of the batch has {len(dp)} components, the first "
                                  f"has {n}")
     columns = list(zip(*dps))
-    batched = [list(col) if as_list(i) else _batch_component(list(col), str(i), pad_value)
+    batched = [list(col) if as_list(i) else _batch_component(list(col), str(i), pad_value, alloc)
                for i, col in enumerate(columns)]
     return tuple(batched) if isinstance(first, tuple) else batched
 
@@ -127,6 +134,10 @@ def _check_batch_size(batch_size: Any, who: str) -> int:
 class BatchData(ProxyDataFlow):
     """Group ``batch_size`` consecutive datapoints into one batch (see :func:`batch_datapoints`).
 
+    When the wrapped flow is a parallel map stage (``MultiProcessMapData``, ``MultiThreadMapData``), its
+    workers stack the batches themselves (the stage's ``iter_batched``), so the arrays are copied once,
+    in parallel, instead of once per worker and again here. The batches are the same.
+
     Args:
         remainder: also yield the last, smaller batch of an epoch.
         use_list: keep components as lists instead of stacking (``True`` or a collection of components).
@@ -147,6 +158,11 @@ class BatchData(ProxyDataFlow):
 
     def __iter__(self) -> Iterator:
         bs, use_list, pad = self.batch_size, self.use_list, self.pad_value
+        fused = getattr(self.ds, "iter_batched", None)
+        if fused is not None:
+            # A parallel stage that can batch in its workers: same batches, no copy in this process.
+            yield from fused(bs, self.remainder, use_list, pad)
+            return
         holder: list = []
         for dp in self.ds:
             holder.append(dp)

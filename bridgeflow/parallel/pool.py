@@ -1,0 +1,623 @@
+"""A pool of workers (threads or processes) that run tasks and return results in order.
+
+Every parallel stage of bridgeflow, and the torch DataLoader adapter, runs on :class:`WorkerPool`:
+
+- ``init_fn(ctx)`` runs once in each worker and returns that worker's task function;
+- ``put(payload, worker=None)`` sends a task to one worker (round robin by default) and never blocks;
+- ``get()`` returns ``(worker_id, result)`` in task order (or as ready with ``ordered=False``). A task
+  function that raises ``StopIteration`` returns :data:`EXHAUSTED`; any other exception is re-raised in
+  the consumer with its type and message, the worker's traceback attached as ``__cause__``.
+
+Both kinds of worker run the same loop, :func:`worker_loop`; only the channels differ. Process workers
+send results through :mod:`bridgeflow.parallel.shm` (array bytes in shared memory) over one pipe each.
+The consumer waits on those pipes *and* on the processes' sentinels, so a worker that dies (signal,
+``os._exit``, OOM killer) becomes a :class:`~bridgeflow.WorkerError` at once instead of a hang. Each
+process worker also watches its parent and exits when the parent is gone, even if killed with SIGKILL.
+
+Example:
+    >>> def init(ctx):
+    ...     return lambda x: x * 10
+    >>> with WorkerPool(init, 2, processes=False) as pool:
+    ...     pool.start()
+    ...     ids = [pool.put(i) for i in range(3)]
+    ...     [pool.get()[1] for _ in ids]
+    [0, 10, 20]
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import select
+import signal
+import struct
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import BridgeflowError, WorkerError
+from . import shm
+
+__all__ = ["EXHAUSTED", "RemoteError", "RemoteTraceback", "WorkerContext", "WorkerPool", "worker_loop"]
+
+log = logging.getLogger(__name__)
+
+_OK, _EXHAUSTED, _ERROR = 0, 1, 2
+_INIT = -1  # task id of an error raised by init_fn
+_STOP = b""
+_LIVENESS_INTERVAL = 0.5  # seconds between checks that the workers (or the parent) are alive
+_MAX_SLABS = 128
+_CTL_STRIDE = 2 * _MAX_SLABS + 8  # per worker: result slab flags, task slab flags, completed counter
+_pool_ids = itertools.count()
+
+
+class _Exhausted:
+    def __repr__(self) -> str:
+        return "EXHAUSTED"
+
+    def __reduce__(self) -> str:
+        return "EXHAUSTED"
+
+
+EXHAUSTED = _Exhausted()
+"""The result of a task whose function raised ``StopIteration`` (a worker's own source has run out)."""
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What a worker knows about itself; passed to ``init_fn``."""
+
+    worker_id: int
+    num_workers: int
+    seed: int
+    stage: str
+    writer: shm.SlabWriter | None = field(default=None, compare=False, repr=False)
+    """In process workers, the result writer: ``writer.reserve(n)`` then ``writer.alloc(shape, dtype)``
+    builds arrays of the next result directly in shared memory."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback; set as ``__cause__`` of the re-raised exception."""
+
+    def __str__(self) -> str:
+        return "\n\nTraceback in the worker:\n" + str(self.args[0])
+
+
+class RemoteError(BridgeflowError, RuntimeError):
+    """A worker raised an exception that could not be sent back as itself (not picklable)."""
+
+
+def _pack_exception(exc: BaseException, by_pickle: bool) -> tuple:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt...: never re-raised as themselves
+        return None, type(exc).__name__, f"the worker's function raised {type(exc).__name__}{exc.args!r}", tb
+    if by_pickle:
+        try:
+            pickle.loads(pickle.dumps(exc, protocol=5))
+        except Exception:
+            return None, type(exc).__name__, str(exc), tb
+    return exc, type(exc).__name__, str(exc), tb
+
+
+def _unpack_exception(packed: tuple, where: str) -> BaseException:
+    exc, type_name, message, tb = packed
+    if exc is None:
+        exc = RemoteError(f"{type_name} in {where}: {message}")
+    exc.__cause__ = RemoteTraceback(tb)
+    if hasattr(exc, "add_note"):
+        exc.add_note(f"(raised in {where})")
+    return exc
+
+
+def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any], send: Callable[[list], None],
+                by_pickle: bool) -> None:
+    """The loop every worker runs, thread or process: init, then answer tasks until told to stop.
+
+    ``recv()`` returns a chunk, a list of ``(task_id, payload)``, or ``None`` to stop. The results of a
+    chunk go back together, ``send([(kind, task_id, value), ...])``: one message per chunk is what makes
+    small tasks cheap.
+    """
+    try:
+        task_fn = init_fn(ctx)
+    except BaseException as exc:  # reported to the consumer, which raises it
+        send([(_ERROR, _INIT, _pack_exception(exc, by_pickle))])
+        return
+    while True:
+        chunk = recv()
+        if chunk is None:
+            return
+        out = []
+        for task_id, payload in chunk:
+            try:
+                out.append((_OK, task_id, task_fn(payload)))
+            except StopIteration:
+                out.append((_EXHAUSTED, task_id, None))
+            except BaseException as exc:  # any failure, even SystemExit, goes to the consumer
+                out.append((_ERROR, task_id, _pack_exception(exc, by_pickle)))
+        try:
+            send(out)
+        except (BrokenPipeError, EOFError, ConnectionError):
+            return  # the consumer is gone
+        except Exception as exc:  # a result cannot be sent, e.g. not picklable: say which
+            err = TypeError(f"a result cannot be sent to the consumer: {exc!r}")
+            send([(_ERROR, task_id, _pack_exception(err, by_pickle)) for _, task_id, _ in out])
+
+
+# --- process workers ------------------------------------------------------------------------------
+
+
+def _watch_parent(ppid: int, consumer_pid: int, on_orphan: Callable[[], None]) -> None:
+    while True:
+        time.sleep(_LIVENESS_INTERVAL)
+        alive = os.getppid() == ppid
+        if alive:
+            try:
+                os.kill(consumer_pid, 0)
+            except ProcessLookupError:
+                alive = False
+            except PermissionError:
+                pass
+        if not alive:
+            on_orphan()
+            os._exit(0)
+
+
+def _process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_conn: Any, ctl_name: str,
+                  prefix: str, consumer_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
+    ctl = shm.open_segment(ctl_name) if ctl_name else None
+    base = ctx.worker_id * _CTL_STRIDE
+    view = memoryview(ctl) if ctl is not None else None
+    writer = shm.SlabWriter(f"{prefix}r{ctx.worker_id}_", view[base:base + _MAX_SLABS] if view else None,
+                            _MAX_SLABS)
+    reader = shm.SlabReader(view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None)
+    ctx = replace(ctx, writer=writer)
+    threading.Thread(target=_watch_parent, args=(os.getppid(), consumer_pid, writer.close),
+                     name="bridgeflow-parent-watch", daemon=True).start()
+    completed = 0
+
+    def recv() -> Any:
+        try:
+            data = task_conn.recv_bytes()
+        except (EOFError, OSError):
+            return None
+        return None if data == _STOP else reader.loads(data)
+
+    def send(msg: list) -> None:
+        nonlocal completed
+        result_conn.send_bytes(writer.dumps(msg))
+        completed += len(msg)
+        if ctl is not None:
+            struct.pack_into("<Q", ctl, base + 2 * _MAX_SLABS, completed)
+
+    try:
+        worker_loop(ctx, init_fn, recv, send, by_pickle=True)
+    finally:
+        writer.close()
+
+
+class _PoolResources:
+    """Everything the pool must release; kept apart from the pool so ``weakref.finalize`` can close it."""
+
+    def __init__(self) -> None:
+        self.procs: list[Any] = []
+        self.threads: list[threading.Thread] = []
+        self.task_conns: list[Any] = []
+        self.result_conns: list[Any] = []
+        self.task_queues: list[queue.SimpleQueue] = []
+        self.ctl: Any = None
+        self.prefix = ""
+        self.writers: list[shm.SlabWriter] = []
+
+    def shutdown(self) -> None:
+        for conn in self.task_conns:
+            try:
+                conn.send_bytes(_STOP)
+            except (OSError, ValueError):
+                pass
+        for q in self.task_queues:
+            q.put(None)
+        deadline = time.monotonic() + 1.0
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.exitcode is None:
+                p.terminate()
+        for p in self.procs:
+            p.join(0.5)
+            if p.exitcode is None:
+                p.kill()
+                p.join(1.0)
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        for conn in self.task_conns + self.result_conns:
+            conn.close()
+        for w in self.writers:
+            w.close()
+        if self.prefix:
+            shm.sweep_segments(self.prefix)
+        self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
+        self.task_queues, self.threads = [], []
+
+
+class WorkerPool:
+    """``num_workers`` threads or processes, each running ``init_fn(ctx)``'s task function on its tasks.
+
+    Args:
+        init_fn: runs once per worker and returns its task function. With processes started by
+            ``spawn`` or ``forkserver`` it must be picklable (a module-level function or a
+            ``functools.partial`` of one).
+        processes: ``False`` runs the workers as threads in this process (no copies, shared GIL).
+        start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; default: multiprocessing's default.
+        name: the stage name used in errors and thread/process names.
+        base_seed: worker ``i`` gets seed ``base_seed + i``; random when ``None``.
+        ordered: ``get()`` returns results in task order; ``False`` returns them as they are ready.
+        chunk_size: tasks travel to a worker in chunks of this many, and their results come back
+            together. Chunks amortize the per-message cost for small tasks; a partial chunk is sent as
+            soon as the consumer waits for one of its results.
+    """
+
+    def __init__(self, init_fn: Callable[[WorkerContext], Callable[[Any], Any]], num_workers: int, *,
+                 processes: bool = True, start_method: str | None = None, name: str = "WorkerPool",
+                 base_seed: int | None = None, ordered: bool = True, chunk_size: int = 1) -> None:
+        if not callable(init_fn):
+            raise TypeError(f"{name}: init_fn must be callable, got {init_fn!r}")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers <= 0:
+            raise ValueError(f"{name}: the number of workers must be a positive integer, got {num_workers!r}")
+        if start_method is not None and start_method not in mp.get_all_start_methods():
+            raise ValueError(f"{name}: start_method must be one of {mp.get_all_start_methods()}, "
+                             f"got {start_method!r}")
+        self.init_fn = init_fn
+        self.num_workers = num_workers
+        self.processes = processes
+        self.start_method = start_method
+        self.name = name
+        self.base_seed = base_seed
+        self.ordered = ordered
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise ValueError(f"{name}: chunk_size must be a positive integer, got {chunk_size!r}")
+        self.chunk_size = chunk_size
+        self._res = _PoolResources()
+        self._finalizer: weakref.finalize | None = None
+        self._started = False
+        self._closed = False
+        self._reset_counters()
+        # statistics
+        self.results_received = 0
+        self.wait_time = 0.0
+        self._fill_sum = 0
+        self._fill_samples = 0
+
+    def _reset_counters(self) -> None:
+        self._next_task = 0
+        self.results_returned = 0
+        self._next_result = 0  # ordered mode: the task id get() returns next
+        self._discard_below = 0
+        self._rr = 0
+        self._owner: dict[int, int] = {}
+        self._per_worker = [0] * self.num_workers
+        self._ready: dict[int, tuple[int, int, Any]] = {}  # task id -> (worker, kind, value)
+        self._pending: list[list[tuple[int, Any]]] = [[] for _ in range(self.num_workers)]  # unsent chunks
+        self._results_queue: queue.SimpleQueue | None = None
+
+    # --- lifecycle --------------------------------------------------------------------------------
+
+    def start(self) -> WorkerPool:
+        if self._closed:
+            raise BridgeflowError(f"{self.name}: this pool was closed; create a new one")
+        if self._started:
+            return self
+        base = self.base_seed if self.base_seed is not None else int.from_bytes(os.urandom(4), "little")
+        contexts = [WorkerContext(w, self.num_workers, base + w, self.name) for w in range(self.num_workers)]
+        res = self._res
+        self._finalizer = weakref.finalize(self, res.shutdown)
+        self._started = True
+        if self.processes:
+            self._start_processes(contexts)
+        else:
+            self._start_threads(contexts)
+        return self
+
+    def _start_threads(self, contexts: list[WorkerContext]) -> None:
+        res = self._res
+        results: queue.SimpleQueue = queue.SimpleQueue()
+        self._results_queue = results
+        for ctx in contexts:
+            tasks: queue.SimpleQueue = queue.SimpleQueue()
+            res.task_queues.append(tasks)
+            send = lambda msg, w=ctx.worker_id: results.put((w, msg))
+            t = threading.Thread(target=worker_loop, args=(ctx, self.init_fn, tasks.get, send, False),
+                                 name=f"{self.name}-worker-{ctx.worker_id}", daemon=True)
+            res.threads.append(t)
+            t.start()
+
+    def _start_processes(self, contexts: list[WorkerContext]) -> None:
+        res = self._res
+        context = mp.get_context(self.start_method)
+        if context.get_start_method() != "fork":
+            try:
+                pickle.dumps(self.init_fn)
+            except Exception as exc:
+                self.close()
+                raise TypeError(
+                    f"{self.name}: {_describe(self.init_fn)} cannot be pickled, which the "
+                    f"{context.get_start_method()!r} start method needs ({exc}); use a module-level function, "
+                    "or start_method='fork'") from exc
+        res.prefix = f"bf{os.getpid()}_{next(_pool_ids)}{os.urandom(2).hex()}_"
+        ctl_name = ""
+        if shm.shm_available():
+            ctl_name = res.prefix + "ctl"
+            try:
+                res.ctl = shm.create_segment(ctl_name, _CTL_STRIDE * self.num_workers)
+            except OSError as exc:
+                log.warning("%s: no shared memory (%s); results travel through pipes", self.name, exc)
+                ctl_name = ""
+        view = memoryview(res.ctl) if res.ctl is not None else None
+        self._readers = []
+        for ctx in contexts:
+            base = ctx.worker_id * _CTL_STRIDE
+            task_r, task_w = context.Pipe(duplex=False)
+            result_r, result_w = context.Pipe(duplex=False)
+            proc = context.Process(target=_process_main, name=f"{self.name}-worker-{ctx.worker_id}",
+                                   args=(ctx, self.init_fn, task_r, result_w, ctl_name, res.prefix, os.getpid()),
+                                   daemon=True)
+            try:
+                proc.start()
+            except Exception:
+                task_r.close(), task_w.close(), result_r.close(), result_w.close()
+                self.close()
+                raise
+            task_r.close()
+            result_w.close()
+            res.procs.append(proc)
+            res.task_conns.append(task_w)
+            res.result_conns.append(result_r)
+            self._readers.append(shm.SlabReader(view[base:base + _MAX_SLABS] if view else None))
+            res.writers.append(shm.SlabWriter(
+                f"{res.prefix}t{ctx.worker_id}_",
+                view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None, _MAX_SLABS))
+        # Persistent pollers (one per worker, one for all): waiting costs one system call, and a
+        # process sentinel in the same poll turns a worker's death into an error at once.
+        self._fd_worker: dict[int, tuple[int, bool]] = {}
+        self._pollers = []
+        self._poll_all = select.poll()
+        for w, (conn, proc) in enumerate(zip(res.result_conns, res.procs)):
+            poller = select.poll()
+            for fd, is_conn in ((conn.fileno(), True), (proc.sentinel, False)):
+                poller.register(fd, select.POLLIN)
+                self._poll_all.register(fd, select.POLLIN)
+                self._fd_worker[fd] = (w, is_conn)
+            self._pollers.append(poller)
+
+    def close(self) -> None:
+        """Stop every worker and free shared memory. Idempotent; also runs when the pool is collected."""
+        if self._closed:
+            return
+        self._closed = True
+        for reader in getattr(self, "_readers", []):
+            reader.close()
+        if self._finalizer is not None:
+            self._finalizer()
+        else:
+            self._res.shutdown()
+        res = self._res
+        if res.ctl is not None:
+            try:
+                res.ctl.close()
+            except BufferError:  # flags still referenced by live leases; unmapped when they go
+                pass
+            res.ctl = None
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def alive(self) -> bool:
+        if self.processes:
+            return bool(self._res.procs) and all(p.exitcode is None for p in self._res.procs)
+        return bool(self._res.threads) and all(t.is_alive() for t in self._res.threads)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._res.procs]
+
+    @property
+    def outstanding(self) -> int:
+        """Tasks sent whose results have not been returned by ``get()`` (discarded ones excluded)."""
+        return self._next_task - self._discard_below - self.results_returned
+
+    # --- tasks ------------------------------------------------------------------------------------
+
+    def put(self, payload: Any, worker: int | None = None, *, flush: bool = False) -> int:
+        """Queue ``payload`` for ``worker`` (default: round robin by chunk, or the least busy when unordered).
+
+        Never blocks: the caller bounds the tasks in flight (see :attr:`outstanding`). ``flush=True``
+        sends the worker's chunk now, ending it with this task (for tasks that are big on their own).
+        """
+        if not self._started or self._closed:
+            state = "closed" if self._closed else "not started"
+            raise BridgeflowError(f"{self.name}: put() on a pool that is {state}")
+        if worker is None:
+            if self.ordered:
+                worker = self._rr
+                if flush or len(self._pending[worker]) + 1 >= self.chunk_size:
+                    self._rr = (self._rr + 1) % self.num_workers
+            else:
+                worker = min(range(self.num_workers), key=self._per_worker.__getitem__)
+        task_id = self._next_task
+        self._next_task += 1
+        self._owner[task_id] = worker
+        self._per_worker[worker] += 1
+        pending = self._pending[worker]
+        pending.append((task_id, payload))
+        if flush or len(pending) >= self.chunk_size:
+            self._flush(worker)
+        return task_id
+
+    def _flush(self, worker: int) -> None:
+        chunk = self._pending[worker]
+        if not chunk:
+            return
+        self._pending[worker] = []
+        if self.processes:
+            data = self._res.writers[worker].dumps(chunk)
+            try:
+                self._res.task_conns[worker].send_bytes(data)
+            except (BrokenPipeError, OSError):
+                self._raise_dead(worker)
+        else:
+            self._res.task_queues[worker].put(chunk)
+
+    def discard_outstanding(self) -> None:
+        """Forget every task queued so far: unsent ones are dropped, results of sent ones when they arrive."""
+        for w, chunk in enumerate(self._pending):
+            self._per_worker[w] -= len(chunk)
+        self._pending = [[] for _ in range(self.num_workers)]
+        self.results_returned = 0
+        self._discard_below = self._next_task
+        self._next_result = self._next_task
+        self._ready = {k: v for k, v in self._ready.items() if k >= self._discard_below}
+
+    def get(self, timeout: float | None = None) -> tuple[int, Any]:
+        """The next result as ``(worker_id, value)``; raises the worker's exception for a failed task."""
+        if self.outstanding <= 0:
+            raise BridgeflowError(f"{self.name}: get() with no task outstanding")
+        t0 = time.perf_counter()
+        self._fill_sum += self._ready_count()
+        self._fill_samples += 1
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.ordered:
+            want = self._next_result
+            if want not in self._ready:
+                owner = self._owner[want]
+                if self._pending[owner] and self._pending[owner][0][0] <= want:
+                    self._flush(owner)
+                while want not in self._ready:
+                    self._receive(deadline, timeout, owner)
+            worker, kind, value = self._ready.pop(want)
+            self._next_result += 1
+        else:
+            while not self._ready:
+                if sum(self._per_worker) == sum(map(len, self._pending)):
+                    for w in range(self.num_workers):  # nothing in flight but unsent chunks: send them
+                        self._flush(w)
+                self._receive(deadline, timeout)
+            want = next(iter(self._ready))
+            worker, kind, value = self._ready.pop(want)
+        self._owner.pop(want, None)
+        self.results_returned += 1
+        self.wait_time += time.perf_counter() - t0
+        if kind == _OK:
+            return worker, value
+        if kind == _EXHAUSTED:
+            return worker, EXHAUSTED
+        raise _unpack_exception(value, self._where(worker))
+
+    def _ready_count(self) -> int:
+        if self.processes and self._res.ctl is not None:
+            done = sum(struct.unpack_from("<Q", self._res.ctl, w * _CTL_STRIDE + 2 * _MAX_SLABS)[0]
+                       for w in range(self.num_workers))
+            return max(0, done - self.results_received) + len(self._ready)
+        if self._results_queue is not None:
+            return self._results_queue.qsize() + len(self._ready)
+        return len(self._ready)
+
+    def _receive(self, deadline: float | None, timeout: float | None, worker: int | None = None) -> None:
+        """Wait for one message from any worker and file it; raise if a worker died or time ran out."""
+        while True:
+            wait_for = _LIVENESS_INTERVAL
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{self.name}: no result from the workers after {timeout} s")
+                wait_for = min(wait_for, left)
+            msg = self._receive_one(wait_for, worker)
+            if msg is not None:
+                break
+        worker, results = msg
+        self.results_received += len(results)
+        ready, discard_below = self._ready, self._discard_below
+        for kind, task_id, value in results:
+            if task_id == _INIT:
+                raise _unpack_exception(value, self._where(worker) + " while starting")
+            self._per_worker[worker] -= 1
+            if task_id >= discard_below:
+                ready[task_id] = (worker, kind, value)
+
+    def _receive_one(self, wait_for: float, worker: int | None) -> tuple[int, tuple] | None:
+        """One message, from ``worker`` if given (ordered mode knows who owns the next task) or any."""
+        if not self.processes:
+            try:
+                return self._results_queue.get(timeout=wait_for)  # type: ignore[union-attr]
+            except queue.Empty:
+                for w, t in enumerate(self._res.threads):
+                    if not t.is_alive():
+                        self._raise_dead(w)
+                return None
+        conns = self._res.result_conns
+        poller = self._poll_all if worker is None else self._pollers[worker]
+        events = poller.poll(wait_for * 1000)
+        dead = []
+        for fd, _ in events:
+            w, is_conn = self._fd_worker[fd]
+            if is_conn:
+                try:
+                    data = conns[w].recv_bytes()
+                except (EOFError, OSError):
+                    self._raise_dead(w)
+                return w, self._readers[w].loads(data)
+            dead.append(w)
+        for w in dead:  # a sentinel: the process ended; its last results may still be in the pipe
+            if not conns[w].poll(0):
+                self._raise_dead(w)
+        return None
+
+    def _where(self, worker: int) -> str:
+        if self.processes and worker < len(self._res.procs):
+            return f"worker {worker} (pid {self._res.procs[worker].pid}) of {self.name}"
+        return f"worker {worker} of {self.name}"
+
+    def _raise_dead(self, worker: int) -> None:
+        if not self.processes:
+            raise WorkerError(f"thread {worker} of {self.name} stopped unexpectedly", stage=self.name,
+                              worker=worker)
+        proc = self._res.procs[worker]
+        proc.join(0.1)
+        code = proc.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+            if code == -signal.SIGKILL:
+                how += " (the OOM killer sends SIGKILL: check memory)"
+        else:
+            how = f"exited with code {code}"
+        raise WorkerError(f"{self._where(worker)} {how} without reporting an error", stage=self.name,
+                          worker=worker, pid=proc.pid, exitcode=code)
+
+    # --- statistics -------------------------------------------------------------------------------
+
+    def fill_average(self) -> float:
+        """Average number of finished results waiting when the consumer asked for one."""
+        return self._fill_sum / self._fill_samples if self._fill_samples else 0.0
+
+
+def _describe(fn: Any) -> str:
+    """Name the object that cannot be pickled: for a ``functools.partial``, the argument at fault."""
+    for arg in (*getattr(fn, "args", ()), *getattr(fn, "keywords", {}).values()):
+        try:
+            pickle.dumps(arg)
+        except Exception:
+            return _describe(arg)
+    return f"{type(fn).__name__} {getattr(fn, '__qualname__', repr(fn))!r}"

@@ -1,0 +1,273 @@
+"""Move datapoints between processes with array bytes in shared memory: one copy, no pickling of bytes.
+
+The worker pickles a result with protocol 5. Numpy arrays of at least ``INBAND_LIMIT`` bytes hand
+their memory out of band; the :class:`SlabWriter` copies those buffers into a *slab*, a shared-memory
+file under ``/dev/shm`` that the worker owns and reuses, and sends only the small pickle plus offsets.
+The :class:`SlabReader` in the consumer maps each slab once and rebuilds the arrays as views of it: the
+single copy is the worker's write into the slab.
+
+Lifetime of received arrays: a received array stays valid for as long as you hold it (or any view of
+it). A slab returns to its worker only when every array built from it has been garbage-collected,
+through a one-byte flag in a small control segment per worker. So holding arrays is always safe; it
+only makes the worker allocate more slabs (up to ``max_slabs``, after which results travel in-band
+through the pipe, slower but never blocking).
+
+Segments are named ``bf<pid>_<pool>_...`` so the pool can sweep everything it created, even slabs of a
+worker that was killed. Without ``/dev/shm`` (not Linux) or when it is full, results travel in-band.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import pickle
+import weakref
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SHM_DIR", "SlabReader", "SlabWriter", "create_segment", "sweep_segments"]
+
+log = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"
+INBAND_LIMIT = 32 * 1024  # smaller buffers are cheaper to pickle in-band than to place in a slab
+ALIGN = 64
+MIN_SLAB = 256 * 1024
+FREE, IN_USE = 0, 1
+
+
+def shm_available() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+def create_segment(name: str, size: int) -> mmap.mmap:
+    """Create ``/dev/shm/name`` with ``size`` bytes reserved up front and map it.
+
+    Reserving with ``posix_fallocate`` turns a full ``/dev/shm`` into an ``OSError`` here instead of a
+    SIGBUS later, when a page is first written.
+    """
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:
+            os.unlink(path)
+            raise
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def open_segment(name: str) -> mmap.mmap:
+    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+    try:
+        return mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
+
+
+def unlink_segment(name: str) -> None:
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+        pass
+
+
+def sweep_segments(prefix: str) -> int:
+    """Unlink every segment whose name starts with ``prefix``; returns how many were removed."""
+    n = 0
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
+    for name in names:
+        if name.startswith(prefix):
+            unlink_segment(name)
+            n += 1
+    return n
+
+
+def _round_size(n: int) -> int:
+    size = MIN_SLAB
+    while size < n:
+        size *= 2
+    return size
+
+
+class SlabWriter:
+    """Worker side: pickles results, placing large array buffers in reusable slabs.
+
+    ``flags`` is the worker's control segment: byte ``i`` says whether slab ``i`` is held by the consumer.
+    """
+
+    def __init__(self, prefix: str, flags: memoryview | None, max_slabs: int) -> None:
+        self.prefix = prefix
+        self.flags = flags
+        self.max_slabs = max_slabs if flags is not None else 0
+        self.slabs: list[tuple[str, int, mmap.mmap | None]] = []
+        self._bases: list[int] = []  # address of each slab in this process
+        self._arena: list[int] | None = None  # [slab index, bytes used] while a message is being built
+        self._warned = False
+
+    def _acquire(self, nbytes: int) -> int:
+        """Index of a free slab of at least ``nbytes``, or -1 when none can be had."""
+        flags = self.flags
+        best = -1
+        for i, (_, size, _) in enumerate(self.slabs):
+            if flags[i] == FREE and size >= nbytes and (best < 0 or size < self.slabs[best][1]):
+                best = i
+        if best >= 0:
+            return best
+        if len(self.slabs) >= self.max_slabs:
+            # Free the smallest unused slab to make room for a bigger one, if there is one.
+            free = [i for i, s in enumerate(self.slabs) if flags[i] == FREE]
+            if not free:
+                return -1
+            i = free[0]
+            name, _, mm = self.slabs[i]
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:  # an array of ours still points into it: leave it be
+                    return -1
+                unlink_segment(name)
+            return self._create(nbytes, i)
+        return self._create(nbytes, len(self.slabs))
+
+    def _create(self, nbytes: int, index: int) -> int:
+        size = _round_size(nbytes)
+        name = f"{self.prefix}{index}_{os.urandom(3).hex()}"
+        try:
+            mm = create_segment(name, size)
+        except OSError as exc:
+            if not self._warned:
+                log.warning("cannot allocate %d bytes of shared memory in %s (%s); results travel through "
+                            "the pipe instead, which is slower", size, SHM_DIR, exc)
+                self._warned = True
+            if index < len(self.slabs):
+                self.slabs[index] = ("", 0, None)  # a hole: keeps the indices of the other slabs
+            return -1
+        base = _address(memoryview(mm))
+        if index == len(self.slabs):
+            self.slabs.append((name, size, mm))
+            self._bases.append(base)
+        else:
+            self.slabs[index] = (name, size, mm)
+            self._bases[index] = base
+        return index
+
+    def reserve(self, nbytes: int) -> None:
+        """Start the next message in a slab of at least ``nbytes``; :meth:`alloc` carves arrays from it.
+
+        Arrays built in place (a batch stacked straight into shared memory) then cost no copy at all.
+        """
+        if self.max_slabs == 0:
+            return
+        index = self._acquire(nbytes)
+        if index >= 0:
+            self.flags[index] = IN_USE  # not ours to reuse until this message is sent and released
+            self._arena = [index, 0]
+
+    def alloc(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An uninitialized array inside the reserved slab, or in ordinary memory if it does not fit."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        arena = self._arena
+        if arena is not None and nbytes >= INBAND_LIMIT:
+            index, used = arena
+            _, size, mm = self.slabs[index]
+            if used + nbytes <= size:
+                arena[1] = used + -(-nbytes // ALIGN) * ALIGN
+                return np.frombuffer(mm, dtype=dtype, count=nbytes // dtype.itemsize, offset=used).reshape(shape)
+        return np.empty(shape, dtype)
+
+    def dumps(self, obj: Any) -> bytes:
+        """Serialize ``obj``; the returned message goes to :meth:`SlabReader.loads` in the consumer."""
+        if self.max_slabs == 0:
+            return pickle.dumps((None, pickle.dumps(obj, protocol=5)), protocol=5)
+        buffers: list[pickle.PickleBuffer] = []
+
+        def keep(pb: pickle.PickleBuffer) -> bool:
+            if pb.raw().nbytes < INBAND_LIMIT:
+                return True  # pickle it in-band
+            buffers.append(pb)
+            return False
+
+        arena, self._arena = self._arena, None
+        data = pickle.dumps(obj, protocol=5, buffer_callback=keep)
+        if not buffers:
+            if arena is not None:
+                self.flags[arena[0]] = FREE
+            return pickle.dumps((None, data), protocol=5)
+        raws = [pb.raw() for pb in buffers]
+        if arena is not None:
+            index, used = arena
+            name, size, mm = self.slabs[index]
+            base = self._bases[index]
+        else:
+            total = sum(-(-r.nbytes // ALIGN) * ALIGN for r in raws)
+            index, used = self._acquire(total), 0
+            if index < 0:  # no shared memory to be had: pickle the bytes in-band
+                return pickle.dumps((None, pickle.dumps(obj, protocol=5)), protocol=5)
+            name, size, mm = self.slabs[index]
+            base = self._bases[index]
+        offsets = []
+        for r in raws:
+            off = _address(r) - base
+            if not 0 <= off <= size - r.nbytes:  # not built in place: copy it in
+                off = used
+                if off + r.nbytes > size:
+                    self.flags[index] = FREE
+                    return pickle.dumps((None, pickle.dumps(obj, protocol=5)), protocol=5)
+                mm[off:off + r.nbytes] = r
+                used += -(-r.nbytes // ALIGN) * ALIGN
+            offsets.append((off, r.nbytes))
+        self.flags[index] = IN_USE
+        return pickle.dumps(((name, index, offsets), data), protocol=5)
+
+    def close(self) -> None:
+        for name, _, mm in self.slabs:
+            if mm is not None:
+                mm.close()
+                unlink_segment(name)
+        self.slabs = []
+
+
+def _address(buf: memoryview) -> int:
+    """Address of the first byte of a (non-empty) buffer."""
+    return np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]
+
+
+def _release(flags: memoryview, index: int) -> None:
+    try:
+        flags[index] = FREE
+    except (ValueError, IndexError):  # the control segment is already unmapped: the pool has closed
+        pass
+
+
+class SlabReader:
+    """Consumer side for one worker: maps its slabs (once each) and rebuilds arrays as views of them."""
+
+    def __init__(self, flags: memoryview | None) -> None:
+        self.flags = flags
+        self._maps: dict[int, tuple[str, mmap.mmap]] = {}  # slab index -> (name, mapping)
+
+    def loads(self, message: bytes) -> Any:
+        slab, data = pickle.loads(message)
+        if slab is None:
+            return pickle.loads(data)
+        name, index, offsets = slab
+        known = self._maps.get(index)
+        if known is None or known[0] != name:  # a new slab, or the worker replaced this one
+            known = self._maps[index] = (name, open_segment(name))
+        mm = known[1]
+        lease = np.frombuffer(mm, dtype=np.uint8, count=max(off + n for off, n in offsets))
+        weakref.finalize(lease, _release, self.flags, index)
+        return pickle.loads(data, buffers=[lease[off:off + n] for off, n in offsets])
+
+    def close(self) -> None:
+        # Arrays the consumer still holds keep their slab's mapping alive; drop only our references.
+        self._maps.clear()
