@@ -13,11 +13,13 @@ Importing this package imports TensorFlow (the core ``bridgeflow`` package never
 from .queue_input import QueueInput
 from .signature import Signature, infer_signature
 from .source import InputSource, InputSourceError
+from .staging import StagingInput
 
 __all__ = [
     "InputSource",
     "InputSourceError",
     "QueueInput",
     "Signature",
+    "StagingInput",
     "infer_signature",
 ]

@@ -159,6 +159,7 @@ class QueueInput(InputSource):
             self._mode = "eager"
         self._go.set()  # eager: nothing more to wait for
 
+    @tf.autograph.experimental.do_not_convert
     def dequeue(self) -> tuple | dict:
         """Tensors of the next datapoint, as a tuple or dict like the datapoint.
 

@@ -190,6 +190,14 @@ class Signature:
             return dict(zip(self.keys, values))
         return tuple(values)
 
+    def unpack(self, structure: Any) -> list[Any]:
+        """The components of a tuple/dict structure (tensors, specs) as a flat list in signature order."""
+        if self.is_dict:
+            return [structure[k] for k in self.keys]
+        if len(structure) != len(self.keys):
+            raise ValueError(f"Signature.unpack: {len(structure)} components for {len(self.keys)}")
+        return list(structure)
+
     def set_shapes(self, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
         """Give symbolic tensors (from a queue or staging area) the signature's static shapes."""
         out = []
