@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..errors import BridgeflowError
 
 __all__ = [
+    "ComponentNotFoundError",
     "CorruptDataError",
     "DatasetNotFoundError",
     "EncodeError",
@@ -44,3 +45,7 @@ class TargetExistsError(SerializationError, FileExistsError):
 
 class DatasetNotFoundError(SerializationError, FileNotFoundError):
     """``load`` of a path that does not exist."""
+
+
+class ComponentNotFoundError(SerializationError, KeyError):
+    """``data_paths`` names a component or dataset the file does not have."""

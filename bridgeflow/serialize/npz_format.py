@@ -1,0 +1,174 @@
+"""``.npz`` datasets for small data: every column in memory, one numpy array per column, no pickle.
+
+Columns follow :mod:`bridgeflow.serialize._columns`: fixed-shape arrays are stacked (``c<k>``), ragged
+arrays are stored flat with ``c<k>.shapes``, ``str`` (UTF-8) and ``bytes`` as one flat ``uint8`` array with
+``c<k>.offsets``. ``__bf_meta__`` holds the JSON description (format, version, count, structure,
+columns). The file is read with ``allow_pickle=False``.
+
+Example:
+    >>> NumpySerializer.save(df, "small.npz")                     # doctest: +SKIP
+    >>> ds = NumpySerializer.load("small.npz", shuffle=False)    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..base import DataFlow, RNGDataFlow
+from ..errors import DatapointError
+from ._columns import Column, assemble, classify, split_datapoint
+from ._common import existing_path, iterate_source, normalize_index
+from .atomic import atomic_path, check_target
+from .errors import CorruptDataError, UnsupportedFormatError
+
+__all__ = ["NumpyData", "NumpySerializer"]
+
+FORMAT_NAME = "bridgeflow-npz"
+FORMAT_VERSION = 1
+META = "__bf_meta__"
+
+
+def _flat_bytes(chunks: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    offsets = np.zeros(len(chunks) + 1, np.int64)
+    np.cumsum([len(c) for c in chunks], out=offsets[1:])
+    return np.frombuffer(b"".join(chunks), np.uint8), offsets
+
+
+def _column_arrays(k: int, col: Column, values: list) -> dict[str, np.ndarray]:
+    key = f"c{k}"
+    if col.kind == "array":
+        return {key: np.stack(values) if values else np.zeros((0, *col.shape), col.dtype)}
+    if col.kind == "scalar":
+        return {key: np.array(values, dtype=np.dtype(col.dtype))}
+    if col.kind == "ragged":
+        flat = [np.ascontiguousarray(v).reshape(-1) for v in values]
+        shapes = np.array([v.shape for v in values], np.int64).reshape(len(values), len(col.shape))
+        return {key: np.concatenate(flat) if flat else np.zeros(0, col.dtype), f"{key}.shapes": shapes}
+    raw = [v.encode("utf-8", "surrogatepass") for v in values] if col.kind == "str" else values
+    flat, offsets = _flat_bytes(raw)
+    return {key: flat, f"{key}.offsets": offsets}
+
+
+class NumpySerializer:
+    """Save a (small) flow to one ``.npz`` file and load it back; everything is held in memory."""
+
+    @staticmethod
+    def save(df: DataFlow, path: str | os.PathLike, data_paths: Sequence[str] | None = None, *,
+             overwrite: bool = False, progress: bool = True) -> int:
+        """Collect every datapoint of ``df`` into columns and write them to ``path``; returns the count."""
+        names_given = None if data_paths is None else [str(p) for p in data_paths]
+        columns: list[Column] = []
+        values: list[list] = []
+        structure, names = "list", []
+        desc = f"npz {os.path.basename(os.fspath(path))}"
+        target = check_target(path, overwrite)  # refuse before reading the whole source
+        count = 0
+        for i, dp in enumerate(iterate_source(df, progress=progress, desc=desc)):
+            s, n, vals = split_datapoint(dp, names_given, i)
+            if not columns:
+                structure, names = s, n
+                columns = [classify(name, v, i) for name, v in zip(n, vals)]
+                values = [[] for _ in columns]
+            elif (s, n) != (structure, names):
+                raise DatapointError(f"datapoint {i} is a {s} with components {n}; the first was a "
+                                     f"{structure} with {names}")
+            for k, v in enumerate(vals):
+                upgraded = columns[k].check(v, i)
+                if upgraded is not None:
+                    columns[k] = upgraded
+                values[k].append(v)
+            count += 1
+        arrays: dict[str, np.ndarray] = {}
+        for k, (col, vals) in enumerate(zip(columns, values)):
+            arrays.update(_column_arrays(k, col, vals))
+        meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "count": count, "structure": structure,
+                "columns": [c.to_json() for c in columns]}
+        arrays[META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        with atomic_path(target, overwrite=overwrite, sidecars=()) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+        return count
+
+    @staticmethod
+    def load(path: str | os.PathLike, shuffle: bool = True, *, seed: int | None = None) -> NumpyData:
+        """The flow of datapoints stored at ``path`` (see :class:`NumpyData`)."""
+        return NumpyData(path, shuffle=shuffle, seed=seed)
+
+
+class NumpyData(RNGDataFlow):
+    """Datapoints of an ``.npz`` dataset, loaded into memory: ``len()``, ``ds[i]``, optional shuffling.
+
+    Arrays returned are views of the loaded column arrays (writable; changing one changes the dataset).
+    """
+
+    def __init__(self, path: str | os.PathLike, shuffle: bool = True, seed: int | None = None) -> None:
+        self.path = existing_path(path, "NumpyData")
+        self.shuffle = shuffle
+        self.seed = seed
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+            raise CorruptDataError(f"{self.path}: cannot read as npz ({type(exc).__name__}: {exc})") from exc
+        try:
+            meta = json.loads(arrays.pop(META).tobytes())
+        except (KeyError, ValueError) as exc:
+            raise CorruptDataError(f"{self.path}: an npz file not written by NumpySerializer "
+                                   f"(no valid {META})") from exc
+        try:
+            if meta.get("format") != FORMAT_NAME:
+                raise CorruptDataError(f"{self.path}: {META} names format {meta.get('format')!r}")
+            if meta.get("version") != FORMAT_VERSION:
+                raise UnsupportedFormatError(f"{self.path}: npz format version {meta.get('version')}; this "
+                                             f"bridgeflow reads version {FORMAT_VERSION}")
+            self.structure = str(meta["structure"])
+            self.columns = [Column.from_json(c) for c in meta["columns"]]
+            self._len = int(meta["count"])
+            self._cells = [self._unpack(k, c, arrays) for k, c in enumerate(self.columns)]
+        except (CorruptDataError, UnsupportedFormatError):
+            raise
+        except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
+            raise CorruptDataError(f"{self.path}: damaged npz dataset ({type(exc).__name__}: {exc})") from exc
+        self.names = [c.name for c in self.columns]
+
+    def _unpack(self, k: int, col: Column, arrays: dict[str, np.ndarray]) -> list:
+        a, n = arrays[f"c{k}"], self._len
+        if col.kind in ("array", "scalar"):
+            if a.shape[:1] != (n,):
+                raise ValueError(f"column {col.name!r} holds {a.shape[:1]} rows, the count is {n}")
+            if col.kind == "scalar":
+                return a.tolist() if col.pytype else list(a)
+            return list(a) if col.shape else [np.array(v) for v in a]
+        if col.kind == "ragged":
+            shapes = arrays[f"c{k}.shapes"]
+            sizes = np.prod(shapes, axis=1, dtype=np.int64) if len(shapes) else np.zeros(0, np.int64)
+            if len(shapes) != n or int(sizes.sum()) != a.size:
+                raise ValueError(f"ragged column {col.name!r} does not match its shapes")
+            ends = np.cumsum(sizes)
+            return [a[e - s:e].reshape(shape) for s, e, shape in zip(sizes, ends, shapes.tolist())]
+        offsets = arrays[f"c{k}.offsets"]
+        if len(offsets) != n + 1 or offsets[0] != 0 or offsets[-1] != a.size or np.any(np.diff(offsets) < 0):
+            raise ValueError(f"column {col.name!r} has bad offsets")
+        raw = a.tobytes()
+        cells = [raw[s:e] for s, e in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+        return [c.decode("utf-8", "surrogatepass") for c in cells] if col.kind == "str" else cells
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> Any:
+        i = normalize_index(index, self._len, "NumpyData")
+        return assemble(self.structure, self.names, [cells[i] for cells in self._cells])
+
+    def __iter__(self) -> Iterator[Any]:
+        order = self.rng.permutation(self._len).tolist() if self.shuffle else range(self._len)
+        for i in order:
+            yield assemble(self.structure, self.names, [cells[i] for cells in self._cells])
+
+    def __repr__(self) -> str:
+        return f"NumpyData({self.path!r}, shuffle={self.shuffle}, n={self._len})"

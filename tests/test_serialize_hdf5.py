@@ -1,0 +1,189 @@
+"""HDF5Serializer and HDF5Data on real HDF5 files: every column kind, ragged upgrade, atomic saves, bad files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import h5py
+import numpy as np
+import pytest
+
+from bridgeflow import DataFromGenerator, DataFromList
+from bridgeflow.errors import DatapointError
+from bridgeflow.serialize.errors import (
+    CorruptDataError,
+    DatasetNotFoundError,
+    TargetExistsError,
+    UnsupportedFormatError,
+)
+from bridgeflow.serialize.hdf5_format import HDF5Data, HDF5Serializer
+from bridgeflow.testing import assert_same_datapoints, check_dataflow
+
+
+def every_kind(n=30):
+    return [[np.full((3, 4), i, np.float32), i, f"n{i}é", b"\x00ab" * i, np.arange(i % 4, dtype=np.int16),
+             1.5 * i, np.float32(i), np.array(i), np.zeros((0, 2)), i % 2 == 0, np.ones((2, i % 3 + 1), bool)]
+            for i in range(n)]
+
+
+def save(tmp_path, dps, name="d.h5", **kw):
+    path = tmp_path / name
+    kw.setdefault("progress", False)
+    HDF5Serializer.save(DataFromList(dps, shuffle=False), path, **kw)
+    return path
+
+
+def test_every_column_kind_roundtrips(tmp_path):
+    dps = every_kind()
+    path = save(tmp_path, dps)
+    out = check_dataflow(HDF5Serializer.load(path, shuffle=False), deterministic=True)
+    assert_same_datapoints(dps, out)
+    assert type(out[3][1]) is int and type(out[3][5]) is float and type(out[3][9]) is bool
+    assert type(out[3][6]) is np.float32
+    assert sorted(os.listdir(tmp_path)) == ["d.h5"]
+
+
+def test_layout_chunked_datasets_and_attrs(tmp_path):
+    path = save(tmp_path, every_kind(10), data_paths=[f"c{i}" for i in range(11)])
+    with h5py.File(path, "r") as f:
+        assert f["c0"].shape == (10, 3, 4) and f["c0"].chunks is not None
+        assert f["c4"].dtype.kind == "O" and f["__bf_shapes__/c4"].shape == (10, 1)  # ragged
+        assert f.attrs["bridgeflow_format"] == "bridgeflow-hdf5" and f.attrs["count"] == 10
+        kinds = [c["kind"] for c in json.loads(f.attrs["columns"])]
+    assert kinds == ["array", "scalar", "str", "bytes", "ragged", "scalar", "scalar", "array", "array",
+                     "scalar", "ragged"]
+
+
+def test_shuffled_random_access_and_subset(tmp_path):
+    dps = every_kind(40)
+    path = save(tmp_path, dps, data_paths=[f"c{i}" for i in range(11)])
+    ds = HDF5Serializer.load(path, shuffle=True, seed=2)
+    assert_same_datapoints(dps, check_dataflow(ds), ordered=False)
+    with HDF5Data(path, data_paths=["c2", "c0"], shuffle=False) as sub:
+        assert len(sub) == 40
+        assert sub[5][0] == "n5é" and sub[-1][1].shape == (3, 4)
+        with pytest.raises(IndexError):
+            sub[40]
+    with pytest.raises(KeyError, match="nope"):  # ComponentNotFoundError is a KeyError
+        HDF5Data(path, data_paths=["nope"])
+
+
+def test_dict_datapoints_and_key_selection(tmp_path):
+    dps = [{"img": np.zeros((2, 2), np.uint8) + i, "label": i, "name": str(i)} for i in range(7)]
+    path = save(tmp_path, dps)
+    assert_same_datapoints(dps, check_dataflow(HDF5Data(path, shuffle=False), deterministic=True))
+    only = save(tmp_path, dps, name="only.h5", data_paths=["label", "img"])
+    out = check_dataflow(HDF5Data(only, shuffle=False), deterministic=True)
+    assert list(out[0]) == ["label", "img"]
+
+
+def test_refusals_name_the_component(tmp_path):
+    with pytest.raises(DatapointError, match="component '1'.*list"):
+        save(tmp_path, [[1, [1, 2]]])
+    with pytest.raises(DatapointError, match="component '0'.*object"):
+        save(tmp_path, [[np.array([None])]])
+    with pytest.raises(DatapointError, match="component 'x' of datapoint 1.*rank"):
+        save(tmp_path, [{"x": np.zeros(3)}, {"x": np.zeros((3, 1))}])
+    with pytest.raises(DatapointError, match="component '0' of datapoint 2"):
+        save(tmp_path, [[1], [2], ["three"]])
+    with pytest.raises(DatapointError, match="components"):
+        save(tmp_path, [[1], [2, 3]])
+    assert os.listdir(tmp_path) == []  # nothing half-written
+
+
+def _failing(exc):
+    def gen():
+        for i in range(20):
+            yield [np.zeros(100), i]
+        raise exc
+    return DataFromGenerator(gen)
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_interrupted_save_leaves_directory_as_it_was(tmp_path, exc):
+    (tmp_path / "keep.h5").write_bytes(b"x")
+    with pytest.raises(type(exc)):
+        HDF5Serializer.save(_failing(exc), tmp_path / "out.h5", progress=False)
+    assert os.listdir(tmp_path) == ["keep.h5"]
+
+
+def test_overwrite(tmp_path):
+    path = save(tmp_path, [[1]])
+    with pytest.raises(TargetExistsError, match="d.h5"):
+        save(tmp_path, [[2]])
+    save(tmp_path, [[2]], overwrite=True)
+    assert check_dataflow(HDF5Data(path, shuffle=False)) == [[2]]
+
+
+def test_foreign_hdf5_needs_data_paths(tmp_path):
+    path = tmp_path / "foreign.h5"
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(12).reshape(6, 2)
+        f["y"] = np.arange(6)
+        f["z"] = np.arange(5)
+    with pytest.raises(CorruptDataError, match="data_paths"):
+        HDF5Data(path)
+    ds = HDF5Data(path, data_paths=["x", "y"], shuffle=False)
+    out = check_dataflow(ds, deterministic=True)
+    assert len(out) == 6 and out[2][0].tolist() == [4, 5] and out[2][1] == 2
+    with pytest.raises(CorruptDataError, match="different lengths"):
+        HDF5Data(path, data_paths=["x", "z"])
+
+
+def test_missing_garbage_wrong_format_truncated_and_future_version(tmp_path):
+    with pytest.raises(DatasetNotFoundError, match="missing.h5"):
+        HDF5Serializer.load(tmp_path / "missing.h5")
+    (tmp_path / "garbage.h5").write_bytes(os.urandom(4096))
+    with pytest.raises(CorruptDataError, match="garbage.h5"):
+        HDF5Serializer.load(tmp_path / "garbage.h5")
+    lmdb_like = tmp_path / "wrong.lmdb"
+    lmdb_like.write_bytes(b"\x00" * 8192)
+    with pytest.raises(CorruptDataError, match="wrong.lmdb"):
+        HDF5Serializer.load(lmdb_like)
+    good = save(tmp_path, every_kind(20))
+    data = good.read_bytes()
+    for cut in (len(data) // 3, len(data) - 100):
+        bad = tmp_path / f"cut{cut}.h5"
+        bad.write_bytes(data[:cut])
+        with pytest.raises(CorruptDataError, match=f"cut{cut}.h5"):
+            ds = HDF5Serializer.load(bad, shuffle=False)
+            list(ds)
+    with h5py.File(good, "a") as f:
+        f.attrs["bridgeflow_version"] = 7
+    with pytest.raises(UnsupportedFormatError, match="version 7"):
+        HDF5Serializer.load(good)
+
+
+def test_flipped_bytes_never_crash_the_process(tmp_path):
+    """Random flips anywhere in the file: success or a bridgeflow error, in a child process."""
+    path = save(tmp_path, every_kind(25))
+    script = textwrap.dedent(f"""
+        import os, random
+        from bridgeflow.errors import BridgeflowError
+        from bridgeflow.serialize.hdf5_format import HDF5Serializer
+        data = open({str(path)!r}, "rb").read()
+        rng = random.Random(1)
+        errors = 0
+        for t in range(120):
+            b = bytearray(data)
+            for _ in range(rng.randint(1, 6)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+            p = os.path.join({str(tmp_path)!r}, "c%d.h5" % t)
+            open(p, "wb").write(b)
+            try:
+                ds = HDF5Serializer.load(p, shuffle=False)
+                list(ds)
+                [ds[i] for i in range(len(ds))]
+                ds.close()
+            except BridgeflowError:
+                errors += 1
+            os.unlink(p)
+        print("errors", errors)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split()[-1]) > 0
