@@ -10,6 +10,7 @@ Importing this package imports TensorFlow (the core ``bridgeflow`` package never
   to compare with and to time the model alone.
 """
 
+from .dataset import to_tf_dataset
 from .queue_input import QueueInput
 from .signature import Signature, infer_signature
 from .source import InputSource, InputSourceError
@@ -22,4 +23,5 @@ __all__ = [
     "Signature",
     "StagingInput",
     "infer_signature",
+    "to_tf_dataset",
 ]
