@@ -76,13 +76,16 @@ class TestDataSpeed(ProxyDataFlow):
         try:
             for _ in range(self.warmup):
                 next(stream)
-            bar = tqdm(total=self.test_size, unit="dp", smoothing=0.1, disable=not self.progress,
-                       file=sys.stderr, dynamic_ncols=True, leave=False)
             t0 = time.perf_counter()
-            with bar:
+            if self.progress:
+                with tqdm(total=self.test_size, unit="dp", smoothing=0.1, file=sys.stderr, dynamic_ncols=True,
+                          leave=False) as bar:
+                    for _ in range(self.test_size):
+                        next(stream)
+                        bar.update(1)
+            else:  # no bar object at all: tqdm would start its monitor thread even when disabled
                 for _ in range(self.test_size):
                     next(stream)
-                    bar.update(1)
             elapsed = time.perf_counter() - t0
         finally:
             stream.close()

@@ -25,8 +25,12 @@ def _hang_guard():
     faulthandler.cancel_dump_traceback_later()
 
 
+# multiprocessing's own helpers live as long as the interpreter once started; they are not workers.
+_STDLIB_HELPERS = (b"resource_tracker", b"forkserver")
+
+
 def child_pids() -> set[int]:
-    """Live (non-zombie) child processes of this process, read from /proc."""
+    """Live (non-zombie) child processes of this process, read from /proc, less multiprocessing's helpers."""
     me = str(os.getpid())
     out = set()
     for entry in os.listdir("/proc"):
@@ -38,7 +42,13 @@ def child_pids() -> set[int]:
         except OSError:
             continue
         if fields[1] == me and fields[0] != "Z":
-            out.add(int(entry))
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if not any(h in cmdline for h in _STDLIB_HELPERS):
+                out.add(int(entry))
     return out
 
 

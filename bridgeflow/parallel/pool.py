@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import BridgeflowError, WorkerError
+from ..errors import BridgeflowError, DataFlowTerminated, WorkerError
 from . import shm
 
 __all__ = ["EXHAUSTED", "RemoteError", "RemoteTraceback", "WorkerContext", "WorkerPool", "worker_loop"]
@@ -154,18 +154,23 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any], 
 # --- process workers ------------------------------------------------------------------------------
 
 
+def _parent_alive(ppid: int, consumer_pid: int) -> bool:
+    if os.getppid() != ppid:
+        return False
+    try:
+        os.kill(consumer_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def _watch_parent(ppid: int, consumer_pid: int, on_orphan: Callable[[], None]) -> None:
+    """Exit the worker (even one stuck in a task) once the consumer is gone, cleaning up for it."""
     while True:
         time.sleep(_LIVENESS_INTERVAL)
-        alive = os.getppid() == ppid
-        if alive:
-            try:
-                os.kill(consumer_pid, 0)
-            except ProcessLookupError:
-                alive = False
-            except PermissionError:
-                pass
-        if not alive:
+        if not _parent_alive(ppid, consumer_pid):
             on_orphan()
             os._exit(0)
 
@@ -180,7 +185,12 @@ def _process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_
                             _MAX_SLABS)
     reader = shm.SlabReader(view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None)
     ctx = replace(ctx, writer=writer)
-    threading.Thread(target=_watch_parent, args=(os.getppid(), consumer_pid, writer.close),
+    def on_orphan() -> None:  # the consumer is gone and cannot clean up: remove the whole pool's segments
+        writer.close()
+        shm.sweep_segments(prefix)
+
+    ppid = os.getppid()
+    threading.Thread(target=_watch_parent, args=(ppid, consumer_pid, on_orphan),
                      name="bridgeflow-parent-watch", daemon=True).start()
     completed = 0
 
@@ -202,6 +212,8 @@ def _process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_
         worker_loop(ctx, init_fn, recv, send, by_pickle=True)
     finally:
         writer.close()
+        if not _parent_alive(ppid, consumer_pid):  # our task pipe closed because the consumer died
+            shm.sweep_segments(prefix)
 
 
 class _PoolResources:
@@ -560,6 +572,8 @@ class WorkerPool:
             try:
                 return self._results_queue.get(timeout=wait_for)  # type: ignore[union-attr]
             except queue.Empty:
+                if self._closed:
+                    self._raise_dead(0)
                 for w, t in enumerate(self._res.threads):
                     if not t.is_alive():
                         self._raise_dead(w)
@@ -588,6 +602,8 @@ class WorkerPool:
         return f"worker {worker} of {self.name}"
 
     def _raise_dead(self, worker: int) -> None:
+        if self._closed:
+            raise DataFlowTerminated(f"{self.name} was closed while a consumer was waiting for a result")
         if not self.processes:
             raise WorkerError(f"thread {worker} of {self.name} stopped unexpectedly", stage=self.name,
                               worker=worker)

@@ -1,0 +1,449 @@
+"""Parallel stages: same output as the sequential flow, every failure loud, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import child_pids, shm_entries, wait_for
+
+import bridgeflow as bf
+from bridgeflow.errors import DataFlowTerminated, DatapointError, WorkerError
+from bridgeflow.parallel import (
+    MultiProcessMapData,
+    MultiProcessRunner,
+    MultiThreadMapData,
+    MultiThreadRunner,
+    RemoteError,
+)
+from bridgeflow.testing import assert_same_datapoints, check_dataflow
+
+START_METHODS = ["fork", "spawn", "forkserver"]
+
+
+# --- functions the workers run (module level, so spawn can pickle them) ----------------------------
+
+def image_of(i):
+    return [np.full((3, 16, 16), i % 251, np.uint8), i, f"id{i}"]
+
+
+def drop_some(i):
+    return None if i % 5 == 2 else [np.full(40, i % 7, dtype=np.float32), i]
+
+
+def as_dict(i):
+    return {"img": np.full((2, 8), i, np.int16), "label": i, "name": str(i)}
+
+
+def fail_at_13(i):
+    if i == 13:
+        raise KeyError(f"no such sample: {i}")
+    return [i]
+
+
+def exit_at_5(i):
+    if i == 5:
+        sys.exit(3)
+    return [i]
+
+
+def hard_exit_at_5(i):
+    if i == 5:
+        os._exit(7)
+    return [i]
+
+
+def sleep_forever(i):
+    time.sleep(3600)
+
+
+def kill_self_at_20(i):
+    if i == 20:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [np.zeros(50_000, np.uint8), i]
+
+
+def random_draw(i):
+    return [np.random.randint(0, 2**31), i]
+
+
+def returns_int(i):
+    return i
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("this object refuses to be pickled")
+
+
+def returns_unpicklable(i):
+    return [Unpicklable()]
+
+
+def source(n=200):
+    return bf.DataFromList(list(range(n)), shuffle=False)
+
+
+def sequential(fn, n=200):
+    return list(bf.MapData(source(n), fn))
+
+
+def make(kind, fn, n=200, **kw):
+    if kind == "thread":
+        return MultiThreadMapData(source(n), 2, fn, buffer_size=kw.pop("buffer_size", 32), **kw)
+    return MultiProcessMapData(source(n), 2, fn, buffer_size=kw.pop("buffer_size", 32), start_method=kind, **kw)
+
+
+# --- same output ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["thread", *START_METHODS])
+@pytest.mark.parametrize("strict", [True, False])
+def test_ordered_output_equals_sequential(kind, strict, leak_check):
+    expected = sequential(image_of)
+    with make(kind, image_of, strict=strict) as df:
+        first = check_dataflow(df, deterministic=True)
+    assert_same_datapoints(expected, first)
+
+
+@pytest.mark.parametrize("kind", ["thread", "fork"])
+def test_dict_datapoints_and_dropped_ones(kind, leak_check):
+    with make(kind, as_dict) as df:
+        df.reset_state()
+        assert_same_datapoints(sequential(as_dict), list(df))
+    with make(kind, drop_some) as df:
+        df.reset_state()
+        out = list(df)
+    assert_same_datapoints(sequential(drop_some), out)
+    assert len(out) == 160
+
+
+@pytest.mark.parametrize("kind", ["thread", "fork", "spawn"])
+def test_unordered_output_is_the_same_multiset(kind, leak_check):
+    with make(kind, image_of, ordered=False, strict=True) as df:
+        df.reset_state()
+        assert_same_datapoints(sequential(image_of), list(df), ordered=False)
+
+
+@pytest.mark.parametrize("kind", ["thread", "fork", "spawn"])
+@pytest.mark.parametrize("fn", [image_of, drop_some, as_dict])
+def test_batching_after_the_stage_equals_batching_in_process(kind, fn, leak_check):
+    """BatchData over a map stage stacks in the workers; the batches must be exactly the same."""
+    for remainder in (False, True):
+        expected = list(bf.BatchData(bf.MapData(source(), fn), 16, remainder=remainder))
+        with bf.BatchData(make(kind, fn), 16, remainder=remainder) as df:
+            df.reset_state()
+            assert_same_datapoints(expected, list(df))
+            assert_same_datapoints(expected, list(df))
+
+
+def test_thread_and_process_variants_agree(leak_check):
+    with make("thread", image_of) as t, make("fork", image_of) as p:
+        t.reset_state()
+        p.reset_state()
+        assert_same_datapoints(list(t), list(p))
+
+
+def test_batching_before_the_stage(leak_check):
+    """BatchData inside the source: batches are what travels through the workers."""
+    def double(batch):
+        return [batch[0] * 2, batch[1]]
+
+    src = bf.BatchData(bf.MapData(source(64), image_of), 8)
+    with MultiThreadMapData(src, 2, double) as df:
+        out = check_dataflow(df)
+    assert len(out) == 8 and out[0][0].shape == (8, 3, 16, 16)
+    assert (out[1][0][0] == 2 * 8).all()
+
+
+def test_non_strict_epochs_continue_the_stream(leak_check):
+    with make("fork", image_of, n=50, strict=False) as df:
+        df.reset_state()
+        it = iter(df)
+        first = [next(it)[1] for _ in range(10)]
+        del it  # break early: the non-strict stage keeps its work in flight for the next epoch
+        rest = [dp[1] for dp in df]
+    assert first == list(range(10))
+    assert rest == list(range(10, 50)) + list(range(10))  # one epoch = len(ds) datapoints, continuing
+
+
+def test_strict_epochs_restart_after_an_early_break(leak_check):
+    with make("fork", image_of, n=50, strict=True) as df:
+        df.reset_state()
+        for dp in df:
+            if dp[1] == 5:
+                break
+        assert [dp[1] for dp in df] == list(range(50))
+
+
+def test_each_worker_gets_its_own_random_stream(leak_check):
+    with make("fork", random_draw, n=64, seed=123) as df:
+        df.reset_state()
+        draws = [dp[0] for dp in df]
+    with make("fork", random_draw, n=64, seed=123) as df:
+        df.reset_state()
+        again = [dp[0] for dp in df]
+    assert draws == again  # reproducible for a fixed seed
+    assert len(set(draws)) > 60  # forked workers do not replay one RNG state
+
+
+def test_received_arrays_stay_valid_and_writable(leak_check):
+    """Arrays from shared memory stay intact while held, even as their worker's slabs get reused."""
+    with MultiProcessMapData(source(300), 2, image_of, buffer_size=8, start_method="fork") as df:
+        df.reset_state()
+        held = list(df)
+    for i, dp in enumerate(held):
+        assert (dp[0] == i % 251).all()
+    held[0][0][...] = 7
+    assert (held[0][0] == 7).all()
+
+
+# --- failures ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["thread", "fork", "spawn"])
+def test_map_exception_keeps_its_type_and_worker_traceback(kind, leak_check):
+    with make(kind, fail_at_13) as df:
+        df.reset_state()
+        got = []
+        with pytest.raises(KeyError, match="no such sample: 13") as info:
+            for dp in df:
+                got.append(dp[0])
+    assert got == list(range(13))  # ordered: everything before the failure arrives first
+    assert "fail_at_13" in str(info.value.__cause__)  # the worker's traceback
+
+
+def test_map_returning_a_non_datapoint_names_the_function(leak_check):
+    with make("fork", returns_int) as df, pytest.raises(DatapointError, match="returns_int"):
+        df.reset_state()
+        list(df)
+
+
+def test_unpicklable_result_is_an_error_naming_the_problem(leak_check):
+    with make("fork", returns_unpicklable) as df, pytest.raises(TypeError, match="cannot be sent"):
+        df.reset_state()
+        list(df)
+
+
+@pytest.mark.parametrize("fn", [exit_at_5, hard_exit_at_5])
+def test_worker_exit_becomes_an_error(fn, leak_check):
+    with make("fork", fn) as df:
+        df.reset_state()
+        t0 = time.monotonic()
+        with pytest.raises((WorkerError, RemoteError)) as info:
+            list(df)
+    assert time.monotonic() - t0 < 5
+    if fn is hard_exit_at_5:
+        err = info.value
+        assert isinstance(err, WorkerError) and err.exitcode == 7 and err.pid and err.stage == "MultiProcessMapData"
+        assert "exited with code 7" in str(err)
+    else:
+        assert "SystemExit" in str(info.value)
+
+
+def test_sigkilled_worker_is_reported_within_seconds(leak_check):
+    with make("fork", kill_self_at_20, n=400) as df:
+        df.reset_state()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match="SIGKILL") as info:
+            list(df)
+    assert time.monotonic() - t0 < 5
+    assert info.value.exitcode == -signal.SIGKILL and info.value.worker in (0, 1)
+
+
+def test_worker_killed_from_outside(leak_check):
+    with make("fork", image_of, n=10**6) as df:
+        df.reset_state()
+        it = iter(df)
+        next(it)
+        os.kill(df._pool.pids[1], signal.SIGKILL)
+        with pytest.raises(WorkerError, match="worker 1"):
+            for _ in range(10**6):
+                next(it)
+        del it
+
+
+def test_unpicklable_map_under_spawn_fails_before_any_worker_starts(leak_check):
+    before = child_pids()
+    df = MultiProcessMapData(source(), 2, lambda i: [i], start_method="spawn")
+    with pytest.raises(TypeError, match="map_func.*lambda.*cannot be pickled"):
+        df.reset_state()
+    assert child_pids() == before
+    df.close()
+
+
+def test_hanging_map_is_stopped_by_close(leak_check):
+    """A consumer blocked on a map that never returns gets a clear error when the stage is closed."""
+    df = make("fork", sleep_forever)
+    df.reset_state()
+    outcome = {}
+
+    def consume():
+        try:
+            next(iter(df))
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.5)
+    assert consumer.is_alive()  # the map hangs, and so does the consumer
+    t0 = time.monotonic()
+    df.close()
+    consumer.join(5)
+    assert not consumer.is_alive() and time.monotonic() - t0 < 3
+    assert isinstance(outcome["error"], DataFlowTerminated)
+
+
+# --- nothing leaks --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["thread", "fork", "spawn"])
+def test_early_break_then_close_leaks_nothing(kind, leak_check):
+    df = make(kind, image_of)
+    df.reset_state()
+    for dp in df:
+        if dp[1] == 3:
+            break
+    df.close()
+    df.close()  # idempotent
+
+
+def test_consumer_exception_then_del_leaks_nothing(leak_check):
+    def consume():
+        df = bf.BatchData(make("fork", image_of), 8)
+        df.reset_state()
+        for _ in df:
+            raise ValueError("the training step failed")
+
+    with pytest.raises(ValueError):
+        consume()
+
+
+def test_collected_stage_stops_its_workers(leak_check):
+    df = make("fork", image_of)
+    df.reset_state()
+    next(iter(df))
+    pids = df._pool.pids
+    del df
+    assert wait_for(lambda: not (set(pids) & child_pids()))
+
+
+_ORPHAN_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import bridgeflow as bf
+    from bridgeflow.parallel import MultiProcessMapData
+    from test_parallel_stages import image_of
+    df = MultiProcessMapData(bf.DataFromList(list(range(10**6)), shuffle=False), 2, image_of,
+                             start_method={method!r})
+    df.reset_state()
+    it = iter(df)
+    next(it)
+    print(" ".join(str(p) for p in df._pool.pids), flush=True)
+    {action}
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_exit_when_the_parent_is_sigkilled(method):
+    shm_before = shm_entries()
+    script = _ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__), method=method, action="time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    proc.kill()
+    proc.wait()
+    assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=5), "orphaned workers kept running"
+    assert wait_for(lambda: not (shm_entries() - shm_before), timeout=3), "shared memory left behind"
+
+
+def test_ctrl_c_in_the_consumer_leaves_nothing():
+    shm_before = shm_entries()
+    script = _ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__), method="fork",
+                                   action="for dp in it: time.sleep(0.01)")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert "KeyboardInterrupt" in err
+    assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=2)
+    assert wait_for(lambda: not (shm_entries() - shm_before), timeout=2)
+
+
+# --- runners -------------------------------------------------------------------------------------
+
+class Shard(bf.RNGDataFlow):
+    """Ten random draws per epoch from the worker's own RNG (tensorpack-style: only __iter__)."""
+
+    def __iter__(self):
+        for _ in range(10):
+            yield [int(self.rng.randint(0, 2**31))]
+
+    def __len__(self):
+        return 10
+
+
+@pytest.mark.parametrize("kind", ["thread", "fork", "spawn"])
+def test_runner_workers_iterate_their_own_reset_copies(kind, leak_check):
+    if kind == "thread":
+        df = MultiThreadRunner(Shard, 2, 4, seed=5)
+    else:
+        df = MultiProcessRunner(Shard(), 2, 4, start_method=kind, seed=5)
+    with df:
+        df.reset_state()
+        epoch1 = [dp[0] for dp in df]
+        epoch2 = [dp[0] for dp in df]
+    assert len(epoch1) == 10 and len(epoch2) == 10
+    assert len(set(epoch1 + epoch2)) == 20  # distinct seeds per worker: no stream is duplicated
+
+
+def test_runner_source_error_reaches_the_consumer(leak_check):
+    with MultiProcessRunner(bf.MapData(source(30), fail_at_13), 2, 4, start_method="fork") as df:
+        df.reset_state()
+        with pytest.raises(KeyError, match="13"):
+            list(df)
+
+
+def test_runner_with_batching_inside(leak_check):
+    with MultiProcessRunner(bf.BatchData(bf.MapData(source(64), image_of), 16), 2, 4) as df:
+        out = check_dataflow(df, deterministic=False)
+    assert len(out) == 4 and out[0][0].shape == (16, 3, 16, 16)
+
+
+# --- statistics ------------------------------------------------------------------------------------
+
+def test_stats_show_the_slow_side(leak_check, capsys):
+    with MultiProcessMapData(source(400), 2, image_of, buffer_size=40, start_method="fork") as df:
+        rate = bf.TestDataSpeed(df, size=300, progress=False).start()
+        stats = df.stats()
+    assert rate > 0
+    assert stats["datapoints"] >= 300 and stats["workers"] == 2
+    assert 0.0 <= stats["buffer_fill"] <= 1.0 and 0.0 <= stats["consumer_wait_frac"] <= 1.0
+    assert "MultiProcessMapData" in capsys.readouterr().out
+
+
+def test_argument_validation():
+    with pytest.raises(ValueError, match="number of workers"):
+        MultiProcessMapData(source(), 0, image_of)
+    with pytest.raises(ValueError, match="buffer_size"):
+        MultiThreadMapData(source(), 2, image_of, buffer_size=-1)
+    with pytest.raises(TypeError, match="map_func"):
+        MultiProcessMapData(source(), 2, "not callable")
+    with pytest.raises(ValueError, match="start_method"):
+        MultiProcessMapData(source(), 2, image_of, start_method="teleport").reset_state()
+    with pytest.raises(TypeError, match="DataFlow or a function"):
+        MultiThreadRunner(42, 2)
