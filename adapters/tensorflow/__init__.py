@@ -11,12 +11,15 @@ Importing this package imports TensorFlow (the core ``bridgeflow`` package never
 """
 
 from .dataset import to_tf_dataset
+from .feed import DummyConstantInput, FeedInput
 from .queue_input import QueueInput
 from .signature import Signature, infer_signature
 from .source import InputSource, InputSourceError
 from .staging import StagingInput
 
 __all__ = [
+    "DummyConstantInput",
+    "FeedInput",
     "InputSource",
     "InputSourceError",
     "QueueInput",

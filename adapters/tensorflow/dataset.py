@@ -20,14 +20,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from bridgeflow.errors import DatapointError
-
+from ._flow import END, close_iterator, peek, reset_once
 from .signature import Signature
 
 __all__ = ["to_tf_dataset"]
-
-_END = object()
-
 
 class _FlowGenerator:
     """The callable handed to ``from_generator``: a new epoch of the flow per call.
@@ -48,36 +44,18 @@ class _FlowGenerator:
         if pending is not None:
             first, it = pending
         else:
-            _reset_once(self.df)
-            first, it = _END, iter(self.df)
+            reset_once(self.df)
+            first, it = END, iter(self.df)
         sig, n = self.sig, 0
         try:
-            if first is not _END:
+            if first is not END:
                 yield sig.pack(sig.flatten(first, who="to_tf_dataset: datapoint 0"))
                 n = 1
             for dp in it:
                 yield sig.pack(sig.flatten(dp, who=f"to_tf_dataset: datapoint {n}"))
                 n += 1
         finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
-
-
-def _reset_once(df: Any) -> None:
-    if hasattr(df, "reset_state") and not getattr(df, "_bf_reset_done", False):
-        df.reset_state()
-
-
-def _peek(df: Any) -> tuple[Any, Iterator]:
-    """Reset ``df`` if needed and read its first datapoint; returns it with the live iterator."""
-    _reset_once(df)
-    it = iter(df)
-    first = next(it, _END)
-    if first is _END:
-        raise DatapointError(f"to_tf_dataset: {type(df).__name__} yielded no datapoint, so its signature "
-                             "cannot be inferred; pass output_signature=")
-    return first, it
+            close_iterator(it)
 
 
 def to_tf_dataset(df: Any, output_signature: Any = None, *, dynamic_batch: bool = False,
@@ -100,7 +78,7 @@ def to_tf_dataset(df: Any, output_signature: Any = None, *, dynamic_batch: bool 
         raise TypeError(f"to_tf_dataset needs a DataFlow or iterable of datapoints, got {type(df).__name__}")
     pending = None
     if output_signature is None:
-        pending = _peek(df)
+        pending = peek(df, "to_tf_dataset", "output_signature=")
         sig = Signature.from_datapoint(pending[0], dynamic_batch, who="to_tf_dataset: first datapoint")
     else:
         sig = Signature.from_structure(output_signature)

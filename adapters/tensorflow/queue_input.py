@@ -44,15 +44,13 @@ import tensorflow as tf
 
 from bridgeflow.errors import DatapointError
 
+from ._flow import END, close_iterator, reset_once
 from .signature import Signature
 from .source import InputSource, InputSourceError, graph_mode
 
 __all__ = ["QueueInput"]
 
 log = logging.getLogger(__name__)
-
-_END = object()
-
 
 class QueueInput(InputSource):
     """Prefetch datapoints of ``df`` into a ``tf.queue.FIFOQueue`` of ``queue_size`` from a thread.
@@ -305,8 +303,7 @@ def _epochs(qi: QueueInput) -> Iterator[tuple[Any, float]]:
     """Datapoints of every epoch with the seconds spent reading each; the first is read before the
     queue exists, to infer the signature."""
     flow = qi.df
-    if hasattr(flow, "reset_state") and not getattr(flow, "_bf_reset_done", False):
-        flow.reset_state()
+    reset_once(flow)
     epoch = 0
     while qi.epochs is None or epoch < qi.epochs:
         it = iter(flow)
@@ -314,15 +311,13 @@ def _epochs(qi: QueueInput) -> Iterator[tuple[Any, float]]:
         try:
             while True:
                 t0 = time.perf_counter()
-                dp = next(it, _END)
-                if dp is _END:
+                dp = next(it, END)
+                if dp is END:
                     break
                 count += 1
                 yield dp, time.perf_counter() - t0
         finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+            close_iterator(it)
         if count == 0 and (qi._sig is None or qi.epochs is None):
             raise DatapointError(f"{qi.name}: {type(flow).__name__} yielded no datapoint in epoch {epoch}"
                                  + ("; pass signature= to allow an empty flow" if qi._sig is None else ""))

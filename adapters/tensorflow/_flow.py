@@ -1,0 +1,46 @@
+"""Small helpers to drive a DataFlow (or any iterable) from the adapter's inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from bridgeflow.errors import DatapointError
+
+__all__ = ["END", "close_iterator", "peek", "reset_once", "with_first"]
+
+END = object()  # sentinel: the iterator is exhausted
+
+
+def reset_once(df: Any) -> None:
+    """Call ``df.reset_state()`` unless it ran already (plain iterables have none)."""
+    if hasattr(df, "reset_state") and not getattr(df, "_bf_reset_done", False):
+        df.reset_state()
+
+
+def close_iterator(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
+def peek(df: Any, who: str, hint: str) -> tuple[Any, Iterator]:
+    """Reset ``df`` if needed and read its first datapoint; returns it with the live iterator, so the
+    caller can hand both on and nothing is read twice."""
+    reset_once(df)
+    it = iter(df)
+    first = next(it, END)
+    if first is END:
+        close_iterator(it)
+        raise DatapointError(f"{who}: {type(df).__name__} yielded no datapoint, so its signature cannot be "
+                             f"inferred; pass {hint}")
+    return first, it
+
+
+def with_first(first: Any, it: Iterator) -> Iterator:
+    """``first`` followed by the rest of ``it``; closing this closes ``it``."""
+    try:
+        yield first
+        yield from it
+    finally:
+        close_iterator(it)
