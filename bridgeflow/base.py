@@ -55,23 +55,35 @@ def _guard_iter(original):
         if not self._bf_reset_done:
             log.debug("%s iterated before reset_state(); resetting it now", type(self).__name__)
             self.reset_state()
-        if self._bf_iterating:
-            raise DataFlowReentrantError(
-                f"{type(self).__name__} is already being iterated by another consumer; finish, close() or "
-                "drop the first iterator before starting a second one (wrap the flow twice to read it twice)"
-            )
+        if self._bf_iterating is not None:
+            raise _reentrant(self)
         return _guarded(self, original(self))
 
     __iter__._bf_guarded = True
     return __iter__
 
 
+def _reentrant(flow: DataFlow) -> DataFlowReentrantError:
+    return DataFlowReentrantError(
+        f"{type(flow).__name__} is already being iterated by another consumer; finish, close() or "
+        "drop the first iterator before starting a second one (wrap the flow twice to read it twice)"
+    )
+
+
 def _guarded(flow: DataFlow, it: Iterator) -> Iterator:
-    flow._bf_iterating = True
+    # The flow counts as iterated from this iterator's first next() until it ends, is closed or is
+    # collected. The check is repeated here because two iterators may both be created before either
+    # starts: the second to start is refused. A never-started iterator holds nothing (its finally
+    # would never run), so it cannot block the flow forever.
+    token = object()
     try:
+        if flow._bf_iterating is not None:
+            raise _reentrant(flow)
+        flow._bf_iterating = token
         yield from it
     finally:
-        flow._bf_iterating = False
+        if flow._bf_iterating is token:
+            flow._bf_iterating = None
         close = getattr(it, "close", None)
         if close is not None:
             close()
@@ -92,7 +104,7 @@ class DataFlow:
     """Base class of every flow. Subclasses implement ``__iter__`` and, when they can, ``__len__``."""
 
     _bf_reset_done = False
-    _bf_iterating = False
+    _bf_iterating: object | None = None  # the token of the running guarded iterator, if any
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
