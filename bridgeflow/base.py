@@ -34,7 +34,9 @@ import numpy as np
 
 from .errors import DataFlowReentrantError, LengthUnknownError
 
-__all__ = ["DataFlow", "ProxyDataFlow", "RNGDataFlow", "get_rng", "iter_flows", "worker_seed_scope"]
+__all__ = [
+    "DataFlow", "ProxyDataFlow", "RNGDataFlow", "as_dataflow", "get_rng", "iter_flows", "worker_seed_scope",
+]
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +129,14 @@ class DataFlow:
 
     def close(self) -> None:
         """Release threads, processes, shared memory and files. Idempotent; recursive through children."""
+        seen: set[int] = set()
         for child in self.children():
-            child.close()
+            if id(child) in seen:  # the same flow read twice (ConcatData([a, a])) is closed once
+                continue
+            seen.add(id(child))
+            close = getattr(child, "close", None)  # a duck-typed (tensorpack-style) flow may have none
+            if close is not None:
+                close()
 
     def children(self) -> list[DataFlow]:
         """The flows this one reads from (used by ``close()``, ``stats`` collection and ``PrintData``)."""
@@ -155,13 +163,23 @@ class DataFlow:
         self.__dict__.update(state)
 
 
+def as_dataflow(ds: Any, who: str = "DataFlow") -> DataFlow:
+    """``ds`` itself if it is a flow (a DataFlow, or any object with ``__iter__`` and ``reset_state``);
+    a plain iterable (a list, a generator) wrapped in ``DataFromIterable``; else a ``TypeError``."""
+    if isinstance(ds, DataFlow) or (hasattr(ds, "__iter__") and hasattr(ds, "reset_state")):
+        return ds
+    if not hasattr(ds, "__iter__"):
+        raise TypeError(f"{who} wraps a DataFlow or iterable, got {type(ds).__name__}")
+    from .sources import DataFromIterable  # sources imports this module
+
+    return DataFromIterable(ds)
+
+
 class ProxyDataFlow(DataFlow):
     """A flow that wraps one other flow, ``self.ds``; by default it forwards everything to it."""
 
     def __init__(self, ds: DataFlow) -> None:
-        if not hasattr(ds, "__iter__"):
-            raise TypeError(f"{type(self).__name__} wraps a DataFlow or iterable, got {type(ds).__name__}")
-        self.ds = ds
+        self.ds = as_dataflow(ds, type(self).__name__)
 
     def reset_state(self) -> None:
         self.ds.reset_state()

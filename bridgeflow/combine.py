@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, ProxyDataFlow, RNGDataFlow
+from .base import DataFlow, ProxyDataFlow, RNGDataFlow, as_dataflow
 from .errors import DatapointError, LengthUnknownError
 
 __all__ = ["ConcatData", "JoinData", "LocallyShuffleData", "RandomChooseData", "RandomMixData"]
@@ -20,7 +20,7 @@ def _flows(df_lists: Sequence, who: str) -> list[DataFlow]:
     for i, df in enumerate(flows):
         if not hasattr(df, "__iter__"):
             raise TypeError(f"{who}: item {i} is a {type(df).__name__}, not a DataFlow")
-    return flows
+    return [as_dataflow(df, who) for df in flows]
 
 
 class _MultiFlow(DataFlow):
