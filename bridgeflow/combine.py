@@ -51,7 +51,9 @@ class ConcatData(_MultiFlow):
 
 
 class JoinData(_MultiFlow):
-    """Zip flows into one: list datapoints are concatenated, dict datapoints merged.
+    """Zip flows into one: list/tuple datapoints are concatenated, dict datapoints merged.
+
+    The result is a tuple when every joined datapoint is a tuple, else a list.
 
     Iteration stops with the shortest flow; ``len()`` is the shortest length. A key present in two dict
     datapoints is an error rather than a silent overwrite.
@@ -83,7 +85,7 @@ class JoinData(_MultiFlow):
                 joined: list = []
                 for p in parts:
                     joined.extend(p)
-                yield joined
+                yield tuple(joined) if all(type(p) is tuple for p in parts) else joined
             else:
                 kinds = [type(p).__name__ for p in parts]
                 raise DatapointError(f"JoinData cannot join dict and list datapoints together: {kinds}")

@@ -135,7 +135,7 @@ class FilterData(ProxyDataFlow):
 
 
 class SelectComponent(ProxyDataFlow):
-    """Keep the components in ``idxs``, in that order (a list for list datapoints, a dict for dicts)."""
+    """Keep the components in ``idxs``, in that order; the datapoint keeps its type (list, tuple, dict)."""
 
     def __init__(self, ds: DataFlow, idxs: Sequence[Hashable]) -> None:
         super().__init__(ds)
@@ -149,6 +149,8 @@ class SelectComponent(ProxyDataFlow):
             try:
                 if isinstance(dp, dict):
                     yield {k: dp[k] for k in idxs}
+                elif isinstance(dp, tuple):
+                    yield tuple([dp[i] for i in idxs])
                 else:
                     yield [dp[i] for i in idxs]
             except (KeyError, IndexError, TypeError):
