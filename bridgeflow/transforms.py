@@ -164,8 +164,8 @@ class RepeatedData(ProxyDataFlow):
 
     def __init__(self, ds: DataFlow, num: int) -> None:
         super().__init__(ds)
-        if num < -1 or not isinstance(num, (int, np.integer)):
-            raise ValueError(f"RepeatedData num must be a positive count or -1 (forever), got {num!r}")
+        if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < -1:
+            raise ValueError(f"RepeatedData num must be a count >= 0 or -1 (forever), got {num!r}")
         self.num = int(num)
 
     def __len__(self) -> int:
