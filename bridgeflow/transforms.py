@@ -220,6 +220,11 @@ class FixedSizeData(ProxyDataFlow):
         if not self.keep_state:
             self._itr = None
 
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_itr"] = None  # a copy starts from the beginning (and a generator cannot be pickled)
+        return state
+
     def close(self) -> None:
         itr, self._itr = self._itr, None
         if itr is not None and hasattr(itr, "close"):
