@@ -1,1 +1,62 @@
-"""Serialization of DataFlows to LMDB, HDF5 and npz files, with a safe codec."""
+"""Serialization of DataFlows to LMDB, HDF5 and npz files, with a safe, versioned codec.
+
+- :class:`LMDBSerializer` / :class:`LMDBData`: any codec-supported datapoint, one LMDB value each; fast
+  sequential cursor reads, random access, several reader processes.
+- :class:`HDF5Serializer` / :class:`HDF5Data`: one chunked HDF5 dataset per component.
+- :class:`NumpySerializer` / :class:`NumpyData`: one ``.npz`` file, for small datasets.
+- :func:`encode` / :func:`decode` (one buffer) and :func:`encode_frames` / :func:`decode_frames` (arrays as
+  separate frames, for transports): the codec; it never unpickles unless both sides ask.
+- :class:`ImageFolderData`: ``root/<class>/<image>`` as ``[image bytes or array, label]``.
+
+Every save writes a temporary file beside the target and renames it on success; loads check the
+format name, codec and version stored in the file, and raise :class:`CorruptDataError` naming the
+path for damaged or foreign files.
+"""
+
+from .atomic import atomic_path
+from .codec import CODECS, DEFAULT_CODEC, FORMAT_VERSION, decode, decode_frames, encode, encode_frames, peek_codec
+from .errors import (
+    ComponentNotFoundError,
+    CorruptDataError,
+    DatasetNotFoundError,
+    EncodeError,
+    PickleNotAllowedError,
+    SerializationError,
+    TargetExistsError,
+    UnsupportedFormatError,
+)
+from .hdf5_format import HDF5Data, HDF5Serializer
+from .images import ImageFolderData, image_folder, list_image_folder, read_image
+from .lmdb_format import LMDBData, LMDBSerializer, read_lmdb_meta
+from .npz_format import NumpyData, NumpySerializer
+
+__all__ = [
+    "CODECS",
+    "DEFAULT_CODEC",
+    "FORMAT_VERSION",
+    "ComponentNotFoundError",
+    "CorruptDataError",
+    "DatasetNotFoundError",
+    "EncodeError",
+    "HDF5Data",
+    "HDF5Serializer",
+    "ImageFolderData",
+    "LMDBData",
+    "LMDBSerializer",
+    "NumpyData",
+    "NumpySerializer",
+    "PickleNotAllowedError",
+    "SerializationError",
+    "TargetExistsError",
+    "UnsupportedFormatError",
+    "atomic_path",
+    "decode",
+    "decode_frames",
+    "encode",
+    "encode_frames",
+    "image_folder",
+    "list_image_folder",
+    "peek_codec",
+    "read_image",
+    "read_lmdb_meta",
+]

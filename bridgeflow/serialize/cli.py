@@ -1,0 +1,265 @@
+"""Command-line scripts: ``bridgeflow serialize``, ``bridgeflow inspect``, and ``bridgeflow bench FILE``.
+
+``register(subparsers)`` adds ``serialize`` and ``inspect`` to the ``bridgeflow`` command;
+``bench_file(path, args)`` is what ``bridgeflow bench`` runs when its target is a dataset file.
+``main(argv)`` runs these commands alone (``python -m bridgeflow.serialize.cli``).
+
+Example (shell):
+    bridgeflow serialize photos/ photos.lmdb --workers 4
+    bridgeflow serialize mymodule:make_flow train.h5 --format hdf5
+    bridgeflow serialize train.lmdb train.npz            # format conversion
+    bridgeflow inspect train.lmdb
+    bridgeflow bench train.lmdb --size 5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..base import DataFlow
+from ..errors import BridgeflowError
+
+__all__ = ["bench_file", "detect_format", "load_dataset", "main", "open_source", "register"]
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("lmdb", "hdf5", "npz")
+_EXTENSIONS = {".lmdb": "lmdb", ".mdb": "lmdb", ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5", ".npz": "npz"}
+_LMDB_MAGIC = (0xBEEFC0DE).to_bytes(4, "little")
+
+
+def detect_format(path: str) -> str:
+    """``lmdb``, ``hdf5`` or ``npz`` from the file's first bytes (the extension only breaks ties)."""
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "data.mdb")):
+            return "lmdb"
+        raise ValueError(f"{path} is a folder but not an LMDB folder (no data.mdb)")
+    with open(path, "rb") as f:
+        head = f.read(32)
+    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+        return "hdf5"
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        return "npz"
+    if head[16:20] == _LMDB_MAGIC:
+        return "lmdb"
+    ext = _EXTENSIONS.get(os.path.splitext(path)[1].lower())
+    if ext is None:
+        raise ValueError(f"{path}: not an LMDB, HDF5 or npz file (unknown content and extension)")
+    return ext
+
+
+def load_dataset(path: str, *, shuffle: bool = False, seed: int | None = None, allow_pickle: bool = False,
+                 fmt: str | None = None) -> DataFlow:
+    """The loaded flow of an LMDB, HDF5 or npz dataset file, format detected from its content."""
+    from .errors import DatasetNotFoundError
+
+    if not os.path.exists(path):
+        raise DatasetNotFoundError(f"no such dataset file: {path}")
+    fmt = fmt or detect_format(path)
+    if fmt == "lmdb":
+        from .lmdb_format import LMDBData
+
+        return LMDBData(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle)
+    if fmt == "hdf5":
+        from .hdf5_format import HDF5Data
+
+        return HDF5Data(path, shuffle=shuffle, seed=seed)
+    from .npz_format import NumpyData
+
+    return NumpyData(path, shuffle=shuffle, seed=seed)
+
+
+def _parallel_map(df: DataFlow, workers: int) -> DataFlow:
+    """Run the outermost ``MapData`` of ``df`` in ``workers`` processes, order kept."""
+    from ..transforms import MapData
+
+    if not isinstance(df, MapData):
+        raise ValueError(f"--workers needs a source whose last stage is a MapData (its map stage runs in "
+                         f"parallel); {type(df).__name__} has none. Build the map stage in parallel yourself.")
+    try:
+        from ..parallel import MultiProcessMapData
+    except ImportError as exc:  # the parallel package is optional for this module
+        raise ValueError("--workers needs bridgeflow.parallel.MultiProcessMapData, which is not available") \
+            from exc
+    return MultiProcessMapData(df.ds, workers, df.func, buffer_size=max(16, 8 * workers), ordered=True)
+
+
+def open_source(spec: str, *, decode: bool = False, workers: int = 0, allow_pickle: bool = False) -> DataFlow:
+    """The flow ``bridgeflow serialize`` reads: an image folder, a dataset file, or ``module:function``."""
+    from ..cli import load_object
+
+    if os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "data.mdb")):
+        from .images import ImageFolderData
+
+        df: DataFlow = ImageFolderData(spec, decode=decode)
+        log.info("image folder %s: %d images in classes %s", spec, len(df), df.classes)
+    elif os.path.exists(spec):
+        if decode:
+            raise ValueError("--decode applies to image folders only")
+        df = load_dataset(spec, allow_pickle=allow_pickle)
+        if workers:
+            log.warning("--workers ignored: reading %s has no map stage to parallelize", spec)
+            workers = 0
+    elif ":" in spec:
+        df = load_object(spec)
+        if not hasattr(df, "__iter__"):
+            raise ValueError(f"{spec} returned a {type(df).__name__}, not a DataFlow")
+        if not isinstance(df, DataFlow):
+            from ..sources import DataFromIterable
+
+            df = DataFromIterable(df)
+    else:
+        raise FileNotFoundError(f"source {spec!r} is neither an existing folder/file nor MODULE:FUNCTION")
+    return _parallel_map(df, workers) if workers else df
+
+
+def _cmd_serialize(args: argparse.Namespace) -> int:
+    fmt = args.format or _EXTENSIONS.get(os.path.splitext(args.output)[1].lower())
+    if fmt is None:
+        raise ValueError(f"cannot tell the format from {args.output!r}; pass --format {'|'.join(FORMATS)}")
+    if args.workers < 0:
+        raise ValueError(f"--workers must be >= 0, got {args.workers}")
+    df = open_source(args.source, decode=args.decode, workers=args.workers, allow_pickle=args.allow_pickle)
+    if args.limit:
+        from ..transforms import FixedSizeData
+
+        df = FixedSizeData(df, args.limit)
+    progress = not args.quiet
+    with df:
+        if fmt == "lmdb":
+            from .lmdb_format import LMDBSerializer
+
+            n = LMDBSerializer.save(df, args.output, write_frequency=args.write_frequency, codec=args.codec,
+                                    overwrite=args.overwrite, progress=progress)
+        elif fmt == "hdf5":
+            from .hdf5_format import HDF5Serializer
+
+            n = HDF5Serializer.save(df, args.output, overwrite=args.overwrite, progress=progress)
+        else:
+            from .npz_format import NumpySerializer
+
+            n = NumpySerializer.save(df, args.output, overwrite=args.overwrite, progress=progress)
+    print(f"wrote {n} datapoints to {args.output} ({fmt}, {_size(args.output)})")
+    return 0
+
+
+def _size(path: str) -> str:
+    if os.path.isdir(path):
+        total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    else:
+        total = os.path.getsize(path)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if total < 1024 or unit == "GiB":
+            return f"{total:.1f} {unit}" if unit != "B" else f"{total} B"
+        total /= 1024
+    return ""  # pragma: no cover
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from ..transforms import describe_datapoint
+
+    path = args.path
+    ds = load_dataset(path, allow_pickle=args.allow_pickle)
+    fmt = detect_format(path)
+    print(f"path:    {path}")
+    print(f"format:  {fmt}")
+    print(f"size:    {_size(path)} on disk")
+    print(f"count:   {len(ds)}")
+    meta = getattr(ds, "meta", None)
+    if meta:
+        print(f"codec:   {meta['codec']} (format version {meta['version']})")
+    columns = getattr(ds, "columns", None)
+    if columns:
+        print("columns:")
+        for c in columns:
+            detail = f" dtype={c.dtype}" if c.dtype else ""
+            detail += f" shape={list(c.shape)}" if c.kind in ("array", "ragged") else ""
+            print(f"  {c.name}: {c.kind}{detail}")
+    with ds:
+        ds.reset_state()
+        for i in range(min(args.num, len(ds))):
+            print(f"datapoint {i}:")
+            print(describe_datapoint(ds[i], max_list=8, _depth=1))
+    return 0
+
+
+def bench_file(path: str, args: argparse.Namespace) -> int:
+    """``bridgeflow bench FILE``: datapoints/s of the loaded flow, sequential then shuffled."""
+    from ..speed import TestDataSpeed
+
+    quiet = bool(getattr(args, "quiet", False))
+    for shuffle in (False, True):
+        ds = load_dataset(path, shuffle=shuffle, seed=0, allow_pickle=bool(getattr(args, "allow_pickle", False)))
+        if len(ds) == 0:
+            print(f"{path}: empty dataset, nothing to measure")
+            return 0
+        size = int(getattr(args, "size", 2000))
+        warmup = int(getattr(args, "warmup", 0))
+        print(f"{path}: {'shuffled' if shuffle else 'sequential'} read, {len(ds)} datapoints")
+        with ds:
+            TestDataSpeed(ds, size=size, warmup=warmup, progress=not quiet).start()
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``serialize`` and ``inspect`` commands to a ``bridgeflow`` sub-parser collection."""
+    ser = subparsers.add_parser("serialize", help="write a flow, image folder or dataset to LMDB/HDF5/npz",
+                                description="Write SOURCE to OUTPUT. SOURCE is MODULE:FUNCTION (returning a "
+                                "DataFlow), a folder of images in class subfolders, or an existing "
+                                "LMDB/HDF5/npz file (conversion).")
+    ser.add_argument("source", help="MODULE:FUNCTION, FILE.py:FUNCTION, an image folder or a dataset file")
+    ser.add_argument("output", help="the file to write (.lmdb, .h5, .npz)")
+    ser.add_argument("--format", choices=FORMATS, help="output format (default: from OUTPUT's extension)")
+    ser.add_argument("--decode", action="store_true", help="image folders: store decoded uint8 arrays "
+                     "instead of the encoded file bytes (needs Pillow)")
+    ser.add_argument("--workers", type=int, default=0, help="run the source's map stage (image reading/"
+                     "decoding, or the outermost MapData) in N processes, order kept")
+    ser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    ser.add_argument("--codec", default="bridgeflow", choices=("bridgeflow", "pickle"),
+                     help="LMDB value codec (pickle stores any object; readers must pass --allow-pickle)")
+    ser.add_argument("--allow-pickle", action="store_true", help="read a pickle-codec LMDB source")
+    ser.add_argument("--write-frequency", type=int, default=5000, help="LMDB: datapoints per commit")
+    ser.add_argument("--limit", type=int, default=0, help="write only the first N datapoints")
+    ser.add_argument("--quiet", action="store_true", help="no progress bar")
+    ser.set_defaults(func=_cmd_serialize)
+
+    ins = subparsers.add_parser("inspect", help="show count, codec, schema and size of a dataset file")
+    ins.add_argument("path", help="an LMDB, HDF5 or npz dataset")
+    ins.add_argument("--num", type=int, default=2, help="datapoints to describe (default 2)")
+    ins.add_argument("--allow-pickle", action="store_true", help="describe a pickle-codec LMDB")
+    ins.set_defaults(func=_cmd_inspect)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``serialize`` / ``inspect`` / ``bench FILE`` without the rest of the ``bridgeflow`` command."""
+    parser = argparse.ArgumentParser(prog="bridgeflow-serialize")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    register(sub)
+    bench = sub.add_parser("bench", help="read speed of a dataset file")
+    bench.add_argument("target")
+    bench.add_argument("--size", type=int, default=2000)
+    bench.add_argument("--warmup", type=int, default=0)
+    bench.add_argument("--quiet", action="store_true")
+    bench.add_argument("--batch", type=int, default=0)
+    bench.set_defaults(func=lambda a: bench_file(a.target, a))
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (BridgeflowError, FileNotFoundError, ValueError, KeyError, ImportError) as exc:
+        print(f"bridgeflow {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"bridgeflow {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

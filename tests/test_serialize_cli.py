@@ -1,0 +1,183 @@
+"""The serialize / inspect / bench scripts on a small image folder and real dataset files."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from bridgeflow.serialize.cli import bench_file, detect_format, main, register
+from bridgeflow.serialize.errors import CorruptDataError
+from bridgeflow.serialize.hdf5_format import HDF5Data
+from bridgeflow.serialize.images import ImageFolderData
+from bridgeflow.serialize.lmdb_format import LMDBData
+from bridgeflow.serialize.npz_format import NumpyData
+from bridgeflow.testing import assert_same_datapoints, check_dataflow
+
+
+@pytest.fixture
+def image_folder(tmp_path):
+    """root/{cat,dog,zebra}/*: PNGs (lossless, so decoding is checkable), one grayscale, one JPEG."""
+    root = tmp_path / "images"
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for name in ["dog", "cat", "zebra"]:
+        (root / name).mkdir(parents=True)
+        for k in range(3):
+            arr = rng.integers(0, 255, (8 + k, 10, 3), dtype=np.uint8)
+            path = root / name / f"img{k}.png"
+            Image.fromarray(arr).save(path)
+            arrays[str(path)] = arr
+    gray = rng.integers(0, 255, (6, 5), dtype=np.uint8)
+    Image.fromarray(gray).save(root / "cat" / "gray.png")
+    arrays[str(root / "cat" / "gray.png")] = gray
+    Image.fromarray(arrays[str(root / "dog" / "img0.png")]).save(root / "dog" / "photo.jpg", quality=90)
+    (root / "dog" / "notes.txt").write_text("not an image")
+    return root, arrays
+
+
+def run(argv, capsys=None):
+    code = main([str(a) for a in argv])
+    return code, (capsys.readouterr() if capsys else None)
+
+
+def test_image_folder_flow(image_folder):
+    root, arrays = image_folder
+    df = ImageFolderData(root, decode=False)
+    assert df.classes == ["cat", "dog", "zebra"] and len(df) == 11
+    out = check_dataflow(df, deterministic=True)
+    for (path, label), (raw, got_label) in zip(df.files, out):
+        assert raw == open(path, "rb").read() and got_label == label
+    assert [lbl for _, lbl in df.files] == [0] * 4 + [1] * 4 + [2] * 3
+    decoded = ImageFolderData(root, decode=True)
+    for i, (path, _) in enumerate(decoded.files):
+        img = decoded[i][0]
+        assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3  # grayscale too: RGB
+        if path.endswith(".png"):
+            ref = arrays[path] if arrays[path].ndim == 3 else np.stack([arrays[path]] * 3, axis=-1)
+            np.testing.assert_array_equal(img, ref)
+    gray = ImageFolderData(root, decode=True, mode=None)[decoded.files.index([str(root / "cat" / "gray.png"), 0])]
+    np.testing.assert_array_equal(gray[0], arrays[str(root / "cat" / "gray.png")])
+
+
+def test_serialize_image_folder_to_lmdb_with_progress(image_folder, tmp_path, capsys):
+    root, _ = image_folder
+    out = tmp_path / "imgs.lmdb"
+    code, cap = run(["serialize", root, out], capsys)
+    assert code == 0, cap.err
+    assert "wrote 11 datapoints" in cap.out
+    assert "dp/s" in cap.err and "11/11" in cap.err  # tqdm: count and rate on stderr
+    ref = list(ImageFolderData(root))
+    with LMDBData(out, shuffle=False) as ds:
+        assert_same_datapoints(ref, list(ds))
+    assert detect_format(str(out)) == "lmdb"
+
+
+def test_decode_to_hdf5_and_workers_keep_order(image_folder, tmp_path, leak_check):
+    root, arrays = image_folder
+    serial, parallel = tmp_path / "a.h5", tmp_path / "b.h5"
+    assert run(["serialize", root, serial, "--decode", "--quiet"])[0] == 0
+    assert run(["serialize", root, parallel, "--decode", "--quiet", "--workers", "2"])[0] == 0
+    a, b = HDF5Data(serial, shuffle=False), HDF5Data(parallel, shuffle=False)
+    da, db = check_dataflow(a, deterministic=True), check_dataflow(b, deterministic=True)
+    assert_same_datapoints(da, db)
+    files = ImageFolderData(root).files
+    for (path, label), (img, got) in zip(files, da):
+        assert got == label
+        if path.endswith(".png") and arrays[path].ndim == 3:
+            np.testing.assert_array_equal(img, arrays[path])
+
+
+def test_module_function_source_and_conversions(tmp_path, capsys):
+    mod = tmp_path / "make_flow.py"
+    mod.write_text(textwrap.dedent("""
+        import numpy as np
+        from bridgeflow import DataFromList, MapData
+
+        def expand(dp):
+            return [np.full((2, 3), dp[0], np.int32), dp[0], "s%d" % dp[0]]
+
+        def flow():
+            return MapData(DataFromList([[i] for i in range(20)], shuffle=False), expand)
+
+        def no_map():
+            return DataFromList([[1]])
+    """))
+    src = f"{mod}:flow"
+    assert run(["serialize", src, tmp_path / "a.npz", "--quiet"])[0] == 0
+    assert run(["serialize", tmp_path / "a.npz", tmp_path / "b.lmdb", "--quiet"])[0] == 0
+    assert run(["serialize", tmp_path / "b.lmdb", tmp_path / "c.h5", "--quiet"])[0] == 0
+    assert run(["serialize", tmp_path / "c.h5", tmp_path / "d.bin", "--format", "npz", "--quiet",
+                "--limit", "5"])[0] == 0
+    capsys.readouterr()
+    ref = [[np.full((2, 3), i, np.int32), i, f"s{i}"] for i in range(20)]
+    for path, cls in (("a.npz", NumpyData), ("b.lmdb", LMDBData), ("c.h5", HDF5Data)):
+        with cls(tmp_path / path, shuffle=False) as ds:
+            assert_same_datapoints(ref, list(ds))
+    assert_same_datapoints(ref[:5], list(NumpyData(tmp_path / "d.bin", shuffle=False)))
+    assert run(["serialize", src, tmp_path / "w.lmdb", "--workers", "2", "--quiet"])[0] == 0
+    with LMDBData(tmp_path / "w.lmdb", shuffle=False) as ds:
+        assert_same_datapoints(ref, list(ds))  # the map stage ran in 2 processes, order kept
+    code, cap = run(["serialize", f"{mod}:no_map", tmp_path / "v.lmdb", "--workers", "2"], capsys)
+    assert code == 1 and "MapData" in cap.err
+
+
+def test_inspect_and_bench(tmp_path, capsys):
+    from bridgeflow import DataFromList
+    from bridgeflow.serialize import LMDBSerializer
+
+    path = tmp_path / "x.lmdb"
+    LMDBSerializer.save(DataFromList([[np.zeros((4, 5), np.float32), i] for i in range(30)], shuffle=False),
+                        path, progress=False)
+    code, cap = run(["inspect", path, "--num", "1"], capsys)
+    assert code == 0
+    assert "count:   30" in cap.out and "codec:   bridgeflow" in cap.out
+    assert "shape=(4, 5)" in cap.out and "float32" in cap.out and "datapoint 1" not in cap.out
+    args = argparse.Namespace(size=50, warmup=5, quiet=True, batch=0)
+    assert bench_file(str(path), args) == 0
+    out = capsys.readouterr().out
+    assert "sequential read" in out and "shuffled read" in out and out.count("datapoints/s") == 2
+
+
+def test_errors_name_the_problem(tmp_path, capsys):
+    (tmp_path / "exists.lmdb").write_bytes(b"x")
+    folder = tmp_path / "imgs" / "a"
+    folder.mkdir(parents=True)
+    Image.fromarray(np.zeros((2, 2, 3), np.uint8)).save(folder / "z.png")
+    code, cap = run(["serialize", tmp_path / "imgs", tmp_path / "exists.lmdb", "--quiet"], capsys)
+    assert code == 1 and "exists.lmdb already exists" in cap.err and "--overwrite" in cap.err
+    code, cap = run(["serialize", tmp_path / "imgs", tmp_path / "out.weird", "--quiet"], capsys)
+    assert code == 1 and "--format" in cap.err
+    code, cap = run(["serialize", tmp_path / "nothing_here", tmp_path / "o.lmdb"], capsys)
+    assert code == 1 and "nothing_here" in cap.err
+    code, cap = run(["inspect", tmp_path / "exists.lmdb"], capsys)
+    assert code == 1 and "exists.lmdb" in cap.err
+    (folder / "broken.png").write_bytes(b"\x89PNG not really")
+    code, cap = run(["serialize", tmp_path / "imgs", tmp_path / "o.h5", "--decode", "--quiet"], capsys)
+    assert code == 1 and "broken.png" in cap.err
+    assert not (tmp_path / "o.h5").exists() and not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
+    with pytest.raises(CorruptDataError):
+        ImageFolderData(tmp_path / "imgs", decode=True)[0]
+
+
+def test_register_adds_commands_to_a_parser():
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["serialize", "a:b", "out.lmdb", "--workers", "3", "--decode"])
+    assert args.workers == 3 and args.decode and callable(args.func)
+    assert parser.parse_args(["inspect", "x.h5"]).num == 2
+
+
+def test_python_dash_m_runs_the_script(image_folder, tmp_path):
+    root, _ = image_folder
+    out = tmp_path / "x.npz"
+    proc = subprocess.run([sys.executable, "-m", "bridgeflow.serialize.cli", "serialize", str(root), str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert len(NumpyData(out)) == 11 and "ETA" not in proc.stdout
