@@ -1,0 +1,196 @@
+"""Parallel stages against in-process iteration and torch's DataLoader (issue: parallel execution).
+
+W1: map-style source of 3x224x224 uint8 + int label, trivial map, BatchData(64) after the parallel stage,
+    2 workers. W2: the same with ~2 ms of GIL-holding work per sample. W3: time to the first batch.
+Configurations run interleaved, ``--reps`` times each; one JSON line per result, then the ratios.
+
+Run: python benchmarks/bench_parallel.py [--reps 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import bridgeflow as bf
+from bridgeflow.parallel import MultiProcessMapData, MultiThreadMapData
+
+BANK_SIZE = 512  # 77 MB of images: more than the caches hold, as with a real dataset
+BATCH = 64
+_bank: np.ndarray | None = None
+_work_iters = 0
+
+
+def bank() -> np.ndarray:
+    global _bank
+    if _bank is None:
+        _bank = np.random.default_rng(0).integers(0, 256, (BANK_SIZE, 3, 224, 224), dtype=np.uint8)
+    return _bank
+
+
+def load(i: int) -> list:
+    """The map-style dataset's __getitem__: an image and its label."""
+    return [bank()[i % BANK_SIZE], i]
+
+
+def busy(i: int) -> list:
+    """~2 ms of numpy work in small pieces, so the GIL is held nearly all the time."""
+    img, label = load(i)
+    x = img[0, :16, :16].astype(np.int32)
+    for _ in range(_work_iters):
+        x = (x * 3 + 1) % 251
+    return [img, label + int(x[0, 0]) * 0]
+
+
+def calibrate(target_s: float = 0.002) -> int:
+    global _work_iters
+    _work_iters = 100
+    t0 = time.perf_counter()
+    for i in range(50):
+        busy(i)
+    per = (time.perf_counter() - t0) / 50
+    _work_iters = max(1, int(100 * target_s / per))
+    return _work_iters
+
+
+def identity(dp):
+    return dp
+
+
+class TorchDataset:
+    """A torch map-style Dataset returning numpy, as the issue prescribes."""
+
+    def __init__(self, fn, n):
+        self.fn, self.n = fn, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.fn(i)
+
+
+def source(n: int) -> bf.DataFlow:
+    return bf.DataFromList(list(range(n)), shuffle=False)
+
+
+def make(config: str, fn, n: int):
+    if config == "in-process":
+        return bf.BatchData(bf.MapData(source(n), fn), BATCH)
+    if config == "bridgeflow-processes":
+        return bf.BatchData(MultiProcessMapData(source(n), 2, fn, start_method="fork"), BATCH)
+    if config == "bridgeflow-processes-unfused":  # a MapData between: batches are stacked in this process
+        return bf.BatchData(bf.MapData(MultiProcessMapData(source(n), 2, fn, start_method="fork"), identity),
+                            BATCH)
+    if config == "bridgeflow-threads":
+        return bf.BatchData(MultiThreadMapData(source(n), 2, fn), BATCH)
+    if config == "torch-DataLoader":
+        import torch.utils.data as tud
+
+        return tud.DataLoader(TorchDataset(fn, n), batch_size=BATCH, num_workers=2, persistent_workers=True,
+                              multiprocessing_context="fork")
+    raise ValueError(config)
+
+
+def epoch_rate(loader, n: int) -> float:
+    t0 = time.perf_counter()
+    count = 0
+    for batch in loader:
+        count += len(batch[1])
+    dt = time.perf_counter() - t0
+    assert count == n - n % BATCH, (count, n)
+    return count / dt
+
+
+def throughput(name: str, fn, n: int, configs: list[str], reps: int) -> dict[str, float]:
+    loaders = {}
+    for c in configs:
+        loader = make(c, fn, n)
+        if isinstance(loader, bf.DataFlow):
+            loader.reset_state()
+        epoch_rate(loader, n)  # warm up: workers started, caches and shared memory in place
+        loaders[c] = loader
+    rates: dict[str, list[float]] = {c: [] for c in configs}
+    for _ in range(reps):
+        for c in configs:  # interleaved, so drift in machine load hits every configuration alike
+            rates[c].append(epoch_rate(loaders[c], n))
+    for loader in loaders.values():
+        if isinstance(loader, bf.DataFlow):
+            loader.close()
+    medians = {}
+    for c in configs:
+        medians[c] = statistics.median(rates[c])
+        emit(bench=name, config=c, median_samples_per_s=round(medians[c]), reps=[round(r) for r in rates[c]])
+    return medians
+
+
+def first_batch_time(config: str, fn, n: int) -> float:
+    t0 = time.perf_counter()
+    loader = make(config, fn, n)
+    if isinstance(loader, bf.DataFlow):
+        loader.reset_state()
+    it = iter(loader)
+    next(it)
+    dt = time.perf_counter() - t0
+    del it
+    if isinstance(loader, bf.DataFlow):
+        loader.close()
+    return dt
+
+
+def emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="smaller epochs, for a smoke run")
+    args = parser.parse_args()
+    bank()
+    emit(machine=f"{os.cpu_count()} cpus", python=sys.version.split()[0], numpy=np.__version__)
+
+    configs = ["in-process", "bridgeflow-processes", "bridgeflow-processes-unfused", "bridgeflow-threads",
+               "torch-DataLoader"]
+    n1 = 64 * (20 if args.quick else 80)
+    w1 = throughput("W1", load, n1, configs, args.reps)
+    ratio("W1", "bridgeflow-processes", "torch-DataLoader", w1, target=3.0)
+    ratio("W1", "bridgeflow-processes", "in-process", w1, target=0.8)
+    ratio("W1", "bridgeflow-processes-unfused", "in-process", w1)
+
+    emit(bench="W2", calibrated_iterations=calibrate())
+    n2 = 64 * (4 if args.quick else 10)
+    w2 = throughput("W2", busy, n2, ["in-process", "bridgeflow-processes", "bridgeflow-threads",
+                                     "torch-DataLoader"], args.reps)
+    ratio("W2", "bridgeflow-processes", "in-process", w2, target=1.8)
+    ratio("W2", "bridgeflow-processes", "torch-DataLoader", w2, target=1.0)
+
+    times: dict[str, list[float]] = {"bridgeflow-processes": [], "torch-DataLoader": []}
+    for _ in range(args.reps):
+        for c in times:
+            times[c].append(first_batch_time(c, load, 64 * 20))
+    for c, ts in times.items():
+        emit(bench="W3", config=c, median_first_batch_s=round(statistics.median(ts), 4),
+             reps=[round(t, 4) for t in ts])
+    emit(bench="W3", ratio="bridgeflow-processes/torch-DataLoader",
+         value=round(statistics.median(times["bridgeflow-processes"]) / statistics.median(times["torch-DataLoader"]),
+                     3), note="lower is faster")
+    return 0
+
+
+def ratio(bench: str, a: str, b: str, medians: dict[str, float], target: float | None = None) -> None:
+    value = medians[a] / medians[b]
+    fields = {"bench": bench, "ratio": f"{a}/{b}", "value": round(value, 3)}
+    if target is not None:
+        fields.update(target=target, met=value >= target)
+    emit(**fields)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
