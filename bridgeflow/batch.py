@@ -32,13 +32,28 @@ def _shapes_seen(values: Sequence[Any]) -> str:
     return ", ".join(f"{shape} x{n}" for shape, n in counts.most_common(6))
 
 
+def _same_number(fill: np.ndarray, value: Any) -> bool:
+    """Whether casting ``value`` to the integer ``fill`` kept it (0.5 or nan -> uint8 does not)."""
+    try:
+        return bool(fill == value)
+    except (TypeError, ValueError):
+        return False
+
+
 def _pad_stack(values: Sequence[np.ndarray], pad_value: Any, name: str) -> np.ndarray:
     ndims = {v.ndim for v in values}
     if len(ndims) != 1:
         raise BatchError(f"component {name}: cannot pad arrays of different ranks ({sorted(ndims)}); "
                          f"shapes seen: {_shapes_seen(values)}")
     shape = tuple(max(dims) for dims in zip(*(v.shape for v in values)))
-    out = np.full((len(values), *shape), pad_value, dtype=np.result_type(*values))
+    dtype = np.result_type(*{v.dtype for v in values})
+    try:
+        fill = np.array(pad_value, dtype=dtype)
+    except (OverflowError, ValueError, TypeError):
+        fill = None
+    if fill is None or (dtype.kind in "biu" and not _same_number(fill, pad_value)):
+        raise BatchError(f"component {name}: pad_value {pad_value!r} does not fit the arrays' dtype {dtype}")
+    out = np.full((len(values), *shape), fill, dtype=dtype)
     for i, v in enumerate(values):
         out[(i, *(slice(0, d) for d in v.shape))] = v
     return out
