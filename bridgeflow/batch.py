@@ -88,6 +88,10 @@ def _batch_component(values: list[Any], name: str, pad_value: Any, alloc: Alloca
             raise BatchError(f"component {name}: numbers mixed with other types ({kinds}); use_list=True "
                              "keeps them as a list")
         return arr
+    if isinstance(first, (str, bytes)):
+        odd = sorted({type(v).__name__ for v in values if not isinstance(v, (str, bytes))})
+        if odd:
+            raise BatchError(f"component {name}: strings mixed with {odd}; use_list=True keeps them as a list")
     return list(values)
 
 
