@@ -121,7 +121,10 @@ def batch_datapoints(dps: Sequence[Any], use_list: bool | Collection[Hashable] =
                 _check_keys(dp, keys, j)
         out = {}
         for k in keys:
-            values = [get_component(dp, k, f"BatchData datapoint {j}") for j, dp in enumerate(dps)]
+            try:
+                values = [dp[k] for dp in dps]
+            except KeyError:  # same number of keys, different names: say which datapoint
+                values = [get_component(dp, k, f"BatchData datapoint {j}") for j, dp in enumerate(dps)]
             out[k] = values if as_list(k) else _batch_component(values, repr(k), pad_value, alloc)
         return out
     n = len(first)
