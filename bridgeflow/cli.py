@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .base import DataFlow
+from .base import DataFlow, as_dataflow
 from .errors import BridgeflowError
 
 __all__ = ["load_object", "main", "parse_shapes"]
@@ -48,7 +48,11 @@ def load_object(spec: str) -> Any:
         raise AttributeError(f"{target} has no attribute {attr!r}") from None
     if callable(obj) and not isinstance(obj, DataFlow):
         obj = obj()
-    return obj
+    if isinstance(obj, DataFlow):
+        return obj
+    if hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes, dict)):
+        return as_dataflow(obj, spec)  # a list or generator of datapoints is fine too
+    raise ValueError(f"{spec} gave a {type(obj).__name__}, not a DataFlow or an iterable of datapoints")
 
 
 def parse_shapes(text: str) -> list[list[int]]:
@@ -60,10 +64,36 @@ def parse_shapes(text: str) -> list[list[int]]:
             shapes.append([])
             continue
         try:
-            shapes.append([int(d) for d in part.lower().split("x")])
+            dims = [int(d) for d in part.lower().split("x")]
         except ValueError:
-            raise ValueError(f"bad shape {part!r} in {text!r}; write shapes like 3x224x224,1") from None
+            dims = [-1]
+        if any(d < 0 for d in dims):
+            raise ValueError(f"bad shape {part!r} in {text!r}; write shapes like 3x224x224,1")
+        shapes.append(dims)
     return shapes
+
+
+def _arg_type(convert: Any, what: str) -> Any:
+    """An argparse ``type=`` that turns ``convert``'s ValueError/TypeError into a usage error."""
+
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except (ValueError, TypeError) as exc:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} ({exc})") from None
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+def _int_at_least(low: int) -> Any:
+    def convert(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise ValueError(f"must be >= {low}")
+        return value
+
+    return _arg_type(convert, f"an integer >= {low}")
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -78,7 +108,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         return bench_file(args.target, args)
     if args.fake is not None:
-        df: DataFlow = FakeData(parse_shapes(args.fake), size=None, random=not args.constant,
+        df: DataFlow = FakeData(args.fake, size=None, random=not args.constant,
                                 dtype=args.dtype, seed=0)
     else:
         df = load_object(args.target)
@@ -103,17 +133,20 @@ def _build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="measure how fast a flow or dataset file produces datapoints")
     bench.add_argument("target", nargs="?", help="module:function returning a DataFlow, or a dataset file")
-    bench.add_argument("--fake", metavar="SHAPES", help="measure FakeData of these shapes, e.g. 3x224x224,1")
-    bench.add_argument("--dtype", default="uint8", help="dtype of --fake components (default uint8)")
+    bench.add_argument("--fake", metavar="SHAPES", type=_arg_type(parse_shapes, "a list of shapes"),
+                       help="measure FakeData of these shapes, e.g. 3x224x224,1")
+    bench.add_argument("--dtype", default="uint8", type=_arg_type(np.dtype, "a numpy dtype"),
+                       help="dtype of --fake components (default uint8)")
     bench.add_argument("--constant", action="store_true", help="--fake repeats one datapoint (no RNG cost)")
-    bench.add_argument("--batch", type=int, default=0, help="wrap the flow in BatchData of this size")
-    bench.add_argument("--size", type=int, default=2000, help="datapoints to time (default 2000)")
-    bench.add_argument("--warmup", type=int, default=50, help="datapoints to skip before timing")
+    bench.add_argument("--batch", type=_int_at_least(0), default=0,
+                       help="wrap the flow in BatchData of this size")
+    bench.add_argument("--size", type=_int_at_least(1), default=2000, help="datapoints to time (default 2000)")
+    bench.add_argument("--warmup", type=_int_at_least(0), default=50, help="datapoints to skip before timing")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(func=_cmd_bench)
 
     demo = sub.add_parser("demo", help="build, serialize and measure a pipeline on built-in fake data")
-    demo.add_argument("--size", type=int, default=2048, help="datapoints in the demo dataset")
+    demo.add_argument("--size", type=_int_at_least(1), default=2048, help="datapoints in the demo dataset")
     demo.add_argument("--workdir", help="where to write the demo dataset (default: a temporary folder)")
     demo.set_defaults(func=_cmd_demo)
 
