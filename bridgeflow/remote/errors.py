@@ -1,0 +1,35 @@
+"""Errors raised by bridgeflow.remote; all derive from :class:`bridgeflow.errors.BridgeflowError`."""
+
+from __future__ import annotations
+
+from ..errors import BridgeflowError
+
+__all__ = ["ProducerError", "ProducerLostError", "RemoteConnectionError"]
+
+
+class RemoteConnectionError(BridgeflowError, ConnectionError):
+    """A ZeroMQ endpoint cannot be bound or connected, or a send timed out; ``addr`` names the endpoint."""
+
+    def __init__(self, message: str, *, addr: str = "") -> None:
+        super().__init__(message)
+        self.addr = addr
+
+
+class ProducerLostError(RemoteConnectionError):
+    """A producer sent nothing (no datapoint, no heartbeat) for longer than the consumer's ``timeout``.
+
+    ``addr`` is the producer's address and ``silent_s`` how long it had been silent. The other producers
+    of the flow are not affected: iterate the flow again to go on reading from them.
+    """
+
+    def __init__(self, message: str, *, addr: str = "", silent_s: float = 0.0) -> None:
+        super().__init__(message, addr=addr)
+        self.silent_s = silent_s
+
+
+class ProducerError(BridgeflowError, RuntimeError):
+    """The flow on a producer raised; the message holds the producer's address, exception and traceback."""
+
+    def __init__(self, message: str, *, addr: str = "") -> None:
+        super().__init__(message)
+        self.addr = addr

@@ -1,0 +1,421 @@
+"""Stream datapoints between processes or hosts over ZeroMQ PUSH/PULL sockets.
+
+Topology: **each producer binds, the consumer connects.** :func:`send_dataflow_zmq` runs on a producer
+host, binds a PUSH socket on its address and pushes the datapoints of a flow; :class:`RemoteDataZMQ` on
+the trainer connects one PULL socket to each producer address it is given. Because the consumer knows
+every address, it knows how many producers feed it, can tell which one went silent, and an error names
+that producer. One producer serves one consumer (a second consumer connected to the same producer would
+take every other datapoint).
+
+Datapoints travel as the frames of :func:`bridgeflow.serialize.codec.encode_frames`: array bytes are
+their own frames, sent without copying (and without pickle: the safe codec is the default).
+
+Back-pressure: each side holds at most ``hwm`` messages per connection (ZeroMQ's high-water mark), plus
+what the operating system buffers on the socket; a producer whose consumer does not read blocks in
+``send``, so memory stays bounded on both sides.
+
+Liveness: an idle producer sends a heartbeat every ``heartbeat_s``. While the consumer waits for data,
+a producer silent for ``timeout`` seconds is *lost*: with ``on_lost="raise"`` (the default) the consumer
+raises :class:`ProducerLostError` naming its address; iterating again goes on with the other producers
+(their queued datapoints are kept). With ``on_lost="skip"`` the loss is logged and the iteration goes
+on; only when every producer is gone does it raise. Silence counts only while the consumer waits, so
+a consumer that is busy for a long time does not declare a live producer dead.
+
+End of stream: after each pass over its flow a producer sends an *end* marker; an iteration of
+:class:`RemoteDataZMQ` ends when every producer still connected has sent one (a producer that sent its
+marker is not read again until the next iteration, so epochs do not mix). After its last pass
+(``epochs``) a producer says goodbye and closes; it is then no longer waited for. ``epochs=None``
+streams forever.
+
+Example:
+    >>> # producer host
+    >>> send_dataflow_zmq(df, "tcp://127.0.0.1:8877", epochs=None)     # doctest: +SKIP
+    >>> # trainer
+    >>> with RemoteDataZMQ(["tcp://127.0.0.1:8877"]) as df:            # doctest: +SKIP
+    ...     for dp in df: ...
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from .._deps import require
+from ..base import DataFlow
+from ..errors import DataFlowTerminated
+from ..serialize.codec import DEFAULT_CODEC, decode_frames, encode_frames
+from ..serialize.errors import CorruptDataError
+from . import _protocol as P
+from .errors import ProducerError, ProducerLostError, RemoteConnectionError
+
+__all__ = ["RemoteDataZMQ", "send_dataflow_zmq"]
+
+log = logging.getLogger(__name__)
+
+_QUEUE_DEPTH = 4  # encoded datapoints waiting between the producer's reader thread and its socket
+
+
+def _positive(value: Any, what: str, who: str, *, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{who}: {what} must be a positive number, got {value!r}")
+    return value
+
+
+# --- producer -------------------------------------------------------------------------------------
+
+
+def _put(q: queue.Queue, item: tuple, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _read_source(df: Any, epochs: int | None, codec: str, q: queue.Queue, stop: threading.Event) -> None:
+    """Reader thread: encode every datapoint of ``epochs`` passes over ``df`` into ``q``."""
+    try:
+        done = 0
+        while epochs is None or done < epochs:
+            for dp in df:
+                if not _put(q, ("D", encode_frames(dp, codec=codec)), stop):
+                    return
+            done += 1
+            if not _put(q, ("E", None), stop):
+                return
+        _put(q, ("B", None), stop)
+    except BaseException as exc:  # sent to the consumer and re-raised by the sending thread
+        _put(q, ("X", exc), stop)
+
+
+def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, codec: str = DEFAULT_CODEC, *,
+                      epochs: int | None = 1, heartbeat_s: float = 1.0, send_timeout: float | None = None,
+                      progress: bool = False) -> int:
+    """Bind a PUSH socket on ``addr`` and send ``epochs`` passes over ``df``; return the datapoints sent.
+
+    Blocks until done: each send waits while the consumer's queue is full (``hwm`` messages), so start
+    it in the process (or host) that should do the work. ``df`` is reset here. A reader thread iterates
+    and encodes the flow while this thread sends, so heartbeats keep flowing even while one datapoint
+    takes long to make. ``epochs=None`` sends forever. ``send_timeout`` (seconds) gives up with
+    :class:`RemoteConnectionError` when no consumer takes a message for that long (default: wait).
+    After the last pass the goodbye marker is delivered before returning (within ``send_timeout``).
+    Arrays are sent without copying: the flow must not modify an array after yielding it.
+
+    ``addr`` must be explicit; a wildcard host (``tcp://*:PORT``, ``tcp://0.0.0.0:PORT``) makes the
+    stream readable by anyone who can reach the port, and is logged as a warning.
+    """
+    who = "send_dataflow_zmq"
+    zmq = require("zmq", who)
+    addr = P.check_address(addr, "addr")
+    hwm = int(_positive(hwm, "hwm", who))
+    heartbeat_s = float(_positive(heartbeat_s, "heartbeat_s", who))
+    _positive(send_timeout, "send_timeout", who, allow_none=True)
+    if epochs is not None:
+        epochs = int(_positive(epochs, "epochs", who))
+    encode_frames([], codec=codec)  # an unknown codec fails here, before binding
+    if not hasattr(df, "__iter__"):
+        raise TypeError(f"{who}: df must be a DataFlow or iterable, got {type(df).__name__}")
+    if P.is_public(addr):
+        log.warning("%s binds %s on every network interface: anyone who can reach this port can read the "
+                    "stream (no authentication, no encryption)", who, addr)
+    if hasattr(df, "reset_state"):
+        df.reset_state()
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.LINGER, 0)
+    if send_timeout is not None:
+        sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
+    try:
+        sock.bind(addr)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        ctx.term()
+        raise RemoteConnectionError(f"{who}: cannot bind {addr}: {exc}", addr=addr) from exc
+
+    q: queue.Queue = queue.Queue(maxsize=_QUEUE_DEPTH)
+    stop = threading.Event()
+    reader = threading.Thread(target=_read_source, args=(df, epochs, codec, q, stop), daemon=True,
+                              name=f"bridgeflow-zmq-reader {addr}")
+    total = None
+    if epochs is not None:
+        try:
+            total = len(df) * epochs  # type: ignore[arg-type]
+        except TypeError:
+            total = None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=f"serve {addr}", unit="dp", file=sys.stderr, disable=not progress,
+               dynamic_ncols=True, smoothing=0.1)
+    sent = 0
+    linger = 0
+    reader.start()
+    try:
+        while True:
+            try:
+                kind, payload = q.get(timeout=heartbeat_s)
+            except queue.Empty:
+                try:
+                    sock.send(P.HEARTBEAT, zmq.NOBLOCK)
+                except zmq.Again:  # no consumer yet, or its queue is full (it has data to read)
+                    pass
+                continue
+            try:
+                if kind == "D":
+                    sock.send_multipart(payload, copy=False)
+                    sent += 1
+                    bar.update(1)
+                elif kind == "E":
+                    sock.send(P.END)
+                elif kind == "B":
+                    sock.send(P.BYE)
+                    linger = -1 if send_timeout is None else int(send_timeout * 1000)
+                    return sent
+                else:
+                    text = "".join(traceback.format_exception(type(payload), payload, payload.__traceback__))
+                    try:
+                        sock.send(P.ERROR + text.encode("utf-8", "replace"), zmq.NOBLOCK)
+                        linger = 2000
+                    except zmq.Again:
+                        pass
+                    raise payload
+            except zmq.Again:
+                raise RemoteConnectionError(f"{who}: no consumer took a message on {addr} for {send_timeout} s "
+                                            "(send_timeout)", addr=addr) from None
+    finally:
+        stop.set()
+        reader.join()
+        bar.close()
+        sock.close(linger=linger)
+        ctx.term()
+
+
+# --- consumer -------------------------------------------------------------------------------------
+
+_ACTIVE, _FINISHED, _LOST = "active", "finished", "lost"
+
+
+class _Producer:
+    """The consumer's view of one producer: its socket, state and the time it was last heard from."""
+
+    __slots__ = ("addr", "sock", "state", "ended", "last_seen")
+
+    def __init__(self, addr: str, sock: Any) -> None:
+        self.addr, self.sock = addr, sock
+        self.state = _ACTIVE
+        self.ended = False  # sent its end marker in the current iteration
+        self.last_seen = time.monotonic()
+
+
+class RemoteDataZMQ(DataFlow):
+    """A flow of the datapoints that producers push from :func:`send_dataflow_zmq` (see the module doc).
+
+    ``addrs``: one address or a list, one per producer (each producer binds, this flow connects).
+    ``hwm``: messages queued per producer on this side. ``timeout``: seconds a producer may stay silent
+    while this flow waits before it counts as lost (keep it several times the producers' ``heartbeat_s``).
+    ``on_lost``: ``"raise"`` (raise :class:`ProducerLostError`, then go on with the others when iterated
+    again) or ``"skip"`` (log a warning and go on). Received arrays are read-only views of the received
+    messages; ``writable=True`` copies each message once so they are writable. ``allow_pickle`` reads
+    data sent with ``codec="pickle"`` (only from producers you trust).
+
+    Sockets are created in ``reset_state()``, in the process that iterates; ``close()`` closes them at once
+    (queued datapoints are dropped) and ends ZeroMQ's I/O threads. ``len()`` is unknown.
+    ``stats()``: ``datapoints``, ``producers`` (still connected), ``producers_lost``, ``buffer_fill`` (the
+    share of reads that found a datapoint already waiting: near 1 means the consumer is the bottleneck),
+    ``consumer_wait_s`` and ``consumer_wait_frac``.
+
+    Example:
+        >>> df = RemoteDataZMQ(["tcp://10.0.0.5:8877", "tcp://10.0.0.6:8877"], timeout=30)  # doctest: +SKIP
+    """
+
+    def __init__(self, addrs: str | Sequence[str], hwm: int = 50, *, timeout: float = 30.0,
+                 on_lost: str = "raise", writable: bool = False, allow_pickle: bool = False) -> None:
+        who = type(self).__name__
+        self.addrs = P.check_addresses(addrs, "addrs")
+        self.hwm = int(_positive(hwm, "hwm", who))
+        self.timeout = float(_positive(timeout, "timeout", who))
+        if on_lost not in ("raise", "skip"):
+            raise ValueError(f"{who}: on_lost must be 'raise' or 'skip', got {on_lost!r}")
+        self.on_lost = on_lost
+        self.writable = bool(writable)
+        self.allow_pickle = bool(allow_pickle)
+        self._ctx: Any = None
+        self._producers: list[_Producer] = []
+
+    # lifecycle
+
+    def reset_state(self) -> None:
+        self.close()
+        zmq = require("zmq", type(self).__name__)
+        self._zmq = zmq
+        self._ctx = zmq.Context()
+        self._producers = []
+        try:
+            for addr in self.addrs:
+                sock = self._ctx.socket(zmq.PULL)
+                sock.setsockopt(zmq.RCVHWM, self.hwm)
+                sock.setsockopt(zmq.LINGER, 0)
+                self._producers.append(_Producer(addr, sock))
+                sock.connect(addr)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise RemoteConnectionError(f"{type(self).__name__}: cannot connect to {addr}: {exc}",
+                                        addr=addr) from exc
+        self._next = 0
+        self._n = self._ready = self._reads = 0
+        self._lost = 0
+        self._wait = 0.0
+        self._started: float | None = None
+
+    def close(self) -> None:
+        producers, self._producers = self._producers, []
+        for p in producers:
+            if not p.sock.closed:
+                p.sock.close(linger=0)
+        ctx, self._ctx = self._ctx, None
+        if ctx is not None:
+            ctx.term()
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        for key in ("_ctx", "_producers", "_zmq"):
+            state.pop(key, None)
+        state["_ctx"], state["_producers"] = None, []
+        return state
+
+    def stats(self) -> dict[str, float]:
+        if getattr(self, "_started", None) is None:
+            return {}
+        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        return {
+            "datapoints": self._n,
+            "producers": sum(p.state == _ACTIVE for p in self._producers),
+            "producers_lost": self._lost,
+            "buffer_fill": self._ready / max(self._reads, 1),
+            "consumer_wait_s": self._wait,
+            "consumer_wait_frac": min(1.0, self._wait / elapsed),
+        }
+
+    # iteration
+
+    def __iter__(self) -> Iterator:
+        if self._ctx is None:
+            raise DataFlowTerminated(f"{type(self).__name__} is closed; call reset_state() to connect again")
+        if self._started is None:
+            self._started = time.perf_counter()
+        if not any(p.state == _ACTIVE for p in self._producers):
+            log.warning("%s: no producer is connected any more (all finished or lost); the iteration is empty",
+                        type(self).__name__)
+        while True:
+            if self._ctx is None:
+                raise DataFlowTerminated(f"{type(self).__name__} was closed while being iterated")
+            pending = [p for p in self._producers if p.state == _ACTIVE and not p.ended]
+            if not pending:
+                if self._producers and all(p.state == _LOST for p in self._producers):
+                    raise ProducerLostError(f"{type(self).__name__}: every producer is lost "
+                                            f"({', '.join(self.addrs)})", addr=", ".join(self.addrs))
+                for p in self._producers:
+                    p.ended = False
+                return
+            got = self._receive(pending)
+            if got is None:  # producers were lost and skipped: look again at who is left
+                continue
+            p, frames = got
+            head = frames[0].buffer
+            if head[:3] == P.CONTROL:
+                self._control(p, bytes(head))
+                continue
+            try:
+                if self.writable:
+                    dp = decode_frames([bytearray(f.buffer) for f in frames], allow_pickle=self.allow_pickle)
+                else:
+                    dp = decode_frames([f.buffer for f in frames], allow_pickle=self.allow_pickle)
+            except CorruptDataError as exc:
+                raise CorruptDataError(f"{type(self).__name__}: bad message from {p.addr}: {exc}") from exc
+            self._n += 1
+            yield dp
+
+    def _control(self, p: _Producer, msg: bytes) -> None:
+        if msg == P.END:
+            p.ended = True
+        elif msg == P.BYE:
+            log.info("%s: producer %s finished", type(self).__name__, p.addr)
+            self._drop(p, _FINISHED)
+        elif msg.startswith(P.ERROR):
+            self._drop(p, _LOST)
+            self._lost += 1
+            text = msg[len(P.ERROR):].decode("utf-8", "replace")
+            raise ProducerError(f"the flow on producer {p.addr} raised:\n{text}", addr=p.addr)
+        # a heartbeat only refreshes last_seen (done in _receive)
+
+    def _drop(self, p: _Producer, state: str) -> None:
+        p.state = state
+        p.sock.close(linger=0)
+
+    def _receive(self, pending: list[_Producer]) -> tuple[_Producer, list] | None:
+        """The next message from one of ``pending``, fair between them; ``None`` when silent producers were
+        dropped (``on_lost="skip"``)."""
+        zmq = self._zmq
+        n = len(pending)
+        start = self._next % n
+        self._reads += 1
+        for k in range(n):  # fast path: a message is already waiting
+            p = pending[(start + k) % n]
+            try:
+                frames = p.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                continue
+            self._next = start + k + 1
+            self._ready += 1
+            p.last_seen = time.monotonic()
+            return p, frames
+        t0 = time.perf_counter()
+        try:
+            return self._wait_for(pending)
+        finally:
+            self._wait += time.perf_counter() - t0
+
+    def _wait_for(self, pending: list[_Producer]) -> tuple[_Producer, list] | None:
+        zmq = self._zmq
+        began = time.monotonic()
+        while True:
+            poller = zmq.Poller()
+            for p in pending:
+                poller.register(p.sock, zmq.POLLIN)
+            now = time.monotonic()
+            deadline = min(max(p.last_seen, began) + self.timeout for p in pending)
+            events = dict(poller.poll(max(0, int((deadline - now) * 1000)) + 1))
+            for p in pending:
+                if events.get(p.sock):
+                    frames = p.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    p.last_seen = time.monotonic()
+                    return p, frames
+            now = time.monotonic()
+            lost = [p for p in pending if now - max(p.last_seen, began) >= self.timeout]
+            if lost:
+                self._lose(lost, now)
+                return None
+
+    def _lose(self, lost: list[_Producer], now: float) -> None:
+        for p in lost:
+            self._drop(p, _LOST)
+        self._lost += len(lost)
+        names = ", ".join(p.addr for p in lost)
+        silent = now - min(p.last_seen for p in lost)
+        left = sum(p.state == _ACTIVE for p in self._producers)
+        msg = (f"{type(self).__name__}: producer {names} sent nothing for {silent:.1f} s "
+               f"(timeout={self.timeout:g} s); dropped, {left} other producer(s) go on")
+        if self.on_lost == "raise":
+            raise ProducerLostError(msg, addr=lost[0].addr, silent_s=silent)
+        log.warning("%s", msg)
