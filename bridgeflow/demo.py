@@ -32,6 +32,7 @@ def _augment(dp: list) -> list:
 
 def run_demo(size: int = 2048, workdir: str | None = None, batch_size: int = 64) -> int:
     """Build, measure and print; returns a process exit code."""
+    batch_size = max(1, min(batch_size, size))  # a dataset smaller than one batch still makes one batch
     with tempfile.TemporaryDirectory(prefix="bridgeflow-demo-", dir=workdir):
         print(f"bridgeflow demo: {size} fake 3x64x64 uint8 images + labels")
         pipeline = BatchData(MapData(demo_source(size), _augment), batch_size)
