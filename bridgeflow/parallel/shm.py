@@ -231,9 +231,13 @@ class SlabWriter:
     def close(self) -> None:
         for name, _, mm in self.slabs:
             if mm is not None:
-                mm.close()
+                try:
+                    mm.close()
+                except BufferError:  # an array built in place is still alive; unmapped when it goes
+                    pass
                 unlink_segment(name)
         self.slabs = []
+        self._bases = []
 
 
 def _address(buf: memoryview) -> int:

@@ -1,0 +1,222 @@
+"""WorkerPool, the engine under every parallel stage and the torch adapter, and its shared-memory transport."""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import os
+import time
+
+import numpy as np
+import pytest
+from conftest import shm_entries
+
+from bridgeflow.errors import BridgeflowError, WorkerError
+from bridgeflow.parallel import EXHAUSTED, WorkerContext, WorkerPool
+from bridgeflow.parallel import shm as shm_mod
+
+
+def scale_init(factor, ctx):
+    return lambda x: x * factor
+
+
+def context_init(ctx):
+    return lambda _: (ctx.worker_id, ctx.num_workers, ctx.seed, ctx.stage)
+
+
+def countdown_init(n, ctx):
+    it = iter(range(n))
+    return lambda _: next(it)
+
+
+def failing_init(ctx):
+    raise RuntimeError(f"cannot open the dataset in worker {ctx.worker_id}")
+
+
+def sleepy_init(ctx):
+    return lambda seconds: time.sleep(seconds)
+
+
+def array_init(ctx):
+    return lambda i: {"a": np.full(100_000, i, np.int32), "small": np.arange(3), "i": i}
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_results_come_back_in_task_order_from_round_robin_workers(processes, leak_check):
+    with WorkerPool(context_init, 3, processes=processes, name="Ctx", base_seed=100) as pool:
+        pool.start()
+        for _ in range(7):
+            pool.put(None)
+        got = [pool.get() for _ in range(7)]
+    assert [w for w, _ in got] == [0, 1, 2, 0, 1, 2, 0]  # task k goes to worker k % n
+    assert {v for _, v in got} == {(0, 3, 100, "Ctx"), (1, 3, 101, "Ctx"), (2, 3, 102, "Ctx")}
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_chunks_and_explicit_workers(processes, leak_check):
+    with WorkerPool(functools.partial(scale_init, 3), 2, processes=processes, chunk_size=4) as pool:
+        pool.start()
+        ids = [pool.put(i, worker=i % 2) for i in range(10)]
+        assert pool.outstanding == 10
+        assert [pool.get()[1] for _ in ids] == [3 * i for i in range(10)]
+        assert pool.outstanding == 0
+        with pytest.raises(BridgeflowError, match="no task outstanding"):
+            pool.get()
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_stop_iteration_in_a_worker_is_exhausted(processes, leak_check):
+    with WorkerPool(functools.partial(countdown_init, 2), 1, processes=processes) as pool:
+        pool.start()
+        for _ in range(4):
+            pool.put(None)
+        assert [pool.get()[1] for _ in range(4)] == [0, 1, EXHAUSTED, EXHAUSTED]
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_init_failure_is_raised_by_get(processes, leak_check):
+    with WorkerPool(failing_init, 2, processes=processes, name="Loader") as pool:
+        pool.start()
+        pool.put(1)
+        with pytest.raises(RuntimeError, match="cannot open the dataset in worker 0") as info:
+            pool.get()
+    assert "while starting" in "".join(getattr(info.value, "__notes__", [])) or info.value.__cause__
+
+
+def test_timeout(leak_check):
+    with WorkerPool(sleepy_init, 1, processes=True) as pool:
+        pool.start()
+        pool.put(10)
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="0.3 s"):
+            pool.get(timeout=0.3)
+        assert time.monotonic() - t0 < 2
+
+
+def test_discarded_tasks_never_come_back(leak_check):
+    with WorkerPool(functools.partial(scale_init, 1), 2, processes=True, chunk_size=3) as pool:
+        pool.start()
+        for i in range(5):
+            pool.put(i)
+        pool.discard_outstanding()
+        assert pool.outstanding == 0
+        pool.put(100)
+        assert pool.get()[1] == 100
+
+
+def test_unordered_returns_everything(leak_check):
+    with WorkerPool(functools.partial(scale_init, 2), 2, processes=True, ordered=False, chunk_size=2) as pool:
+        pool.start()
+        for i in range(9):
+            pool.put(i)
+        assert sorted(pool.get()[1] for _ in range(9)) == [2 * i for i in range(9)]
+
+
+def test_arrays_cross_through_shared_memory(leak_check):
+    before = shm_entries()
+    with WorkerPool(array_init, 2, processes=True) as pool:
+        pool.start()
+        for i in range(6):
+            pool.put(i)
+        out = [pool.get()[1] for _ in range(6)]
+        during = shm_entries() - before
+    assert any("_r0_" in name for name in during)  # result slabs exist while the pool runs
+    for i, dp in enumerate(out):
+        assert dp["a"].dtype == np.int32 and (dp["a"] == i).all() and dp["i"] == i
+        assert dp["a"].flags.writeable
+        assert list(dp["small"]) == [0, 1, 2]
+    assert not (shm_entries() & during)  # and are gone after close()
+
+
+def test_lifecycle_errors():
+    pool = WorkerPool(context_init, 1, processes=False)
+    with pytest.raises(BridgeflowError, match="not started"):
+        pool.put(1)
+    pool.start()
+    pool.close()
+    pool.close()
+    with pytest.raises(BridgeflowError, match="closed"):
+        pool.start()
+    with pytest.raises(ValueError, match="chunk_size"):
+        WorkerPool(context_init, 1, chunk_size=0)
+    with pytest.raises(TypeError, match="init_fn"):
+        WorkerPool(42, 1)
+
+
+def test_dead_worker_is_named(leak_check):
+    with WorkerPool(sleepy_init, 2, processes=True, name="Stage") as pool:
+        pool.start()
+        pool.put(10)
+        os.kill(pool.pids[0], 9)
+        with pytest.raises(WorkerError) as info:
+            pool.get(timeout=10)
+    err = info.value
+    assert (err.stage, err.worker, err.exitcode) == ("Stage", 0, -9)
+    assert f"pid {err.pid}" in str(err) and "SIGKILL" in str(err)
+
+
+def test_unpicklable_init_under_spawn_names_the_culprit(leak_check):
+    pool = WorkerPool(functools.partial(scale_init, lambda: 1), 1, processes=True, start_method="spawn")
+    with pytest.raises(TypeError, match="lambda.*cannot be pickled.*spawn"):
+        pool.start()
+    pool.close()
+
+
+# --- the transport, in one process ----------------------------------------------------------------
+
+def _pair(max_slabs=4):
+    ctl = mmap.mmap(-1, 4096)
+    flags = memoryview(ctl)[:max_slabs]
+    prefix = f"bftest{os.getpid()}_"
+    return shm_mod.SlabWriter(prefix, flags, max_slabs), shm_mod.SlabReader(flags), flags, prefix
+
+
+def test_slab_released_only_when_every_view_is_gone():
+    writer, reader, flags, prefix = _pair()
+    try:
+        msg = writer.dumps([np.arange(50_000, dtype=np.int64), np.ones(40_000, np.uint8), "text"])
+        assert flags[0] == shm_mod.IN_USE
+        a, b, text = reader.loads(msg)
+        assert text == "text" and a[-1] == 49_999 and b.sum() == 40_000
+        view = a[10:20]
+        del a, b
+        assert flags[0] == shm_mod.IN_USE  # a view still points into the slab
+        del view
+        assert flags[0] == shm_mod.FREE
+        writer.dumps([np.zeros(50_000)])
+        assert len(writer.slabs) == 1  # the freed slab was reused
+    finally:
+        writer.close()
+        shm_mod.sweep_segments(prefix)
+
+
+def test_full_pool_of_slabs_falls_back_to_the_pipe():
+    writer, reader, flags, prefix = _pair(max_slabs=2)
+    try:
+        held = [reader.loads(writer.dumps([np.full(60_000, i, np.uint8)])) for i in range(4)]
+        assert [int(h[0][0]) for h in held] == [0, 1, 2, 3]  # slabs 0-1 in use, then in-band, still correct
+        assert len(writer.slabs) == 2
+    finally:
+        writer.close()
+        shm_mod.sweep_segments(prefix)
+
+
+def test_arrays_built_in_place_are_not_copied():
+    writer, reader, flags, prefix = _pair()
+    try:
+        writer.reserve(300_000)
+        arr = writer.alloc((3, 50_000), np.int16)
+        arr[...] = 5
+        out = reader.loads(writer.dumps({"batch": arr}))
+        assert out["batch"].shape == (3, 50_000) and (out["batch"] == 5).all()
+        arr[0, 0] = 9  # the worker's array and the received one are the same memory: no copy was made
+        assert out["batch"][0, 0] == 9
+    finally:
+        writer.close()
+        shm_mod.sweep_segments(prefix)
+
+
+def test_context_is_frozen():
+    ctx = WorkerContext(0, 1, 5, "x")
+    with pytest.raises(AttributeError):
+        ctx.worker_id = 3  # type: ignore[misc]
