@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -227,12 +226,12 @@ def get_rng(obj: object = None, seed: int | None = None) -> np.random.RandomStat
     """
     worker = getattr(_seed_local, "seed", None)
     if seed is None and worker is None:
-        entropy: list[int] = [int.from_bytes(os.urandom(8), "little")]
-    else:
-        entropy = [0 if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF]
-        if worker is not None:
-            entropy.append(int(worker) & 0xFFFFFFFFFFFFFFFF)
-    state = np.random.SeedSequence(entropy).generate_state(1)[0]
+        return np.random.RandomState(int(np.random.SeedSequence().generate_state(1)[0]))
+    entropy = 0 if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF
+    # The worker goes into the spawn key, not the entropy list: SeedSequence pads entropy with zeros,
+    # so [seed, 0] would equal [seed] and worker 0 would repeat the consumer's stream.
+    spawn_key = () if worker is None else (int(worker) & 0xFFFFFFFFFFFFFFFF, int(seed is None))
+    state = np.random.SeedSequence(entropy, spawn_key=spawn_key).generate_state(1)[0]
     return np.random.RandomState(int(state))
 
 
