@@ -140,6 +140,9 @@ class FakeData(RNGDataFlow):
             lo, hi = max(int(low), info.min), min(int(high), info.max)
             if hi <= lo:  # the default domain (0, 1) means "the dtype's natural range" for integers
                 lo, hi = max(0, info.min), info.max
+            if dtype == np.uint8 and (lo, hi) == (0, 255):  # random bytes: ~10x faster than randint
+                n = int(np.prod(shape, dtype=np.int64))
+                return np.frombuffer(bytearray(self.rng.bytes(n)), dtype=np.uint8).reshape(shape)
             return self.rng.randint(lo, hi + 1, size=shape, dtype=dtype)
         if dtype.kind == "b":
             return self.rng.randint(0, 2, size=shape).astype(bool)
