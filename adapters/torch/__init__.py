@@ -8,7 +8,8 @@ Example:
     [[1, 2], [3]]
 """
 
+from .iterators import LoaderStateError
 from .loader import DataLoader
 from .prefetcher import CUDAPrefetcher, DeviceUnavailableError
 
-__all__ = ["CUDAPrefetcher", "DataLoader", "DeviceUnavailableError"]
+__all__ = ["CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "LoaderStateError"]
