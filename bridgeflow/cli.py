@@ -156,7 +156,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 # Modules that add their own sub-commands with ``register(subparsers)``.
-_COMMAND_MODULES: tuple[str, ...] = ()
+_COMMAND_MODULES: tuple[str, ...] = ("bridgeflow.serialize.cli", "bridgeflow.remote.cli")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -110,13 +110,14 @@ class FakeData(RNGDataFlow):
         size: datapoints per epoch; ``None`` for a never-ending flow.
         random: new random values for every datapoint; ``False`` repeats one fixed datapoint (the
             arrays are shared and read-only), which isolates the cost of what follows.
-        dtype: one dtype, or one per component. Integer dtypes draw from ``domain`` clipped to the dtype.
-        domain: ``(low, high)`` of the values.
+        dtype: one dtype, or one per component.
+        domain: ``(low, high)`` of the values, inclusive for integers. Default: ``[0, 1)`` for floats,
+            the dtype's whole range for integers (0-255 for uint8).
         seed: for reproducible values.
     """
 
     def __init__(self, shapes: Sequence[Sequence[int]], size: int | None = 1000, random: bool = True,
-                 dtype: Any = "float32", domain: tuple[float, float] = (0, 1),
+                 dtype: Any = "float32", domain: tuple[float, float] | None = None,
                  seed: int | None = None) -> None:
         if size is not None and size < 0:
             raise ValueError(f"FakeData size must be >= 0 or None, got {size}")
@@ -134,19 +135,18 @@ class FakeData(RNGDataFlow):
         return self.size
 
     def _make(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        low, high = self.domain
         if dtype.kind in "iu":
             info = np.iinfo(dtype)
-            lo, hi = max(int(low), info.min), min(int(high), info.max)
-            if hi <= lo:  # the default domain (0, 1) means "the dtype's natural range" for integers
-                lo, hi = max(0, info.min), info.max
+            lo, hi = (max(int(self.domain[0]), info.min), min(int(self.domain[1]), info.max)) if self.domain \
+                else (max(info.min, -(2**62)), min(info.max, 2**62))
             if dtype == np.uint8 and (lo, hi) == (0, 255):  # random bytes: ~10x faster than randint
                 n = int(np.prod(shape, dtype=np.int64))
                 return np.frombuffer(bytearray(self.rng.bytes(n)), dtype=np.uint8).reshape(shape)
             return self.rng.randint(lo, hi + 1, size=shape, dtype=dtype)
         if dtype.kind == "b":
             return self.rng.randint(0, 2, size=shape).astype(bool)
-        return (self.rng.uniform(low, high, size=shape)).astype(dtype, copy=False)
+        low, high = self.domain or (0.0, 1.0)
+        return self.rng.uniform(low, high, size=shape).astype(dtype, copy=False)
 
     def reset_state(self) -> None:
         super().reset_state()
