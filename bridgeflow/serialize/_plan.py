@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import CorruptDataError
 
-__all__ = ["ARRAY_KINDS", "Plan", "T", "compile_plan"]
+__all__ = ["ARRAY_KINDS", "BASE", "HEADER", "Plan", "T", "compile_plan"]
 
 ARRAY_KINDS = frozenset("biufcmMSU")
 
@@ -32,15 +32,26 @@ class T:
     ARRAY, SCALAR = b"a", b"g"
 
 
+HEADER = "<4sBBHIIIIQ"  # the codec header (32 bytes)
+BASE = 10  # index of the first value in ``Plan.full.unpack_from(encoding)``: 9 header fields + skeleton
+
+
 class Plan:
-    """How to decode one skeleton: ``values`` unpacks the values followed by the buffer-length table."""
+    """How to decode one skeleton.
 
-    __slots__ = ("build", "heap", "key", "nbufs", "nvals", "values")
+    ``full`` unpacks a whole encoding prefix at once: the 9 header fields, the skeleton bytes (index 9),
+    the values (from index ``BASE``) and the buffer lengths (the last ``nbufs`` items); ``hstart`` is
+    where the heap starts. Builders index that tuple directly.
+    """
 
-    def __init__(self, key: bytes, nvals: int, nbufs: int, values: struct.Struct, heap: bool,
-                 build: Build) -> None:
-        self.key, self.nvals, self.nbufs, self.values, self.heap, self.build = (
-            key, nvals, nbufs, values, heap, build)
+    __slots__ = ("build", "expect", "full", "heap", "hstart", "key", "nbufs", "nvals", "simple")
+
+    def __init__(self, key: bytes, nvals: int, nbufs: int, fmt: str, heap: bool, build: Build) -> None:
+        self.key, self.nvals, self.nbufs, self.heap, self.build = key, nvals, nbufs, heap, build
+        self.full = struct.Struct(f"{HEADER}{len(key)}s{fmt}{'Q' * nbufs}")
+        self.hstart = self.full.size
+        self.simple = nbufs == 1 and not heap  # one array, no heap: the codec's fastest path
+        self.expect: tuple = ()  # the first 7 header fields of a native encoding (set by the codec)
 
 
 _U32 = struct.Struct("<I")
@@ -147,7 +158,7 @@ class _Compiler:
 
     def _take_value(self, code: str, heap: bool = False) -> int:
         self.heap = self.heap or heap
-        i = self.nvals
+        i = BASE + self.nvals
         self.fmt.append(code)
         self.nvals += len(code)
         return i
@@ -186,7 +197,7 @@ class _Compiler:
                 return _dict([(self.node(depth + 1), self.node(depth + 1)) for _ in range(n)])
             kids, value_at = [], []
             for _ in range(n):
-                first = self.nvals
+                first = BASE + self.nvals
                 kind = s[self.pos] if self.pos < len(s) else -1
                 kids.append(self.node(depth + 1))
                 value_at.append(first if kind in (0x69, 0x66) else None)
@@ -217,5 +228,4 @@ def compile_plan(skeleton: bytes, max_depth: int) -> Plan:
     build = c.node(0)
     if c.pos != len(skeleton):
         raise CorruptDataError(f"{len(skeleton) - c.pos} stray bytes after the skeleton")
-    values = struct.Struct("<" + "".join(c.fmt) + "Q" * c.nbufs)
-    return Plan(bytes(skeleton), c.nvals, c.nbufs, values, c.heap, build)
+    return Plan(bytes(skeleton), c.nvals, c.nbufs, "".join(c.fmt), c.heap, build)

@@ -238,6 +238,7 @@ def _plan(skeleton: bytes) -> Plan:
     plan = _plans.get(skeleton)
     if plan is None:
         plan = compile_plan(skeleton, MAX_DEPTH)
+        plan.expect = (MAGIC, FORMAT_VERSION, 0, 0, plan.nbufs, len(skeleton), plan.nvals)
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
         _plans[skeleton] = plan
@@ -265,42 +266,47 @@ def _as_bytes_like(buf: Any) -> Any:
 def _decode_parts(b: Any, frames: Sequence[Any] | None, allow_pickle: bool) -> Any:
     """Decode from ``b`` (a whole encoding, or the first frame when ``frames`` is given).
 
-    This is the hot path of dataset reads: keep it lean (the last plan is tried before the cache).
+    The hot path of dataset reads: the plan used last is tried first, with one ``unpack_from`` of header,
+    skeleton, values and buffer lengths together; anything unexpected takes the checked slow path.
     """
-    magic, version, cid, _flags, nbuf, skel_len, nvals, heap_len, total = _HEAD.unpack_from(b)
-    if magic != MAGIC or version != FORMAT_VERSION or cid:
-        _check_head(magic, version, cid)
-        return _decode_pickle(b, frames, allow_pickle, nbuf, skel_len, nvals, heap_len)
-    if frames is None and total != len(b):
-        raise CorruptDataError(f"encoding is {len(b)} bytes but its header says {total}")
-    tstart = 32 + skel_len
     plan = _last[0]
-    if len(plan.key) != skel_len or not (b.startswith(plan.key, 32) if type(b) is not memoryview
-                                         else b[32:tstart] == plan.key):
-        key = bytes(b[32:tstart])
+    try:
+        t = plan.full.unpack_from(b)
+    except struct.error:
+        t = None
+    if (t is None or t[9] != plan.key or t[0] != MAGIC or t[1] != FORMAT_VERSION or t[2] or t[5] != len(plan.key)
+            or t[4] != plan.nbufs or t[6] != plan.nvals):
+        magic, version, cid, _flags, nbuf, skel_len, nvals, heap_len, _total = _HEAD.unpack_from(b)
+        if magic != MAGIC or version != FORMAT_VERSION or cid:
+            _check_head(magic, version, cid)
+            return _decode_pickle(b, frames, allow_pickle, nbuf, skel_len, nvals, heap_len)
+        key = bytes(b[32:32 + skel_len])
         plan = _plans.get(key) or _plan(key)
+        if plan.nbufs != nbuf or plan.nvals != nvals:
+            raise CorruptDataError(f"skeleton needs {plan.nvals} values and {plan.nbufs} buffers; the "
+                                   f"header says {nvals} and {nbuf}")
+        t = plan.full.unpack_from(b)
         _last[0] = plan
-    if plan.nbufs != nbuf or plan.nvals != nvals:
-        raise CorruptDataError(f"skeleton needs {plan.nvals} values and {plan.nbufs} buffers; the "
-                               f"header says {nvals} and {nbuf}")
-    vals = plan.values.unpack_from(b, tstart)
-    hstart = tstart + 8 * (nvals + nbuf)
-    end = hstart + heap_len
+    if frames is None and t[8] != len(b):
+        raise CorruptDataError(f"encoding is {len(b)} bytes but its header says {t[8]}")
+    hstart = plan.hstart
+    end = hstart + t[7]
+    nbuf = plan.nbufs
     if frames is not None:
-        bufs = _frame_buffers(frames, vals[nvals:])
+        bufs = _frame_buffers(frames, t[len(t) - nbuf:])
     elif nbuf == 1:
         off = end + (-end % ALIGN)
-        end = off + vals[-1]
-        bufs = [(b, off, vals[-1])]
+        end = off + t[-1]
+        bufs = [(b, off, t[-1])]
     else:
         bufs = []
-        for n in vals[nvals:]:
+        for n in t[len(t) - nbuf:]:
             off = end + (-end % ALIGN)
             end = off + n
             bufs.append((b, off, n))
     if end != len(b):
         raise CorruptDataError(f"encoding is {len(b)} bytes but its header says {end}")
-    return plan.build(vals, bufs, bytes(b[hstart:end]) if plan.heap else b"")
+    return plan.build(t, bufs, bytes(b[hstart:end]) if plan.heap else b"")
 
 
 def _frame_buffers(frames: Sequence[Any], lengths: Sequence[int]) -> list:
@@ -343,7 +349,18 @@ def decode(buf: Any, *, allow_pickle: bool = False) -> Any:
     an unknown format version or codec raises :class:`UnsupportedFormatError`.
     """
     try:
-        b = buf if type(buf) is bytearray or type(buf) is bytes else _as_bytes_like(buf)
+        if type(buf) is bytearray or type(buf) is bytes:
+            plan = _last[0]
+            if plan.simple and len(buf) >= plan.hstart:  # the common case, inline: [array, scalars...]
+                t = plan.full.unpack_from(buf)
+                if t[9] == plan.key and t[:7] == plan.expect:
+                    end = plan.hstart + t[7]
+                    off = end + (-end % ALIGN)
+                    if off + t[-1] == t[8] == len(buf):
+                        return plan.build(t, [(buf, off, t[-1])], b"")
+            b = buf
+        else:
+            b = _as_bytes_like(buf)
         if len(b) < 32:
             raise CorruptDataError(f"encoded datapoint too short ({len(b)} bytes) for its header")
         return _decode_parts(b, None, allow_pickle)

@@ -1,0 +1,186 @@
+"""Read and write speed of LMDBSerializer / HDF5Serializer against raw lmdb and h5py loops.
+
+Data: N datapoints of a 150 KB uint8 array + an int label (default N=10,000, ~1.5 GB per file), in a
+temporary folder that is removed at the end. The OS cache is warmed by one untimed pass of every case;
+then the cases run interleaved, ``--reps`` times, and each result is the median over repetitions.
+Ratios are medians of per-repetition ratios against the anchor measured in the same repetition:
+
+- ``lmdb_seq``: ``LMDBSerializer.load(shuffle=False)`` vs a raw lmdb cursor loop calling np.frombuffer
+  (target >= 0.9);
+- ``lmdb_shuffled``: shuffled reads vs raw ``txn.get`` in the same random order + np.frombuffer;
+- ``hdf5_seq``: ``HDF5Serializer.load(shuffle=False)`` vs raw h5py reads of the same items, one by one
+  (target >= 0.8); a chunk-blocked raw h5py loop is reported too;
+- ``hdf5_shuffled``: shuffled reads vs raw h5py item reads in the same order;
+- ``lmdb_write`` / ``hdf5_write``: save rates (N datapoints from an in-memory pool), no anchor.
+
+One JSON line per result on stdout. ``--quick`` uses N=1,000 for a smoke run.
+
+Example:
+    python benchmarks/bench_serialize.py            # the full run
+    python benchmarks/bench_serialize.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import h5py
+import lmdb
+import numpy as np
+
+from bridgeflow import DataFlow
+from bridgeflow.serialize import HDF5Serializer, LMDBSerializer
+
+ITEM = 150_000
+
+
+class PoolData(DataFlow):
+    """N datapoints cycling over a pool of 32 random arrays: the source costs nothing."""
+
+    def __init__(self, n: int) -> None:
+        rng = np.random.default_rng(0)
+        self.pool = [rng.integers(0, 256, ITEM, dtype=np.uint8) for _ in range(32)]
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield [self.pool[i % 32], i]
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    count = fn()
+    return count / (time.perf_counter() - t0)
+
+
+def make_cases(lmdb_path: str, h5_path: str, n: int, order: list[int]) -> dict:
+    def raw_lmdb_seq() -> int:
+        env = lmdb.open(lmdb_path, subdir=False, readonly=True, lock=False, readahead=True)
+        try:
+            with env.begin() as txn:
+                cur = txn.cursor()
+                cur.first()
+                for _, v in zip(range(n), cur.iternext(keys=False)):
+                    np.frombuffer(v, np.uint8, ITEM, len(v) - ITEM)
+        finally:
+            env.close()
+        return n
+
+    def raw_lmdb_shuffled() -> int:
+        env = lmdb.open(lmdb_path, subdir=False, readonly=True, lock=False, readahead=False)
+        try:
+            with env.begin() as txn:
+                for i in order:
+                    v = txn.get(i.to_bytes(8, "big"))
+                    np.frombuffer(v, np.uint8, ITEM, len(v) - ITEM)
+        finally:
+            env.close()
+        return n
+
+    def flow(ds) -> int:
+        with ds:
+            ds.reset_state()
+            count = 0
+            for _ in ds:
+                count += 1
+        return count
+
+    def raw_h5_items(idx) -> int:
+        with h5py.File(h5_path, "r") as f:
+            a, b = f["0"], f["1"]
+            for i in idx:
+                a[i]
+                b[i]
+        return n
+
+    def raw_h5_blocks() -> int:
+        with h5py.File(h5_path, "r") as f:
+            a, b = f["0"], f["1"]
+            step = a.chunks[0]
+            for s in range(0, n, step):
+                x, y = a[s:s + step], b[s:s + step]
+                for j in range(len(x)):
+                    x[j]
+                    y[j]
+        return n
+
+    return {
+        "raw_lmdb_seq": raw_lmdb_seq,
+        "lmdb_seq": lambda: flow(LMDBSerializer.load(lmdb_path, shuffle=False)),
+        "raw_lmdb_shuffled": raw_lmdb_shuffled,
+        "lmdb_shuffled": lambda: flow(LMDBSerializer.load(lmdb_path, shuffle=True, seed=0)),
+        "raw_h5_seq": lambda: raw_h5_items(range(n)),
+        "raw_h5_blocks": raw_h5_blocks,
+        "hdf5_seq": lambda: flow(HDF5Serializer.load(h5_path, shuffle=False)),
+        "raw_h5_shuffled": lambda: raw_h5_items(order),
+        "hdf5_shuffled": lambda: flow(HDF5Serializer.load(h5_path, shuffle=True, seed=0)),
+    }
+
+
+def emit(**fields) -> None:
+    fields.setdefault("machine", f"{platform.node()} {platform.processor() or platform.machine()} "
+                                 f"{os.cpu_count()} cpus")
+    print(json.dumps(fields), flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=10_000, help="datapoints per file (default 10000)")
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (>= 5 for the report)")
+    p.add_argument("--quick", action="store_true", help="N=1000 smoke run")
+    p.add_argument("--dir", default=None, help="where to put the temporary folder")
+    args = p.parse_args(argv)
+    n = 1000 if args.quick else args.n
+    work = tempfile.mkdtemp(prefix="bench_serialize_", dir=args.dir)
+    try:
+        lmdb_path, h5_path = os.path.join(work, "d.lmdb"), os.path.join(work, "d.h5")
+        writes: dict[str, list[float]] = {"lmdb_write": [], "hdf5_write": []}
+        for rep in range(args.reps):  # writes: fresh files each repetition, interleaved
+            for name, path, save in (("lmdb_write", lmdb_path, LMDBSerializer.save),
+                                     ("hdf5_write", h5_path, HDF5Serializer.save)):
+                if rep:
+                    os.unlink(path)
+                writes[name].append(timed(lambda s=save, q=path: s(PoolData(n), q, progress=False)))
+        for name, rates in writes.items():
+            emit(bench="serialize", case=name, n=n, item_bytes=ITEM, unit="datapoints/s",
+                 median=round(statistics.median(rates), 1), reps=[round(r, 1) for r in rates])
+
+        order = np.random.default_rng(1).permutation(n).tolist()
+        cases = make_cases(lmdb_path, h5_path, n, order)
+        for fn in cases.values():  # warm the OS cache and every code path
+            fn()
+        rates: dict[str, list[float]] = {k: [] for k in cases}
+        for _ in range(args.reps):
+            for name, fn in cases.items():
+                rates[name].append(timed(fn))
+
+        pairs = [("lmdb_seq", "raw_lmdb_seq", 0.9), ("lmdb_shuffled", "raw_lmdb_shuffled", None),
+                 ("hdf5_seq", "raw_h5_seq", 0.8), ("hdf5_seq", "raw_h5_blocks", None),
+                 ("hdf5_shuffled", "raw_h5_shuffled", None)]
+        for case, anchor, target in pairs:
+            ratios = [a / b for a, b in zip(rates[case], rates[anchor])]
+            med = statistics.median(ratios)
+            emit(bench="serialize", case=case, anchor=anchor, n=n, item_bytes=ITEM, unit="datapoints/s",
+                 median=round(statistics.median(rates[case]), 1),
+                 anchor_median=round(statistics.median(rates[anchor]), 1),
+                 ratio=round(med, 3), target=target,
+                 meets_target=None if target is None else med >= target,
+                 reps=[round(r, 1) for r in rates[case]], anchor_reps=[round(r, 1) for r in rates[anchor]])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
