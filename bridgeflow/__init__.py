@@ -20,7 +20,19 @@ from .errors import (
     MissingDependencyError,
     WorkerError,
 )
-from .parallel import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData, MultiThreadRunner, WorkerPool
+from .parallel import (
+    MultiProcessMapAndBatchData,
+    MultiProcessMapAndBatchDataZMQ,
+    MultiProcessMapData,
+    MultiProcessMapDataZMQ,
+    MultiProcessRunner,
+    MultiProcessRunnerZMQ,
+    MultiThreadMapData,
+    MultiThreadRunner,
+    PrefetchData,
+    PrefetchDataZMQ,
+    WorkerPool,
+)
 from .serialize import (
     CorruptDataError,
     HDF5Data,
@@ -74,11 +86,17 @@ __all__ = [
     "MapData",
     "MapDataComponent",
     "MissingDependencyError",
+    "MultiProcessMapAndBatchData",
+    "MultiProcessMapAndBatchDataZMQ",
     "MultiProcessMapData",
+    "MultiProcessMapDataZMQ",
     "MultiProcessRunner",
+    "MultiProcessRunnerZMQ",
     "MultiThreadMapData",
     "MultiThreadRunner",
     "NumpyData",
+    "PrefetchData",
+    "PrefetchDataZMQ",
     "NumpySerializer",
     "PrintData",
     "ProxyDataFlow",

@@ -447,3 +447,22 @@ def test_argument_validation():
         MultiProcessMapData(source(), 2, image_of, start_method="teleport").reset_state()
     with pytest.raises(TypeError, match="DataFlow or a function"):
         MultiThreadRunner(42, 2)
+
+
+# --- tensorpack's other names ------------------------------------------------------------------------
+
+def test_tensorpack_names_take_tensorpack_argument_orders(leak_check):
+    expected = list(bf.BatchData(bf.MapData(source(64), image_of), 16))
+    with bf.MultiProcessMapAndBatchDataZMQ(source(64), 2, image_of, 16) as df:
+        df.reset_state()
+        assert_same_datapoints(expected, list(df))
+    with bf.MultiProcessMapDataZMQ(source(64), 2, image_of, buffer_size=8) as df:
+        df.reset_state()
+        assert_same_datapoints(sequential(image_of, 64), list(df))
+    runner = bf.PrefetchData(Shard(), 6, 2)  # (ds, num_prefetch, num_proc), as in tensorpack
+    assert (runner.num_prefetch, runner.num_workers) == (6, 2)
+    zmq_runner = bf.PrefetchDataZMQ(Shard(), 3)  # (ds, num_proc=1, hwm=50)
+    assert (zmq_runner.num_workers, zmq_runner.num_prefetch) == (3, 50)
+    with zmq_runner:
+        zmq_runner.reset_state()
+        assert len(list(zmq_runner)) == 10
