@@ -20,12 +20,18 @@ from .errors import DataFlowReentrantError, LengthUnknownError
 __all__ = ["assert_same_datapoints", "check_dataflow", "datapoint_structure"]
 
 
-def datapoint_structure(dp: Any) -> Any:
-    """A hashable summary of a datapoint's structure: container types, keys, array dtypes and ranks."""
+def datapoint_structure(dp: Any, _top: bool = True) -> Any:
+    """A hashable summary of a datapoint's structure: container types, keys, array dtypes and ranks.
+
+    The datapoint's own components are summarised one by one; a list or tuple *inside* a component
+    (a batch's list of strings, a variable number of boxes) only by its type, since its length may vary.
+    """
     if isinstance(dp, dict):
-        return ("dict", tuple((k, datapoint_structure(v)) for k, v in dp.items()))
+        return ("dict", tuple((k, datapoint_structure(v, False)) for k, v in dp.items()))
     if isinstance(dp, (list, tuple)):
-        return (type(dp).__name__, tuple(datapoint_structure(v) for v in dp))
+        if not _top:
+            return (type(dp).__name__,)
+        return (type(dp).__name__, tuple(datapoint_structure(v, False) for v in dp))
     if isinstance(dp, np.ndarray):
         return ("ndarray", dp.dtype.str, dp.ndim)
     return (type(dp).__name__,)
