@@ -111,7 +111,9 @@ def check_dataflow(df: DataFlow, *, epochs: int = 2, deterministic: bool | None 
     except StopIteration:
         pass
     finally:
-        first.close()
+        close = getattr(first, "close", None)  # a flow's __iter__ may return a plain iterator
+        if close is not None:
+            close()
     df.close()
     df.close()
     return runs[0]
