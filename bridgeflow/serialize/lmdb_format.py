@@ -10,9 +10,11 @@ against the length its header declares, copies it once out of the memory map int
 decodes zero-copy, so arrays are writable, owned by the datapoint and valid after the file is closed.
 
 Damage: truncated files, foreign files, damaged metadata and damaged values raise
-:class:`CorruptDataError` naming the path. LMDB keeps no checksums: a changed byte inside array data
-reads back as a changed value, and LMDB trusts its own B-tree pages, so damage to those can still
-crash the reading process (SIGBUS); read files of unknown provenance in a child process.
+:class:`CorruptDataError` naming the path. LMDB trusts its own B-tree pages (damage there would crash the
+reader with SIGBUS), so ``LMDBData`` first walks the tree with plain reads and checks every page, offset
+and size (``verify=None``: when the tree is at most 256 MiB of pages, i.e. always for datasets of large
+values; ``verify=True`` forces it). LMDB keeps no checksums: a changed byte inside array data reads
+back as a changed value.
 
 Example:
     >>> LMDBSerializer.save(df, "train.lmdb")                      # doctest: +SKIP
@@ -32,6 +34,7 @@ from typing import Any
 from .._deps import require
 from ..base import DataFlow, RNGDataFlow
 from ._common import existing_path, iterate_source, normalize_index
+from ._lmdb_check import check_lmdb_file, tree_pages
 from .atomic import atomic_path
 from .codec import CODECS, DEFAULT_CODEC, FORMAT_VERSION, TOTAL, decode, encode
 from .errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
@@ -45,6 +48,7 @@ META = b"__bf__/"
 _KEY = struct.Struct(">Q")
 _INITIAL_MAP = 256 << 20
 _BATCH_BYTES = 64 << 20  # commit at least this often, whatever write_frequency says
+_VERIFY_MAX_PAGES = 65536  # verify=None checks trees of up to this many branch+leaf pages
 
 
 def _key(i: int) -> bytes:
@@ -86,9 +90,9 @@ class LMDBSerializer:
 
     @staticmethod
     def load(path: str | os.PathLike, shuffle: bool = True, *, seed: int | None = None,
-             allow_pickle: bool = False) -> LMDBData:
+             allow_pickle: bool = False, verify: bool | None = None) -> LMDBData:
         """The flow of datapoints stored at ``path`` (see :class:`LMDBData`)."""
-        return LMDBData(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle)
+        return LMDBData(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle, verify=verify)
 
 
 def _commit(lmdb: Any, env: Any, items: list[tuple[bytes, bytes]], append: bool) -> None:
@@ -225,14 +229,18 @@ class LMDBData(RNGDataFlow):
         shuffle: a new random order every epoch.
         seed: makes the shuffled orders reproducible.
         allow_pickle: needed to read files saved with ``codec="pickle"`` (unpickling can run code).
+        verify: check the file's pages before mapping it (see the module doc); ``None`` = when cheap.
     """
 
     def __init__(self, path: str | os.PathLike, shuffle: bool = True, seed: int | None = None, *,
-                 allow_pickle: bool = False) -> None:
+                 allow_pickle: bool = False, verify: bool | None = None) -> None:
         self.path = existing_path(path, "LMDBData")
         self.shuffle = shuffle
         self.seed = seed
         self.allow_pickle = allow_pickle
+        data = os.path.join(self.path, "data.mdb") if os.path.isdir(self.path) else self.path
+        if verify or (verify is None and tree_pages(data) <= _VERIFY_MAX_PAGES):
+            check_lmdb_file(data, self.path)
         self.meta = read_lmdb_meta(self.path)
         if self.meta["codec"] == "pickle" and not allow_pickle:
             raise PickleNotAllowedError(f"{self.path} was saved with codec='pickle'; pass allow_pickle=True "
