@@ -163,6 +163,9 @@ def test_close_before_start_and_session_closed_first(leak_check):
     qi = QueueInput(DataFromList(tuple_points(100), shuffle=False), queue_size=2)
     assert qi.signature.dtypes == [tf.float32, tf.int64]  # producer running, waiting for start
     qi.close()
+    assert qi.signature.shapes[0].as_list() == [2, 3]  # still known after close
+    with pytest.raises(InputSourceError, match="closed"):
+        qi.dequeue()
     g = tf.Graph()
     with g.as_default():
         qi = QueueInput(FakeData([[8]], size=None), queue_size=2)

@@ -109,8 +109,9 @@ class QueueInput(InputSource):
     @property
     def signature(self) -> Signature:
         """The datapoint's signature (waits for the first datapoint when it is inferred)."""
-        if self._sig is None or self._thread is None:
-            self._ensure_thread()
+        if self._sig is not None:
+            return self._sig
+        self._ensure_thread()  # the thread reads the first datapoint
         while self._sig is None and not self._sig_ready.wait(0.1):
             pass
         if self._sig is None:
@@ -129,6 +130,7 @@ class QueueInput(InputSource):
             self._thread.start()
 
     def _build(self, want_graph: bool) -> None:
+        self._ensure_thread()
         sig = self.signature
         shapes = sig.shapes if sig.fully_defined() else None
         if want_graph:
