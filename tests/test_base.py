@@ -1,0 +1,338 @@
+"""The DataFlow lifecycle: reset, one consumer at a time, close, length, pickling, RNGs."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+
+import numpy as np
+import pytest
+
+from bridgeflow import (
+    BatchData,
+    ConcatData,
+    DataFlow,
+    DataFlowReentrantError,
+    DataFromGenerator,
+    DataFromList,
+    JoinData,
+    LengthUnknownError,
+    MapData,
+    ProxyDataFlow,
+    RNGDataFlow,
+    get_rng,
+    iter_flows,
+    worker_seed_scope,
+)
+from bridgeflow.base import as_dataflow
+from bridgeflow.testing import check_dataflow
+
+
+class Counting(DataFlow):
+    """Yields [0], [1], ... [n-1]; counts reset_state() and close() calls."""
+
+    def __init__(self, n: int = 3) -> None:
+        self.n = n
+        self.resets = 0
+        self.closes = 0
+
+    def reset_state(self) -> None:
+        self.resets += 1
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield [i]
+
+    def close(self) -> None:
+        self.closes += 1
+        super().close()
+
+
+class LengthFree(DataFlow):
+    def __iter__(self):
+        yield from ([1], [2])
+
+
+# --- reset_state ----------------------------------------------------------------------------------
+
+
+def test_first_iter_resets_once():
+    df = Counting()
+    assert df.resets == 0
+    assert list(df) == [[0], [1], [2]]
+    assert df.resets == 1
+    assert list(df) == [[0], [1], [2]]
+    assert df.resets == 1
+
+
+def test_explicit_reset_is_not_repeated_by_iter():
+    df = Counting()
+    df.reset_state()
+    list(df)
+    list(df)
+    assert df.resets == 1
+    df.reset_state()  # each explicit reset is one call, no more
+    assert df.resets == 2
+
+
+def test_proxy_reset_reaches_the_source_once():
+    src = Counting()
+    df = MapData(MapData(src, lambda dp: dp), lambda dp: dp)
+    assert list(df) == [[0], [1], [2]]  # auto reset through the chain
+    assert src.resets == 1
+    df.reset_state()
+    list(df)
+    assert src.resets == 2
+
+
+# --- one consumer at a time -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda: Counting(), lambda: MapData(Counting(), lambda dp: dp)],
+                         ids=["source", "proxy"])
+def test_second_concurrent_iter_is_refused(make):
+    df = make()
+    it = iter(df)
+    assert next(it) == [0]
+    with pytest.raises(DataFlowReentrantError, match=type(df).__name__):
+        iter(df)
+    assert list(it) == [[1], [2]]  # the first consumer is not disturbed
+    assert list(df) == [[0], [1], [2]]  # exhausted: a new iteration works
+
+
+def test_two_iterators_created_before_either_starts():
+    df = Counting()
+    a, b = iter(df), iter(df)
+    assert next(a) == [0]
+    with pytest.raises(DataFlowReentrantError):
+        next(b)
+    assert list(a) == [[1], [2]]
+    assert list(df) == [[0], [1], [2]]
+
+
+def test_iteration_allowed_again_after_close_or_delete():
+    df = Counting()
+    it = iter(df)
+    next(it)
+    it.close()
+    assert list(df) == [[0], [1], [2]]
+
+    it = iter(df)
+    next(it)
+    del it
+    gc.collect()
+    assert list(df) == [[0], [1], [2]]
+
+    never_started = iter(df)  # an iterator that never ran holds nothing
+    assert list(df) == [[0], [1], [2]]
+    del never_started
+
+
+def test_break_releases_the_flow():
+    df = MapData(Counting(5), lambda dp: dp)
+    for dp in df:
+        if dp == [1]:
+            break
+    gc.collect()
+    assert len(list(df)) == 5
+
+
+def test_subclass_calling_super_iter_is_not_refused():
+    class Base(DataFlow):
+        def __iter__(self):
+            yield from ([1], [2])
+
+    class Doubled(Base):
+        def __iter__(self):
+            for dp in super().__iter__():
+                yield [dp[0] * 2]
+
+    df = Doubled()
+    assert list(df) == [[2], [4]]
+    it = iter(df)
+    next(it)
+    with pytest.raises(DataFlowReentrantError):  # the subclass itself is still guarded
+        iter(df)
+    it.close()
+    check_dataflow(Doubled())
+
+
+def test_same_source_in_two_branches_is_refused():
+    src = DataFromList([[1], [2]], shuffle=False)
+    with pytest.raises(DataFlowReentrantError):
+        list(JoinData([src, src]))
+
+
+# --- close ----------------------------------------------------------------------------------------
+
+
+def test_close_is_recursive_and_idempotent():
+    a, b = Counting(), Counting()
+    df = BatchData(MapData(JoinData([a, b]), lambda dp: dp), 1)
+    list(df)
+    df.close()
+    assert (a.closes, b.closes) == (1, 1)
+    df.close()  # a second close does no harm
+    assert (a.closes, b.closes) == (2, 2)
+
+
+def test_child_listed_twice_is_closed_once():
+    a = Counting()
+    ConcatData([a, a]).close()
+    assert a.closes == 1
+
+
+def test_with_closes():
+    src = Counting()
+    with MapData(src, lambda dp: dp) as df:
+        assert list(df) == [[0], [1], [2]]
+        assert src.closes == 0
+    assert src.closes == 1
+
+
+def test_close_tolerates_a_duck_typed_flow_without_close():
+    class TensorpackStyle:  # what a tensorpack DataFlow looks like: no close()
+        def reset_state(self):
+            self.ready = True
+
+        def __iter__(self):
+            yield from ([1], [2])
+
+    inner = TensorpackStyle()
+    df = MapData(inner, lambda dp: [dp[0] + 1])
+    assert df.ds is inner
+    assert list(df) == [[2], [3]]
+    assert inner.ready
+    df.close()
+
+
+def test_plain_iterables_are_wrapped():
+    assert list(MapData([[1], [2]], lambda dp: dp)) == [[1], [2]]
+    assert list(ConcatData([[[1]], ([2],)])) == [[1], [2]]
+    assert isinstance(as_dataflow([[1]]), DataFlow)
+    with pytest.raises(TypeError, match="MapData wraps a DataFlow or iterable, got int"):
+        MapData(3, lambda dp: dp)
+
+
+# --- length ---------------------------------------------------------------------------------------
+
+
+def test_len_of_length_free_flow():
+    df = LengthFree()
+    with pytest.raises(LengthUnknownError, match="LengthFree") as info:
+        len(df)
+    assert isinstance(info.value, TypeError)
+    assert list(df) == [[1], [2]]  # list() treats it as length-free
+    gen = DataFromGenerator(lambda: iter([[1]]))
+    with pytest.raises(TypeError, match="DataFromGenerator"):
+        len(gen)
+    assert list(MapData(gen, lambda dp: dp)) == [[1]]
+
+
+def test_len_of_proxy_follows_the_source():
+    assert len(MapData(Counting(7), lambda dp: dp)) == 7
+    with pytest.raises(LengthUnknownError):
+        len(MapData(LengthFree(), lambda dp: dp))
+
+
+# --- pickling -------------------------------------------------------------------------------------
+
+
+def test_pickled_copy_starts_fresh():
+    df = Counting()
+    it = iter(df)
+    next(it)
+    assert df._bf_reset_done
+    copy = pickle.loads(pickle.dumps(df))
+    assert not copy._bf_reset_done
+    assert copy._bf_iterating is None
+    resets = copy.resets
+    assert list(copy) == [[0], [1], [2]]  # not refused: the original's iteration does not travel
+    assert copy.resets == resets + 1  # and it resets itself on first use
+    it.close()
+
+
+def test_pickled_pipeline_of_builtin_flows():
+    df = BatchData(DataFromList([[i] for i in range(6)], shuffle=False), 2)
+    it = iter(df)
+    next(it)
+    copy = pickle.loads(pickle.dumps(df))
+    assert [b[0].tolist() for b in copy] == [[0, 1], [2, 3], [4, 5]]
+    it.close()
+
+
+# --- random number generators ---------------------------------------------------------------------
+
+
+def test_get_rng_reproducible_with_seed():
+    a = get_rng(None, seed=5).randint(1 << 30, size=8)
+    b = get_rng(None, seed=5).randint(1 << 30, size=8)
+    c = get_rng(None, seed=6).randint(1 << 30, size=8)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    d = get_rng().randint(1 << 30, size=8)  # OS entropy
+    e = get_rng().randint(1 << 30, size=8)
+    assert not np.array_equal(d, e)
+
+
+def test_worker_seed_scope_gives_distinct_reproducible_streams():
+    def draw(worker):
+        with worker_seed_scope(worker):
+            return get_rng(None, seed=1).randint(1 << 30, size=8)
+
+    np.testing.assert_array_equal(draw(0), draw(0))
+    assert not np.array_equal(draw(0), draw(1))
+    outside = get_rng(None, seed=1).randint(1 << 30, size=8)
+    assert not np.array_equal(outside, draw(0))
+    with worker_seed_scope(3):  # scopes nest and restore
+        with worker_seed_scope(4):
+            pass
+        np.testing.assert_array_equal(get_rng(None, seed=1).randint(1 << 30, size=8), draw(3))
+
+
+def test_tensorpack_style_rng_dataflow():
+    class Noise(RNGDataFlow):  # only __iter__, using self.rng as tensorpack users write it
+        def __init__(self, seed=None):
+            self.seed = seed
+
+        def __iter__(self):
+            for _ in range(4):
+                yield [self.rng.rand()]
+
+    a, b = list(Noise(seed=3)), list(Noise(seed=3))
+    assert a == b
+    assert list(Noise(seed=4)) != a
+    assert len({dp[0] for dp in a}) == 4
+    check_dataflow(Noise(seed=3), deterministic=False)
+
+
+def test_rng_reseeded_in_worker_scope():
+    df = DataFromList(list(range(50)), shuffle=True, seed=0)
+    with worker_seed_scope(1):
+        df.reset_state()
+    w1 = list(df)
+    with worker_seed_scope(2):
+        df.reset_state()
+    w2 = list(df)
+    assert sorted(w1) == sorted(w2) == list(range(50))
+    assert w1 != w2
+
+
+def test_iter_flows_paths():
+    src = Counting()
+    df = BatchData(MapData(src, lambda dp: dp), 2)
+    paths = dict(iter_flows(df))
+    assert list(paths) == ["BatchData", "BatchData/MapData", "BatchData/MapData/Counting"]
+    assert paths["BatchData/MapData/Counting"] is src
+
+
+def test_unimplemented_iter():
+    class NoIter(ProxyDataFlow):
+        pass
+
+    assert list(NoIter(Counting())) == [[0], [1], [2]]  # a proxy forwards by default
+    with pytest.raises(NotImplementedError, match="Empty"):
+        type("Empty", (DataFlow,), {})().__iter__()

@@ -1,0 +1,130 @@
+"""The ``bridgeflow`` command (bench, demo, --version) and ``python -m bridgeflow``, run as subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import bridgeflow
+
+TIMEOUT = 120
+
+
+def bridgeflow_exe() -> list[str]:
+    exe = shutil.which("bridgeflow")
+    assert exe is not None, "the bridgeflow console script is not on PATH; pip install -e . first"
+    return [exe]
+
+
+def run(args: list[str], cwd=None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+RATE = re.compile(r"^(\d+) datapoints in [\d.]+s: ([\d.]+) datapoints/s$", re.M)
+
+
+def test_version():
+    out = run(bridgeflow_exe() + ["--version"])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"bridgeflow {bridgeflow.__version__}"
+
+
+def test_python_dash_m():
+    out = run([sys.executable, "-m", "bridgeflow", "--version"])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"bridgeflow {bridgeflow.__version__}"
+    helped = run([sys.executable, "-m", "bridgeflow", "--help"])
+    assert helped.returncode == 0 and "bench" in helped.stdout and "demo" in helped.stdout
+
+
+def test_bench_fake():
+    out = run(bridgeflow_exe() + ["bench", "--fake", "3x8x8,1", "--size", "50", "--quiet"])
+    assert out.returncode == 0, out.stderr
+    m = RATE.search(out.stdout)
+    assert m and int(m.group(1)) == 50 and float(m.group(2)) > 0, out.stdout
+    assert out.stderr == ""  # --quiet: no progress bar
+
+
+def test_bench_fake_batched():
+    out = run(bridgeflow_exe() + ["bench", "--fake", "4,scalar", "--batch", "8", "--size", "5", "--quiet",
+                                  "--constant", "--dtype", "float32"])
+    assert out.returncode == 0, out.stderr
+    assert RATE.search(out.stdout).group(1) == "5"
+
+
+FLOW_MODULE = textwrap.dedent('''
+    from bridgeflow import DataFromList, MapData, DataFlow
+
+    class Counted(DataFlow):
+        def __iter__(self):
+            for i in range(7):
+                yield [i]
+
+        def stats(self):
+            return {"marker": 42}
+
+    def make_flow():
+        return MapData(Counted(), lambda dp: [dp[0] * 2])
+
+    def make_list():
+        return [[1], [2], [3]]
+
+    def make_number():
+        return 5
+''')
+
+
+def test_bench_module_function(tmp_path):
+    (tmp_path / "bf_cli_flows.py").write_text(FLOW_MODULE)
+    out = run(bridgeflow_exe() + ["bench", "bf_cli_flows:make_flow", "--size", "20", "--warmup", "0", "--quiet"],
+              cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert RATE.search(out.stdout).group(1) == "20"
+    assert "MapData/Counted: marker=42" in out.stdout  # the wrapped flow's statistics are printed
+
+
+def test_bench_file_function(tmp_path):
+    path = tmp_path / "flows.py"
+    path.write_text(FLOW_MODULE)
+    out = run(bridgeflow_exe() + ["bench", f"{path}:make_list", "--size", "9", "--quiet"])
+    assert out.returncode == 0, out.stderr
+    assert RATE.search(out.stdout).group(1) == "9"
+
+
+def test_demo():
+    out = run(bridgeflow_exe() + ["demo", "--size", "256"])
+    assert out.returncode == 0, out.stderr
+    assert "256 fake 3x64x64" in out.stdout
+    rates = [float(r.replace(",", "")) for r in re.findall(r"([\d,.]+) (?:images|datapoints)/s", out.stdout)]
+    assert rates and all(r > 0 for r in rates), out.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "--fake", "3xa"], "argument --fake: '3xa'"),
+    (["bench", "--fake", "3x-2"], "argument --fake: '3x-2'"),
+    (["bench", "--fake", "2", "--dtype", "nosuchtype"], "argument --dtype: 'nosuchtype'"),
+    (["bench", "--fake", "2", "--size", "0"], "argument --size: '0'"),
+    (["bench", "--fake", "2", "--batch", "-1"], "argument --batch: '-1'"),
+    (["bench", "--fake", "2", "--warmup", "x"], "argument --warmup: 'x'"),
+    (["demo", "--size", "0"], "argument --size: '0'"),
+    (["bench"], "give either TARGET"),
+    (["bench", "bf_no_such_module_xyz:f"], "No module named 'bf_no_such_module_xyz'"),
+    (["bench", "nosuchfile.py:f"], "no such file: nosuchfile.py"),
+    (["bench", "flows.py:missing"], "has no attribute 'missing'"),
+    (["bench", "flows.py:make_number"], "flows.py:make_number gave a int"),
+    (["bench", "just_words"], "expected MODULE:FUNCTION"),
+    (["nosuchcommand"], "invalid choice: 'nosuchcommand'"),
+])
+def test_bad_arguments(tmp_path, args, message):
+    (tmp_path / "flows.py").write_text(FLOW_MODULE)
+    out = run(bridgeflow_exe() + args, cwd=tmp_path)
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,100 @@
+"""The core imports neither the frameworks nor the optional backends, and works when they are absent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HEAVY = ["torch", "tensorflow", "lmdb", "h5py", "zmq", "ray", "bridgeflow.adapters"]
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+@pytest.mark.parametrize("module", ["bridgeflow", "bridgeflow.parallel", "bridgeflow.testing", "bridgeflow.cli"])
+def test_import_loads_no_heavy_module(module):
+    out = run_python(f"""
+        import json, sys
+        import {module}
+        heavy = {HEAVY!r}
+        print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in heavy or m in heavy)))
+    """)
+    assert json.loads(out.stdout) == []
+
+
+def test_heavy_modules_are_really_installed():
+    # Without this, the test above could pass because the packages are simply missing.
+    out = run_python("""
+        import importlib.util
+        print(all(importlib.util.find_spec(m) is not None for m in ("torch", "tensorflow", "lmdb", "h5py")))
+    """)
+    assert out.stdout.strip() == "True"
+
+
+BLOCK = """
+    import sys
+
+    class Block:  # makes torch and tensorflow (and their submodules) unimportable
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "tensorflow"):
+                raise ImportError(f"{name} is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, Block())
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("the block did not work")
+"""
+
+
+def test_core_works_without_torch_and_tensorflow():
+    out = run_python(BLOCK + """
+    import io
+    import numpy as np
+    import bridgeflow as bf
+    from bridgeflow.parallel import MultiThreadMapData
+    from bridgeflow.testing import check_dataflow
+
+    src = bf.DataFromList([[np.full((2, 2), i, np.uint8), i] for i in range(40)], shuffle=True, seed=0)
+    df = bf.BatchData(bf.MapDataComponent(bf.LocallyShuffleData(src, 8, seed=0), lambda a: a * 2, 0), 8)
+    batches = check_dataflow(df, deterministic=False)  # shuffled: batches differ between epochs
+    assert len(batches) == 5 and batches[0][0].shape == (8, 2, 2) and batches[0][1].dtype == np.int64
+    with bf.BatchData(MultiThreadMapData(bf.DataFromList([[i] for i in range(32)], shuffle=False), 2,
+                                         lambda dp: [dp[0] + 1]), 4) as par:
+        got = sorted(int(v) for b in par for v in b[0])
+    assert got == list(range(1, 33)), got
+    rate = bf.TestDataSpeed(df, size=10, progress=False, file=io.StringIO()).start()
+    assert rate > 0
+    assert "torch" not in sys.modules and "tensorflow" not in sys.modules
+    print("ok")
+    """)
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_cli_works_without_torch_and_tensorflow():
+    out = run_python(BLOCK + """
+    from bridgeflow.cli import main
+    code = main(["bench", "--fake", "3x8x8,1", "--size", "20", "--quiet"])
+    assert code == 0
+    """)
+    assert "20 datapoints in" in out.stdout
+
+
+def test_adapters_say_what_is_missing():
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(BLOCK + """
+    from bridgeflow._deps import require
+    require("torch", "the torch adapter")
+    """)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert 'the torch adapter needs torch; install it with: pip install -e ".[torch]"' in out.stderr

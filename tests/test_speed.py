@@ -1,0 +1,90 @@
+"""TestDataSpeed: rate, summary, stage statistics, repeating a short flow, empty flows."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from bridgeflow import DataFlow, DataFromList, FakeData, MapData, TestDataSpeed
+from bridgeflow.speed import collect_stats, format_stats
+
+
+class Epochs(DataFlow):
+    """Three datapoints per epoch; counts epochs and reports them as statistics."""
+
+    def __init__(self) -> None:
+        self.epochs = 0
+
+    def __iter__(self):
+        self.epochs += 1
+        yield from ([0], [1], [2])
+
+    def stats(self) -> dict[str, float]:
+        return {"epochs": self.epochs, "buffer_fill": 0.25}
+
+
+def test_rate_and_summary():
+    out = io.StringIO()
+    rate = TestDataSpeed(FakeData([[8]], size=500), size=200, warmup=10, progress=False, file=out).start()
+    assert rate > 0
+    text = out.getvalue()
+    assert text.startswith("200 datapoints in ") and f"{rate:.1f} datapoints/s" in text
+    assert "stage statistics" not in text  # plain flows report none
+
+
+def test_prints_stats_of_a_wrapped_flow_and_repeats_a_short_flow():
+    src = Epochs()
+    out = io.StringIO()
+    speed = TestDataSpeed(MapData(src, lambda dp: dp), size=10, progress=False, file=out)
+    assert speed.start() == speed.rate > 0
+    assert src.epochs == 4  # 3 datapoints per epoch, 10 wanted
+    text = out.getvalue()
+    assert "stage statistics:" in text
+    assert "  MapData/Epochs: epochs=4 buffer_fill=0.25" in text
+
+
+def test_summary_goes_to_stdout_by_default(capsys):
+    TestDataSpeed(DataFromList([[1]], shuffle=False), size=5, progress=False).start()
+    assert "5 datapoints in" in capsys.readouterr().out
+
+
+def test_warmup_is_not_counted():
+    src = Epochs()
+    TestDataSpeed(src, size=3, warmup=6, progress=False, file=io.StringIO()).start()
+    assert src.epochs == 3
+
+
+def test_empty_flow_raises():
+    with pytest.raises(ValueError, match="DataFromList yielded no datapoint"):
+        TestDataSpeed(DataFromList([], shuffle=False), size=5, progress=False).start()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="size > 0"):
+        TestDataSpeed(DataFromList([[1]]), size=0)
+    with pytest.raises(ValueError, match="warmup >= 0"):
+        TestDataSpeed(DataFromList([[1]]), size=3, warmup=-1)
+
+
+def test_iterating_runs_the_test_then_yields():
+    out = io.StringIO()
+    df = TestDataSpeed(DataFromList([[1], [2]], shuffle=False), size=4, progress=False, file=out)
+    assert list(df) == [[1], [2]]
+    assert "4 datapoints in" in out.getvalue()
+
+
+def test_progress_bar_goes_to_stderr(capsys):
+    TestDataSpeed(FakeData([[2]], size=50), size=50, progress=True).start()
+    captured = capsys.readouterr()
+    quiet = TestDataSpeed(FakeData([[2]], size=50), size=50, progress=False)
+    quiet.start()
+    assert capsys.readouterr().err == ""
+    assert "50 datapoints in" in captured.out
+    assert "0/50" in captured.err and "dp/s" in captured.err and "/50" not in captured.out
+
+
+def test_collect_and_format_stats():
+    stats = collect_stats(MapData(Epochs(), lambda dp: dp))
+    assert stats == {"MapData/Epochs": {"epochs": 0, "buffer_fill": 0.25}}
+    assert format_stats(stats) == "  MapData/Epochs: epochs=0 buffer_fill=0.25"
