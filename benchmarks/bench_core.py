@@ -1,0 +1,153 @@
+"""Benchmark: what the core costs on top of the work it does, measured against hand-written loops.
+
+Cases, each timed with interleaved repetitions (anchor, bridgeflow, anchor, ...) in one run:
+
+- ``batch_stack``: ``BatchData(FakeData([[3, 224, 224]], dtype=uint8, random=False), 64)`` against a
+  hand-written loop that ``np.stack``-s the same fixed array 64 times per batch. Both produce the same
+  batches, so the ratio bridgeflow / hand is the share of the stacking speed the core keeps
+  (target >= 0.9).
+- ``batch_overhead``: the same two loops on 1-byte arrays, where stacking is nearly free: what the core
+  itself costs per batch of 64, in microseconds (set it beside the stacking time of a real batch).
+- ``map_chain``: five ``MapData(identity)`` wrappers around a source of small datapoints, against the
+  bare source: the time each wrapper adds per datapoint, in microseconds.
+
+Each line printed is one JSON object with the median of the repetitions (and the machine it ran on:
+absolute rates mean something only beside it; the ratios are what to compare across machines).
+
+Run: python benchmarks/bench_core.py [--reps 9] [--batches 60] [--datapoints 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from bridgeflow import BatchData, DataFromList, FakeData, MapData
+
+BATCH = 64
+SHAPE = (3, 224, 224)
+TARGET_RATIO = 0.9
+
+
+def machine() -> dict:
+    return {"machine": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__}
+
+
+def emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def timed(fn: Callable[[], int]) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    n = fn()
+    return time.perf_counter() - t0, n
+
+
+def interleave(cases: dict[str, Callable[[], int]], reps: int) -> dict[str, list[float]]:
+    """Run every case ``reps`` times, alternating between them; returns seconds per item for each."""
+    out: dict[str, list[float]] = {name: [] for name in cases}
+    for fn in cases.values():  # one untimed warm-up each (page faults, caches, lazy imports)
+        fn()
+    for rep in range(reps):
+        order = list(cases.items())
+        if rep % 2:
+            order.reverse()  # neither case always runs right after the other
+        for name, fn in order:
+            seconds, n = timed(fn)
+            out[name].append(seconds / n)
+    return out
+
+
+def stack_cases(shape: tuple[int, ...], batches: int) -> tuple[dict[str, Callable[[], int]], np.ndarray]:
+    """The hand loop and the BatchData pipeline over one fixed ``shape`` uint8 array."""
+    n = batches * BATCH
+    flow = BatchData(FakeData([list(shape)], size=n, dtype="uint8", random=False, seed=0), BATCH)
+    flow.reset_state()
+    fixed = next(iter(flow.ds))[0]  # the very array the flow stacks, for the hand loop to stack too
+
+    def by_hand() -> int:
+        count = 0
+        for _ in range(batches):
+            batch = np.stack([fixed for _ in range(BATCH)])
+            count += len(batch)
+        return count
+
+    def by_bridgeflow() -> int:
+        count = 0
+        for (batch,) in flow:
+            count += len(batch)
+        return count
+
+    check = next(iter(flow))[0]
+    assert check.shape == (BATCH, *shape) and check.dtype == np.uint8 and np.array_equal(check[-1], fixed)
+    return {"hand": by_hand, "bridgeflow": by_bridgeflow}, fixed
+
+
+def bench_batch_stack(reps: int, batches: int) -> None:
+    cases, _ = stack_cases(SHAPE, batches)
+    times = interleave(cases, reps)
+    hand, bf = statistics.median(times["hand"]), statistics.median(times["bridgeflow"])
+    emit(bench="core", case="batch_stack", shape=list(SHAPE), dtype="uint8", batch=BATCH, batches=batches,
+         reps=reps, hand_dp_per_s=round(1 / hand), bridgeflow_dp_per_s=round(1 / bf),
+         ratio=round(hand / bf, 3), target=TARGET_RATIO, meets_target=hand / bf >= TARGET_RATIO,
+         ratio_per_rep=[round(h / b, 3) for h, b in zip(times["hand"], times["bridgeflow"])], **machine())
+
+
+def bench_batch_overhead(reps: int, batches: int) -> None:
+    """The same comparison on 1-byte arrays, where stacking costs next to nothing: the core's own cost."""
+    times = interleave(stack_cases((1,), batches)[0], reps)
+    hand, bf = statistics.median(times["hand"]), statistics.median(times["bridgeflow"])
+    emit(bench="core", case="batch_overhead", shape=[1], dtype="uint8", batch=BATCH, batches=batches, reps=reps,
+         hand_us_per_batch=round(hand * BATCH * 1e6, 2), bridgeflow_us_per_batch=round(bf * BATCH * 1e6, 2),
+         overhead_us_per_batch=round((bf - hand) * BATCH * 1e6, 2),
+         overhead_us_per_dp=round((bf - hand) * 1e6, 4), **machine())
+
+
+def bench_map_chain(reps: int, datapoints: int, wrappers: int = 5) -> None:
+    payload = np.zeros(4, np.float32)
+    source = DataFromList([[payload, i] for i in range(datapoints)], shuffle=False)
+    chain = source
+    for _ in range(wrappers):
+        chain = MapData(chain, lambda dp: dp)  # identity: only the wrapper's own cost remains
+    chain.reset_state()
+
+    def count(df) -> Callable[[], int]:
+        def run() -> int:
+            n = 0
+            for _ in df:
+                n += 1
+            return n
+        return run
+
+    times = interleave({"bare": count(source), "chain": count(chain)}, reps)
+    bare, chained = statistics.median(times["bare"]), statistics.median(times["chain"])
+    per_wrapper = [(c - b) / wrappers * 1e6 for b, c in zip(times["bare"], times["chain"])]
+    emit(bench="core", case="map_chain", wrappers=wrappers, datapoints=datapoints, reps=reps,
+         bare_us_per_dp=round(bare * 1e6, 4), chain_us_per_dp=round(chained * 1e6, 4),
+         per_wrapper_us=round((chained - bare) / wrappers * 1e6, 4),
+         per_wrapper_us_per_rep=[round(x, 4) for x in per_wrapper], **machine())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=9, help="timed repetitions per case (median; >= 5)")
+    parser.add_argument("--batches", type=int, default=60, help="batches of 64 per batch_stack repetition")
+    parser.add_argument("--datapoints", type=int, default=200_000, help="datapoints per map_chain repetition")
+    args = parser.parse_args()
+    if args.reps < 5:
+        parser.error("--reps must be >= 5 (the median of fewer says little on a shared machine)")
+    bench_batch_stack(args.reps, args.batches)
+    bench_batch_overhead(args.reps, 2000)
+    bench_map_chain(args.reps, args.datapoints)
+
+
+if __name__ == "__main__":
+    main()
