@@ -129,6 +129,8 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any], 
         task_fn = init_fn(ctx)
     except BaseException as exc:  # reported to the consumer, which raises it
         send([(_ERROR, _INIT, _pack_exception(exc, by_pickle))])
+        while recv() is not None:  # stay until told to stop, so tasks sent meanwhile find us alive
+            pass
         return
     while True:
         chunk = recv()
