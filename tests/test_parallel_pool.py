@@ -78,7 +78,7 @@ def test_init_failure_is_raised_by_get(processes, leak_check):
     with WorkerPool(failing_init, 2, processes=processes, name="Loader") as pool:
         pool.start()
         pool.put(1)
-        with pytest.raises(RuntimeError, match="cannot open the dataset in worker 0") as info:
+        with pytest.raises(RuntimeError, match="cannot open the dataset in worker [01]") as info:
             pool.get()
     assert "while starting" in "".join(getattr(info.value, "__notes__", [])) or info.value.__cause__
 
