@@ -129,7 +129,10 @@ def batch_datapoints(dps: Sequence[Any], use_list: bool | Collection[Hashable] =
         return out
     n = len(first)
     for j, dp in enumerate(dps):
-        if len(dp) != n or isinstance(dp, dict):
+        if type(dp) not in (list, tuple) and not isinstance(dp, (list, tuple)):
+            raise DatapointError(f"BatchData: datapoint {j} is a {type(dp).__name__} in a batch of "
+                                 f"{type(first).__name__}s")
+        if len(dp) != n:
             raise DatapointError(f"BatchData: datapoint {j} of the batch has {len(dp)} components, the first "
                                  f"has {n}")
     columns = list(zip(*dps))
