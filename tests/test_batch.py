@@ -170,6 +170,12 @@ def test_list_length_mismatch_and_non_datapoints():
         batch_datapoints([[1, 2], [3]])
     with pytest.raises(DatapointError, match="BatchData input produced a int"):
         batch_datapoints([5, 6])
+    with pytest.raises(DatapointError, match="datapoint 2 is a int in a batch of lists"):
+        batch_datapoints([[1], [2], 3])
+    with pytest.raises(DatapointError, match="datapoint 1 is a str in a batch of tuples"):
+        batch_datapoints([("ab",), "ab"])  # a string has a len() too: it must not be batched as characters
+    with pytest.raises(DatapointError, match="datapoint 1 is a dict in a batch of lists"):
+        list(BatchData(DataFromList([[1], {"a": 1}], shuffle=False), 2))
     with pytest.raises(BatchError, match="empty"):
         batch_datapoints([])
 
