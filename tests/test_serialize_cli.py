@@ -181,3 +181,21 @@ def test_python_dash_m_runs_the_script(image_folder, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert len(NumpyData(out)) == 11 and "ETA" not in proc.stdout
+
+
+def test_load_recognises_formats_by_content(tmp_path):
+    from bridgeflow import DataFromList
+    from bridgeflow.serialize import HDF5Serializer, LMDBSerializer, NumpySerializer, load
+
+    dps = [[np.arange(3) + i, i] for i in range(4)]
+    for saver, name, cls in ((LMDBSerializer, "a.data", LMDBData), (HDF5Serializer, "b.data", HDF5Data),
+                             (NumpySerializer, "c.data", NumpyData)):
+        saver.save(DataFromList(dps, shuffle=False), tmp_path / name, progress=False)
+        ds = load(tmp_path / name)  # no telling extension: the first bytes decide
+        assert isinstance(ds, cls)
+        assert_same_datapoints(dps, check_dataflow(ds, deterministic=True))
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(CorruptDataError, match="notes.txt"):
+        load(tmp_path / "notes.txt")
+    with pytest.raises(ValueError, match="format"):
+        load(tmp_path / "a.data", fmt="csv")

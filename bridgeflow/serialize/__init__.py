@@ -7,6 +7,7 @@
 - :func:`encode` / :func:`decode` (one buffer) and :func:`encode_frames` / :func:`decode_frames` (arrays as
   separate frames, for transports): the codec; it never unpickles unless both sides ask.
 - :class:`ImageFolderData`: ``root/<class>/<image>`` as ``[image bytes or array, label]``.
+- :func:`load`: any of the three formats, recognised by content.
 
 Every save writes a temporary file beside the target and renames it on success; loads check the
 format name, codec and version stored in the file, and raise :class:`CorruptDataError` naming the
@@ -25,6 +26,7 @@ from .errors import (
     TargetExistsError,
     UnsupportedFormatError,
 )
+from .formats import detect_format, load, load_dataset
 from .hdf5_format import HDF5Data, HDF5Serializer
 from .images import ImageFolderData, image_folder, list_image_folder, read_image
 from .lmdb_format import LMDBData, LMDBSerializer, read_lmdb_meta
@@ -52,10 +54,13 @@ __all__ = [
     "atomic_path",
     "decode",
     "decode_frames",
+    "detect_format",
     "encode",
     "encode_frames",
     "image_folder",
     "list_image_folder",
+    "load",
+    "load_dataset",
     "peek_codec",
     "read_image",
     "read_lmdb_meta",

@@ -23,56 +23,11 @@ from typing import Any
 
 from ..base import DataFlow
 from ..errors import BridgeflowError
+from .formats import EXTENSIONS, FORMATS, detect_format, load_dataset
 
-__all__ = ["bench_file", "detect_format", "load_dataset", "main", "open_source", "register"]
+__all__ = ["bench_file", "main", "open_source", "register"]
 
 log = logging.getLogger(__name__)
-
-FORMATS = ("lmdb", "hdf5", "npz")
-_EXTENSIONS = {".lmdb": "lmdb", ".mdb": "lmdb", ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5", ".npz": "npz"}
-_LMDB_MAGIC = (0xBEEFC0DE).to_bytes(4, "little")
-
-
-def detect_format(path: str) -> str:
-    """``lmdb``, ``hdf5`` or ``npz`` from the file's first bytes (the extension only breaks ties)."""
-    if os.path.isdir(path):
-        if os.path.exists(os.path.join(path, "data.mdb")):
-            return "lmdb"
-        raise ValueError(f"{path} is a folder but not an LMDB folder (no data.mdb)")
-    with open(path, "rb") as f:
-        head = f.read(32)
-    if head.startswith(b"\x89HDF\r\n\x1a\n"):
-        return "hdf5"
-    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
-        return "npz"
-    if head[16:20] == _LMDB_MAGIC:
-        return "lmdb"
-    ext = _EXTENSIONS.get(os.path.splitext(path)[1].lower())
-    if ext is None:
-        raise ValueError(f"{path}: not an LMDB, HDF5 or npz file (unknown content and extension)")
-    return ext
-
-
-def load_dataset(path: str, *, shuffle: bool = False, seed: int | None = None, allow_pickle: bool = False,
-                 fmt: str | None = None) -> DataFlow:
-    """The loaded flow of an LMDB, HDF5 or npz dataset file, format detected from its content."""
-    from .errors import DatasetNotFoundError
-
-    if not os.path.exists(path):
-        raise DatasetNotFoundError(f"no such dataset file: {path}")
-    fmt = fmt or detect_format(path)
-    if fmt == "lmdb":
-        from .lmdb_format import LMDBData
-
-        return LMDBData(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle)
-    if fmt == "hdf5":
-        from .hdf5_format import HDF5Data
-
-        return HDF5Data(path, shuffle=shuffle, seed=seed)
-    from .npz_format import NumpyData
-
-    return NumpyData(path, shuffle=shuffle, seed=seed)
-
 
 def _parallel_map(df: DataFlow, workers: int) -> DataFlow:
     """Run the outermost ``MapData`` of ``df`` in ``workers`` processes, order kept."""
@@ -119,7 +74,7 @@ def open_source(spec: str, *, decode: bool = False, workers: int = 0, allow_pick
 
 
 def _cmd_serialize(args: argparse.Namespace) -> int:
-    fmt = args.format or _EXTENSIONS.get(os.path.splitext(args.output)[1].lower())
+    fmt = args.format or EXTENSIONS.get(os.path.splitext(args.output)[1].lower())
     if fmt is None:
         raise ValueError(f"cannot tell the format from {args.output!r}; pass --format {'|'.join(FORMATS)}")
     if args.workers < 0:
