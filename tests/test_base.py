@@ -88,6 +88,13 @@ def test_proxy_reset_reaches_the_source_once():
     assert src.resets == 2
 
 
+def test_multi_flow_reset_reaches_each_child_once():
+    a, b = Counting(), Counting()
+    df = JoinData([a, MapData(b, lambda dp: dp)])
+    assert list(df) == [[0, 0], [1, 1], [2, 2]]
+    assert (a.resets, b.resets) == (1, 1)
+
+
 # --- one consumer at a time -----------------------------------------------------------------------
 
 
