@@ -507,8 +507,9 @@ class WorkerPool:
         if self.outstanding <= 0:
             raise BridgeflowError(f"{self.name}: get() with no task outstanding")
         t0 = time.perf_counter()
-        self._fill_sum += self._ready_count()
-        self._fill_samples += 1
+        if not self.results_returned & 7:  # sample the buffer fill on every 8th call: it is only an average
+            self._fill_sum += self._ready_count()
+            self._fill_samples += 1
         deadline = None if timeout is None else time.monotonic() + timeout
         if self.ordered:
             want = self._next_result
