@@ -7,7 +7,7 @@ hand the result to PyTorch or TensorFlow while the model trains.
 Importing bridgeflow loads only numpy and the standard library.
 """
 
-from .base import DataFlow, ProxyDataFlow, RNGDataFlow, get_rng, iter_flows, worker_seed_scope
+from .base import DataFlow, ProxyDataFlow, RNGDataFlow, as_dataflow, get_rng, iter_flows, worker_seed_scope
 from .batch import BatchData, BatchDataByShape, UnbatchData, batch_datapoints
 from .combine import ConcatData, JoinData, LocallyShuffleData, RandomChooseData, RandomMixData
 from .errors import (
@@ -25,12 +25,14 @@ from .parallel import (
     MultiProcessMapAndBatchDataZMQ,
     MultiProcessMapData,
     MultiProcessMapDataZMQ,
+    MultiProcessPrefetchData,
     MultiProcessRunner,
     MultiProcessRunnerZMQ,
     MultiThreadMapData,
     MultiThreadRunner,
     PrefetchData,
     PrefetchDataZMQ,
+    ThreadedMapData,
     WorkerPool,
 )
 from .serialize import (
@@ -53,6 +55,7 @@ from .transforms import (
     MapDataComponent,
     PrintData,
     RepeatedData,
+    RepeatedDataPoint,
     SelectComponent,
 )
 
@@ -90,6 +93,7 @@ __all__ = [
     "MultiProcessMapAndBatchDataZMQ",
     "MultiProcessMapData",
     "MultiProcessMapDataZMQ",
+    "MultiProcessPrefetchData",
     "MultiProcessRunner",
     "MultiProcessRunnerZMQ",
     "MultiThreadMapData",
@@ -104,13 +108,16 @@ __all__ = [
     "RandomChooseData",
     "RandomMixData",
     "RepeatedData",
+    "RepeatedDataPoint",
     "SelectComponent",
     "SerializationError",
     "TestDataSpeed",
+    "ThreadedMapData",
     "UnbatchData",
     "WorkerError",
     "WorkerPool",
     "__version__",
+    "as_dataflow",
     "batch_datapoints",
     "collect_stats",
     "get_rng",

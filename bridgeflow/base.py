@@ -145,6 +145,14 @@ class DataFlow:
         """Counters that help find the bottleneck (queue fill, wait times). Empty for plain flows."""
         return {}
 
+    def get_data(self) -> Iterator[Datapoint]:
+        """tensorpack's older spelling of ``iter(df)``."""
+        return iter(self)
+
+    def size(self) -> int:
+        """tensorpack's older spelling of ``len(df)``."""
+        return len(self)
+
     def __enter__(self) -> DataFlow:
         return self
 

@@ -23,6 +23,7 @@ __all__ = [
     "MapDataComponent",
     "PrintData",
     "RepeatedData",
+    "RepeatedDataPoint",
     "SelectComponent",
     "describe_datapoint",
     "get_component",
@@ -183,6 +184,25 @@ class RepeatedData(ProxyDataFlow):
             if empty and self.num == -1:
                 raise DatapointError("RepeatedData(num=-1) wraps a flow that yielded nothing; it would spin")
             done += 1
+
+
+class RepeatedDataPoint(ProxyDataFlow):
+    """Yield every datapoint ``num`` times in a row (the same object each time)."""
+
+    def __init__(self, ds: DataFlow, num: int) -> None:
+        super().__init__(ds)
+        if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < 1:
+            raise ValueError(f"RepeatedDataPoint num must be a positive count, got {num!r}")
+        self.num = int(num)
+
+    def __len__(self) -> int:
+        return len(self.ds) * self.num
+
+    def __iter__(self) -> Iterator:
+        num = self.num
+        for dp in self.ds:
+            for _ in range(num):
+                yield dp
 
 
 class FixedSizeData(ProxyDataFlow):

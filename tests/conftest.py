@@ -52,9 +52,12 @@ def child_pids() -> set[int]:
     return out
 
 
-def shm_entries() -> set[str]:
+def shm_entries(mine_only: bool = True) -> set[str]:
+    """bridgeflow's shared-memory segments: by default only this process's pools (``bf<pid>_...``), so
+    test suites running side by side do not see each other's."""
+    prefix = f"{SHM_PREFIX}{os.getpid()}_" if mine_only else SHM_PREFIX
     try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)}
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(prefix)}
     except FileNotFoundError:
         return set()
 

@@ -220,3 +220,17 @@ def test_context_is_frozen():
     ctx = WorkerContext(0, 1, 5, "x")
     with pytest.raises(AttributeError):
         ctx.worker_id = 3  # type: ignore[misc]
+
+
+def test_segments_of_dead_processes_are_swept_by_the_next_pool(leak_check):
+    """A consumer killed after its workers leaves segments nobody owns; the next pool removes them."""
+    dead = os.fork()
+    if dead == 0:
+        os._exit(0)
+    os.waitpid(dead, 0)
+    stale = os.path.join(shm_mod.SHM_DIR, f"bf{dead}_0abcd_ctl")
+    with open(stale, "wb") as f:
+        f.write(b"x" * 10)
+    with WorkerPool(array_init, 1, processes=True) as pool:
+        pool.start()
+    assert not os.path.exists(stale)

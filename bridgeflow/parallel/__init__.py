@@ -4,9 +4,11 @@ from .compat import (
     MultiProcessMapAndBatchData,
     MultiProcessMapAndBatchDataZMQ,
     MultiProcessMapDataZMQ,
+    MultiProcessPrefetchData,
     MultiProcessRunnerZMQ,
     PrefetchData,
     PrefetchDataZMQ,
+    ThreadedMapData,
 )
 from .pool import EXHAUSTED, RemoteError, WorkerContext, WorkerPool
 from .stages import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData, MultiThreadRunner
@@ -17,6 +19,7 @@ __all__ = [
     "MultiProcessMapAndBatchDataZMQ",
     "MultiProcessMapData",
     "MultiProcessMapDataZMQ",
+    "MultiProcessPrefetchData",
     "MultiProcessRunner",
     "MultiProcessRunnerZMQ",
     "MultiThreadMapData",
@@ -24,6 +27,7 @@ __all__ = [
     "PrefetchData",
     "PrefetchDataZMQ",
     "RemoteError",
+    "ThreadedMapData",
     "WorkerContext",
     "WorkerPool",
 ]

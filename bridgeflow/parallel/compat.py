@@ -11,15 +11,17 @@ from typing import Any
 
 from ..base import DataFlow
 from ..batch import BatchData
-from .stages import MultiProcessMapData, MultiProcessRunner
+from .stages import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData
 
 __all__ = [
     "MultiProcessMapAndBatchData",
     "MultiProcessMapAndBatchDataZMQ",
     "MultiProcessMapDataZMQ",
+    "MultiProcessPrefetchData",
     "MultiProcessRunnerZMQ",
     "PrefetchData",
     "PrefetchDataZMQ",
+    "ThreadedMapData",
 ]
 
 
@@ -38,6 +40,13 @@ class PrefetchData(MultiProcessRunner):
 
     def __init__(self, ds: DataFlow, num_prefetch: int, num_proc: int, **kwargs: Any) -> None:
         super().__init__(ds, num_proc, num_prefetch, **kwargs)
+
+
+MultiProcessPrefetchData = PrefetchData
+
+
+class ThreadedMapData(MultiThreadMapData):
+    """``ThreadedMapData(ds, nr_thread, map_func, buffer_size=200, strict=False)``: tensorpack's older name."""
 
 
 class MultiProcessMapDataZMQ(MultiProcessMapData):

@@ -368,6 +368,8 @@ class WorkerPool:
         res.prefix = f"bf{os.getpid()}_{next(_pool_ids)}{os.urandom(2).hex()}_"
         ctl_name = ""
         if shm.shm_available():
+            if shm.sweep_orphans():
+                log.info("%s: removed shared memory left by bridgeflow processes that no longer run", self.name)
             ctl_name = res.prefix + "ctl"
             try:
                 res.ctl = shm.create_segment(ctl_name, _CTL_STRIDE * self.num_workers)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SHM_DIR", "SlabReader", "SlabWriter", "create_segment", "sweep_segments"]
+__all__ = ["SHM_DIR", "SlabReader", "SlabWriter", "create_segment", "sweep_orphans", "sweep_segments"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,32 @@ def sweep_segments(prefix: str) -> int:
         if name.startswith(prefix):
             unlink_segment(name)
             n += 1
+    return n
+
+
+def sweep_orphans() -> int:
+    """Unlink segments left by bridgeflow processes that no longer exist (crashed or killed outright).
+
+    Segment names start with ``bf<pid>_``; a segment whose pid is not running anymore has no owner.
+    """
+    n = 0
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith("bf") or "_" not in name:
+            continue
+        pid = name[2:name.index("_")]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            unlink_segment(name)
+            n += 1
+        except PermissionError:  # alive, someone else's
+            pass
     return n
 
 

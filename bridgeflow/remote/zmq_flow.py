@@ -225,9 +225,9 @@ class RemoteDataZMQ(DataFlow):
     ``hwm``: messages queued per producer on this side. ``timeout``: seconds a producer may stay silent
     while this flow waits before it counts as lost (keep it several times the producers' ``heartbeat_s``).
     ``on_lost``: ``"raise"`` (raise :class:`ProducerLostError`, then go on with the others when iterated
-    again) or ``"skip"`` (log a warning and go on). Received arrays are read-only views of the received
-    messages; ``writable=True`` copies each message once so they are writable. ``allow_pickle`` reads
-    data sent with ``codec="pickle"`` (only from producers you trust).
+    again) or ``"skip"`` (log a warning and go on). Received arrays are writable views of the received
+    messages (not copied again; each datapoint owns its memory). ``allow_pickle`` reads data sent with
+    ``codec="pickle"`` (only from producers you trust).
 
     Sockets are created in ``reset_state()``, in the process that iterates; ``close()`` closes them at once
     (queued datapoints are dropped) and ends ZeroMQ's I/O threads. ``len()`` is unknown.
@@ -240,7 +240,7 @@ class RemoteDataZMQ(DataFlow):
     """
 
     def __init__(self, addrs: str | Sequence[str], hwm: int = 50, *, timeout: float = 30.0,
-                 on_lost: str = "raise", writable: bool = False, allow_pickle: bool = False) -> None:
+                 on_lost: str = "raise", allow_pickle: bool = False) -> None:
         who = type(self).__name__
         self.addrs = P.check_addresses(addrs, "addrs")
         self.hwm = int(_positive(hwm, "hwm", who))
@@ -248,7 +248,6 @@ class RemoteDataZMQ(DataFlow):
         if on_lost not in ("raise", "skip"):
             raise ValueError(f"{who}: on_lost must be 'raise' or 'skip', got {on_lost!r}")
         self.on_lost = on_lost
-        self.writable = bool(writable)
         self.allow_pickle = bool(allow_pickle)
         self._ctx: Any = None
         self._producers: list[_Producer] = []
@@ -337,10 +336,7 @@ class RemoteDataZMQ(DataFlow):
                 self._control(p, bytes(head))
                 continue
             try:
-                if self.writable:
-                    dp = decode_frames([bytearray(f.buffer) for f in frames], allow_pickle=self.allow_pickle)
-                else:
-                    dp = decode_frames([f.buffer for f in frames], allow_pickle=self.allow_pickle)
+                dp = decode_frames([f.buffer for f in frames], allow_pickle=self.allow_pickle)
             except CorruptDataError as exc:
                 raise CorruptDataError(f"{type(self).__name__}: bad message from {p.addr}: {exc}") from exc
             self._n += 1

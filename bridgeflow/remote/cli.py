@@ -1,0 +1,90 @@
+"""``bridgeflow serve``: push a flow to a remote consumer over ZeroMQ.
+
+``SOURCE`` is ``module:function`` (or ``file.py:function``) returning a DataFlow, or a dataset file
+written by bridgeflow (LMDB, HDF5). The flow is served on ``--addr`` (loopback by default) for
+``--epochs`` passes, with a progress line on stderr; a :class:`~bridgeflow.remote.RemoteDataZMQ` on the
+trainer connects to that address.
+
+Example:
+    $ bridgeflow serve mypkg.data:train_flow --addr tcp://127.0.0.1:8877 --epochs 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from ..base import DataFlow
+
+__all__ = ["DEFAULT_ADDR", "load_source", "register"]
+
+DEFAULT_ADDR = "tcp://127.0.0.1:8877"
+
+
+def _load_file(path: str, shuffle: bool) -> DataFlow:
+    from .. import serialize
+
+    loader = getattr(serialize, "load", None)  # a format-sniffing loader, when the package has one
+    if callable(loader):
+        return loader(path, shuffle=shuffle)
+    low = path.lower()
+    if low.endswith(".lmdb") or os.path.isfile(os.path.join(path, "data.mdb")):
+        from ..serialize.lmdb_format import LMDBSerializer
+
+        return LMDBSerializer.load(path, shuffle=shuffle)
+    if low.endswith((".h5", ".hdf5")):
+        from ..serialize.hdf5_format import HDF5Serializer
+
+        return HDF5Serializer.load(path, shuffle=shuffle)
+    raise ValueError(f"bridgeflow serve: cannot tell the format of {path}; name LMDB files *.lmdb and HDF5 "
+                     "files *.h5, or give module:function")
+
+
+def load_source(source: str, shuffle: bool = False) -> Any:
+    """The flow named by ``source``: an existing dataset file, or ``module:function``."""
+    from ..cli import load_object
+
+    if os.path.exists(source):
+        return _load_file(source, shuffle)
+    if ":" not in source:
+        raise FileNotFoundError(f"bridgeflow serve: no such file: {source} (and it is not module:function)")
+    df = load_object(source)
+    if not hasattr(df, "__iter__"):
+        raise ValueError(f"bridgeflow serve: {source} gave a {type(df).__name__}, not a DataFlow or iterable")
+    return df
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .zmq_flow import send_dataflow_zmq
+
+    df = load_source(args.source, shuffle=args.shuffle)
+    epochs = None if args.epochs == 0 else args.epochs
+    try:
+        n = send_dataflow_zmq(df, args.addr, hwm=args.hwm, codec=args.codec, epochs=epochs,
+                              heartbeat_s=args.heartbeat, send_timeout=args.send_timeout,
+                              progress=not args.quiet)
+    finally:
+        if hasattr(df, "close"):
+            df.close()
+    print(f"served {n} datapoints on {args.addr}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``serve`` sub-command to the ``bridgeflow`` command line."""
+    p = subparsers.add_parser("serve", help="serve a flow or dataset file to RemoteDataZMQ consumers over ZeroMQ")
+    p.add_argument("source", help="module:function returning a DataFlow, or a dataset file (LMDB, HDF5)")
+    p.add_argument("--addr", default=DEFAULT_ADDR,
+                   help=f"address to bind (default {DEFAULT_ADDR}, loopback only; tcp://*:PORT exposes the "
+                        "data to the whole network, unauthenticated)")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the flow; 0 serves forever (default 1)")
+    p.add_argument("--hwm", type=int, default=50, help="messages queued before sending blocks (default 50)")
+    p.add_argument("--codec", default="bridgeflow", choices=("bridgeflow", "pickle"),
+                   help="datapoint codec (default bridgeflow; pickle needs allow_pickle=True to read)")
+    p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats when idle")
+    p.add_argument("--send-timeout", type=float, default=None,
+                   help="give up when no consumer takes data for this many seconds (default: wait)")
+    p.add_argument("--shuffle", action="store_true", help="shuffle a dataset file's order each pass")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=_cmd_serve)
