@@ -594,3 +594,15 @@ def test_options_refused_when_iteration_starts_like_torch(kwargs, leak_check):
                 next(iter(loader))
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         next(iter(DataLoader(ArrayDataset(4), **kwargs)))
+
+
+def test_batches_held_by_the_consumer_keep_their_values(leak_check):
+    """Batches are views of the transport's shared memory: holding many must not let later batches
+    overwrite them."""
+    samples = [np.full((256,), i, dtype=np.int32) for i in range(600)]
+    loader = DataLoader(samples, batch_size=2, num_workers=2)
+    held = list(loader)
+    assert len(held) == 300
+    assert all(torch.equal(b, torch.tensor([[2 * k] * 256, [2 * k + 1] * 256], dtype=torch.int32))
+               for k, b in enumerate(held))
+    del held, loader
