@@ -40,9 +40,8 @@ def worker(args: argparse.Namespace) -> None:
 
     if args.intra:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra)
-    from bridgeflow.adapters.tensorflow import DummyConstantInput, FeedInput, QueueInput, StagingInput, to_tf_dataset
-
     from bridgeflow import RNGDataFlow
+    from bridgeflow.adapters.tensorflow import DummyConstantInput, FeedInput, QueueInput, StagingInput, to_tf_dataset
 
     class SyntheticBatches(RNGDataFlow):
         """Endless batches whose Python/numpy cost is ``rounds`` draws of a 256x1024 normal matrix."""
@@ -197,6 +196,8 @@ def main() -> None:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=["graph", "function"], default="graph")
     ap.add_argument("--intra", type=int, default=0, help="TF intra-op threads (0: TF's default)")
+    ap.add_argument("--threads", choices=["1", "default", "both"], default="both",
+                    help="which intra-op thread settings to run (default: both)")
     args = ap.parse_args()
     if args.quick:
         args.reps, args.steps = 2, 20
@@ -204,7 +205,8 @@ def main() -> None:
         worker(args)
         return
     lines = []
-    for intra in (1, 0):
+    settings = {"1": (1,), "default": (0,), "both": (1, 0)}[args.threads]
+    for intra in settings:
         for mode in ("graph", "function"):
             cmd = [sys.executable, __file__, "--worker", "--mode", mode, "--intra", str(intra),
                    "--reps", str(args.reps), "--steps", str(args.steps)]
@@ -216,7 +218,7 @@ def main() -> None:
                 if text.startswith("{"):
                     print(text, flush=True)
                     lines.append(json.loads(text))
-    for intra in (1, "default"):
+    for intra in [i or "default" for i in settings]:
         for mode in ("graph", "function"):
             res = {r["input"]: r for r in lines if r["kind"] == "result" and r["mode"] == mode
                    and r["intra_op_threads"] == intra}

@@ -98,6 +98,7 @@ class QueueInput(InputSource):
         self._sess: Any = None
         self._placeholders: list = []
         self._enqueue_op = self._close_op = self._size_op = None
+        self._graph_calls: tuple | None = None  # Session callables of the producer (graph mode)
         # statistics (guarded by self._cv)
         self._enqueued = 0
         self._fill_sum = 0
@@ -370,10 +371,14 @@ def _chain(first: list, rest: Iterator) -> Iterator:
 def _enqueue(qi: QueueInput, dp: Any, read_s: float) -> None:
     arrays = qi._sig.flatten(dp, who=f"{qi.name}: datapoint {qi._enqueued}")
     if qi._mode == "graph":
-        sess = qi._sess
-        fill = int(sess.run(qi._size_op))
+        if qi._graph_calls is None:  # callables skip most of Session.run's per-call Python work
+            sess = qi._sess
+            qi._graph_calls = (sess.make_callable(qi._size_op),
+                               sess.make_callable(qi._enqueue_op, feed_list=qi._placeholders))
+        size, enqueue = qi._graph_calls
+        fill = int(size())
         t0 = time.perf_counter()
-        sess.run(qi._enqueue_op, feed_dict=dict(zip(qi._placeholders, arrays)))
+        enqueue(*arrays)
     else:
         fill = int(qi._queue.size())
         t0 = time.perf_counter()
