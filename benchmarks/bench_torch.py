@@ -27,6 +27,7 @@ import time
 import numpy as np
 import torch
 import torch.utils.data as tud
+
 from bridgeflow.adapters.torch import DataLoader as BFDataLoader
 
 BATCH = 64

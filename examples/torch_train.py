@@ -13,8 +13,9 @@ import logging
 
 import numpy as np
 import torch
-from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader
 from torch import nn
+
+from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader
 
 log = logging.getLogger("torch_train")
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+
 from bridgeflow.adapters.torch import _compat
 
 

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
-from bridgeflow.adapters.torch import DataLoader
-from bridgeflow.adapters.torch.convert import TensorBox, pack, unpack
 
 import bridgeflow
+from bridgeflow.adapters.torch import DataLoader
+from bridgeflow.adapters.torch.convert import TensorBox, pack, unpack
 
 Point = collections.namedtuple("Point", ["x", "y"])
 

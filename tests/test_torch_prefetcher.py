@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 import torch
-from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader, DeviceUnavailableError
 
 import bridgeflow
+from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader, DeviceUnavailableError
 
 Pair = collections.namedtuple("Pair", ["image", "label"])
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
