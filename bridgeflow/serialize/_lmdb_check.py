@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import struct
 
+import numpy as np
+
 from .errors import CorruptDataError
 
 __all__ = ["check_lmdb_file", "tree_pages"]
@@ -25,7 +27,7 @@ _MAGIC = 0xBEEFC0DE
 _P_BRANCH, _P_LEAF, _P_OVERFLOW, _P_LEAF2 = 0x01, 0x02, 0x04, 0x20
 _F_BIGDATA = 0x01
 _HDR = struct.Struct("<QHHHH")
-_NODE = struct.Struct("<HHHH")
+_EIGHT = np.arange(8)
 _META = struct.Struct("<IIQQ")  # magic, version, address, mapsize (at byte 16)
 _DB = struct.Struct("<IHHQQQQQ")  # pad, flags, depth, branch, leaf, overflow, entries, root
 _TAIL = struct.Struct("<QQ")  # last_pg, txnid
@@ -107,33 +109,36 @@ def check_lmdb_file(data_file: str, path: str | None = None) -> None:
                 nkeys = (lower - 16) // 2
                 if not leaf and nkeys < 1:
                     raise CorruptDataError(f"{name}: branch page {pgno} has no keys")
-                for k in range(nkeys):
-                    off = struct.unpack_from("<H", p, 16 + 2 * k)[0]
-                    if off < upper or off + 8 > psize:
-                        raise CorruptDataError(f"{name}: page {pgno} node {k} outside its page")
-                    lo, hi, nflags, ksize = _NODE.unpack_from(p, off)
-                    kend = off + 8 + ksize
-                    if kend > psize or ksize > 511:
-                        raise CorruptDataError(f"{name}: page {pgno} node {k} key runs outside its page")
-                    if not leaf:
-                        nxt.append(lo | hi << 16 | nflags << 32)
-                        continue
-                    dsize = lo | hi << 16
-                    if nflags & ~_F_BIGDATA:
-                        raise CorruptDataError(f"{name}: page {pgno} node {k} has unexpected flags {nflags}")
-                    if nflags & _F_BIGDATA:
-                        if kend + 8 > psize:
-                            raise CorruptDataError(f"{name}: page {pgno} node {k} overflow link damaged")
-                        # LMDB reads dsize bytes after the first overflow page's header: that run
-                        # of pages must lie inside the file (their headers are not read: cheap)
-                        ov = struct.unpack_from("<Q", p, kend)[0]
-                        run = (dsize + 16 + psize - 1) // psize
-                        if not 2 <= ov or ov + run - 1 > last_pg:
-                            raise CorruptDataError(f"{name}: the {dsize}-byte value of page {pgno} node {k} "
-                                                   f"points outside the file (overflow page {ov})")
-                    elif kend + dsize > psize:
-                        raise CorruptDataError(f"{name}: page {pgno} node {k} value runs outside its page")
-                    found += 1
+                # the nodes of one page, checked together (numpy: the walk costs ~nothing per entry)
+                raw = np.frombuffer(p, np.uint8)
+                offs = np.frombuffer(p, "<u2", nkeys, 16).astype(np.int64)
+                if nkeys and (offs.min() < upper or offs.max() + 8 > psize):
+                    raise CorruptDataError(f"{name}: page {pgno} has a node outside its page")
+                lo, hi, nflags, ksize = raw[offs[:, None] + _EIGHT].view("<u2").T.astype(np.int64)
+                kend = offs + 8 + ksize
+                if nkeys and (kend.max() > psize or ksize.max() > 511):
+                    raise CorruptDataError(f"{name}: page {pgno} has a key running outside its page")
+                if not leaf:
+                    nxt.extend((lo | hi << 16 | nflags << 32).tolist())
+                    continue
+                dsize = lo | hi << 16
+                if (nflags & ~_F_BIGDATA).any():
+                    raise CorruptDataError(f"{name}: page {pgno} has nodes with unexpected flags")
+                big = (nflags & _F_BIGDATA) != 0
+                if (kend[~big] + dsize[~big] > psize).any():
+                    raise CorruptDataError(f"{name}: page {pgno} has a value running outside its page")
+                if big.any():
+                    kb = kend[big]
+                    if kb.max() + 8 > psize:
+                        raise CorruptDataError(f"{name}: page {pgno} has a damaged overflow link")
+                    # LMDB reads dsize bytes after the first overflow page's header: that run of
+                    # pages must lie inside the file (their headers are not read: cheap)
+                    ov = raw[kb[:, None] + _EIGHT].view("<u8").ravel()
+                    run = (dsize[big] + 16 + psize - 1) // psize
+                    if (ov < 2).any() or (ov > last_pg).any() or (ov.astype(np.int64) + run - 1 > last_pg).any():
+                        raise CorruptDataError(f"{name}: page {pgno} has a value whose overflow pages lie "
+                                               "outside the file")
+                found += nkeys
             level = nxt
         if level or found != entries:
             raise CorruptDataError(f"{name}: the tree holds {found} entries, its meta page says {entries}")

@@ -239,7 +239,8 @@ class LMDBData(RNGDataFlow):
         self.seed = seed
         self.allow_pickle = allow_pickle
         data = os.path.join(self.path, "data.mdb") if os.path.isdir(self.path) else self.path
-        if verify or (verify is None and tree_pages(data) <= _VERIFY_MAX_PAGES):
+        self.verified = bool(verify or (verify is None and tree_pages(data) <= _VERIFY_MAX_PAGES))
+        if self.verified:  # every value size now lies inside the file: copying a value cannot fault
             check_lmdb_file(data, self.path)
         self.meta = read_lmdb_meta(self.path)
         if self.meta["codec"] == "pickle" and not allow_pickle:
@@ -265,7 +266,7 @@ class LMDBData(RNGDataFlow):
         if value is None:
             raise CorruptDataError(f"{self.path}: datapoint {index} is missing (count says {len(self)})")
         try:
-            if len(value) < 32 or TOTAL.unpack_from(value, 24)[0] != len(value):
+            if not self.verified and (len(value) < 32 or TOTAL.unpack_from(value, 24)[0] != len(value)):
                 raise CorruptDataError(f"stored value of {len(value)} bytes does not match its header")
             return decode(bytearray(value), allow_pickle=self.allow_pickle)
         except CorruptDataError as exc:
@@ -294,12 +295,17 @@ class LMDBData(RNGDataFlow):
                 cursor = txn.cursor()
                 cursor.first()
                 allow, i, total = self.allow_pickle, -1, TOTAL.unpack_from
-                try:  # the hot loop: check the size (a damaged one must not be copied), copy, decode
-                    for i, value in zip(range(n), cursor.iternext(keys=False)):  # noqa: B007
-                        if total(value, 24)[0] != len(value):
-                            raise CorruptDataError(f"stored value of {len(value)} bytes does not match its "
-                                                   "header")
-                        yield decode(bytearray(value), allow_pickle=allow)
+                values = cursor.iternext(keys=False)
+                try:  # the hot loop: copy once out of the map, decode zero-copy
+                    if self.verified:  # sizes were checked against the file: decode() checks the rest
+                        for i, value in zip(range(n), values):  # noqa: B007
+                            yield decode(bytearray(value), allow_pickle=allow)
+                    else:  # an unchecked size must not be copied before it matches the header
+                        for i, value in zip(range(n), values):  # noqa: B007
+                            if total(value, 24)[0] != len(value):
+                                raise CorruptDataError(f"stored value of {len(value)} bytes does not match "
+                                                       "its header")
+                            yield decode(bytearray(value), allow_pickle=allow)
                 except struct.error as exc:
                     raise CorruptDataError(f"{self.path}: datapoint {i}: stored value too short") from exc
                 except CorruptDataError as exc:
