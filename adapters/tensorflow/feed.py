@@ -170,8 +170,8 @@ class DummyConstantInput(InputSource):
                     self._graph_tensors[g] = [tf.constant(v) for v in self._values]
             return self._sig.pack(self._graph_tensors[g])
         if self._eager is None:
-            with tf.init_scope():
-                self._eager = [tf.constant(v) for v in self._values]
+            with tf.init_scope():  # identity runs on the default device: a GPU's memory when there is one
+                self._eager = [tf.identity(tf.constant(v)) for v in self._values]
         return self._sig.pack(self._eager)
 
     def run_until_end(self, step: Any, sess: Any = None, max_steps: int | None = None,
