@@ -12,9 +12,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import pytest
 import tensorflow as tf
-from bridgeflow.adapters.tensorflow import InputSourceError, QueueInput
 
 from bridgeflow import BatchData, DataFlow, DataFromList, FakeData, MapData
+from bridgeflow.adapters.tensorflow import InputSourceError, QueueInput
 from bridgeflow.errors import DatapointError
 from bridgeflow.testing import assert_same_datapoints
 
@@ -204,7 +204,7 @@ def test_queue_fill_shows_which_side_is_slow(leak_check, caplog):
         full = qi.stats()
     assert full["queue_fill_frac"] > 0.5
     # slow producer: the queue stays nearly empty, and the periodic log line says so
-    slow = MapData(FakeData([[4]], size=15), lambda dp: (time.sleep(0.01), dp)[1])
+    slow = MapData(FakeData([[4]], size=15), lambda dp: (time.sleep(0.02), dp)[1])
     with caplog.at_level(logging.INFO, logger="bridgeflow.adapters.tensorflow.queue_input"):
         with QueueInput(slow, queue_size=8, log_every_s=0.02) as qi:
             assert sum(1 for _ in qi) == 15
