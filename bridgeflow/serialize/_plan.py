@@ -115,6 +115,7 @@ def _array(dt: np.dtype, fortran: bool, ndim: int, i: int, k: int) -> Build:
             if n * item != size:
                 raise bad(size, (n,))
             return frombuffer(base, dt, n, off)
+        build1.vector = (dt, i, k, bad)  # lets [vector, label] lists fuse into one closure
         return build1
 
     def build(v: tuple, b: list, h: bytes) -> np.ndarray:
@@ -134,6 +135,18 @@ def _sequence(children: list[Build], as_tuple: bool, value_at: list[int | None])
     if len(children) == 2 and not as_tuple:
         c0, c1 = children
         i0, i1 = value_at
+        spec = getattr(c0, "vector", None)
+        if i1 is not None and spec is not None:  # [1-d array, number]: fused, one call per datapoint
+            dt, i, k, bad = spec
+            item, frombuffer = dt.itemsize, np.frombuffer
+
+            def vector_and_value(v: tuple, b: list, h: bytes) -> list:
+                base, off, size = b[k]
+                n = v[i]
+                if n * item != size:
+                    raise bad(size, (n,))
+                return [frombuffer(base, dt, n, off), v[i1]]
+            return vector_and_value
         if i1 is not None and i0 is None:  # [array, label]: the most common datapoint
             return lambda v, b, h: [c0(v, b, h), v[i1]]
         return lambda v, b, h: [c0(v, b, h), c1(v, b, h)]
