@@ -188,7 +188,7 @@ VALID = encode([np.arange(6, dtype=np.float32).reshape(2, 3), 7, "name", {"k": (
                 np.int16(3), 2**70])
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)), min_size=1, max_size=4),
        st.integers(0, len(VALID)))
 def test_mutated_encodings_raise_only_library_errors(flips, cut):
