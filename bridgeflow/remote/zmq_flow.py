@@ -14,12 +14,13 @@ Back-pressure: each side holds at most ``hwm`` messages per connection (ZeroMQ's
 what the operating system buffers on the socket; a producer whose consumer does not read blocks in
 ``send``, so memory stays bounded on both sides.
 
-Liveness: an idle producer sends a heartbeat every ``heartbeat_s``. While the consumer waits for data,
-a producer silent for ``timeout`` seconds is *lost*: with ``on_lost="raise"`` (the default) the consumer
-raises :class:`ProducerLostError` naming its address; iterating again goes on with the other producers
-(their queued datapoints are kept). With ``on_lost="skip"`` the loss is logged and the iteration goes
-on; only when every producer is gone does it raise. Silence counts only while the consumer waits, so
-a consumer that is busy for a long time does not declare a live producer dead.
+Liveness: an idle producer sends a heartbeat every ``heartbeat_s``. A producer from which nothing
+arrived for ``timeout`` seconds, with nothing queued for the consumer, is *lost*: with
+``on_lost="raise"`` (the default) the consumer raises :class:`ProducerLostError` naming its address;
+iterating again goes on with the other producers (their queued datapoints are kept). With
+``on_lost="skip"`` the loss is logged and the iteration goes on; only when every producer is lost does
+it raise. A consumer busy for a long time does not declare a live producer dead: its heartbeats (or,
+with a full queue, its data) wait in the socket.
 
 End of stream: after each pass over its flow a producer sends an *end* marker; an iteration of
 :class:`RemoteDataZMQ` ends when every producer still connected has sent one (a producer that sent its
@@ -154,10 +155,12 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, codec: str = DEFAU
             total = len(df) * epochs  # type: ignore[arg-type]
         except TypeError:
             total = None
-    from tqdm import tqdm
+    bar = None
+    if progress:
+        from tqdm import tqdm
 
-    bar = tqdm(total=total, desc=f"serve {addr}", unit="dp", file=sys.stderr, disable=not progress,
-               dynamic_ncols=True, smoothing=0.1)
+        bar = tqdm(total=total, desc=f"serve {addr}", unit="dp", file=sys.stderr, dynamic_ncols=True,
+                   smoothing=0.1)
     sent = 0
     linger = 0
     reader.start()
@@ -175,7 +178,8 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, codec: str = DEFAU
                 if kind == "D":
                     sock.send_multipart(payload, copy=False)
                     sent += 1
-                    bar.update(1)
+                    if bar is not None:
+                        bar.update(1)
                 elif kind == "E":
                     sock.send(P.END)
                 elif kind == "B":
@@ -196,7 +200,8 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, codec: str = DEFAU
     finally:
         stop.set()
         reader.join()
-        bar.close()
+        if bar is not None:
+            bar.close()
         sock.close(linger=linger)
         ctx.term()
 
@@ -272,6 +277,7 @@ class RemoteDataZMQ(DataFlow):
             raise RemoteConnectionError(f"{type(self).__name__}: cannot connect to {addr}: {exc}",
                                         addr=addr) from exc
         self._next = 0
+        self._sweep_at = 0.0
         self._n = self._ready = self._reads = 0
         self._lost = 0
         self._wait = 0.0
@@ -363,6 +369,8 @@ class RemoteDataZMQ(DataFlow):
         """The next message from one of ``pending``, fair between them; ``None`` when silent producers were
         dropped (``on_lost="skip"``)."""
         zmq = self._zmq
+        if time.monotonic() >= self._sweep_at and self._sweep(pending):
+            return None
         n = len(pending)
         start = self._next % n
         self._reads += 1
@@ -382,25 +390,34 @@ class RemoteDataZMQ(DataFlow):
         finally:
             self._wait += time.perf_counter() - t0
 
+    def _sweep(self, pending: list[_Producer]) -> bool:
+        """Drop the producers silent for ``timeout`` with nothing queued; True if any was dropped.
+
+        A live producer always has something queued after ``heartbeat_s`` (a heartbeat, or data when its
+        queue is full), however long this consumer was busy, so an empty socket means silence.
+        """
+        now = time.monotonic()
+        self._sweep_at = now + min(0.25, self.timeout / 4)
+        lost = [p for p in pending if now - p.last_seen >= self.timeout and not p.sock.poll(0)]
+        if lost:
+            self._lose(lost, now)
+        return bool(lost)
+
     def _wait_for(self, pending: list[_Producer]) -> tuple[_Producer, list] | None:
         zmq = self._zmq
-        began = time.monotonic()
+        poller = zmq.Poller()
+        for p in pending:
+            poller.register(p.sock, zmq.POLLIN)
         while True:
-            poller = zmq.Poller()
-            for p in pending:
-                poller.register(p.sock, zmq.POLLIN)
-            now = time.monotonic()
-            deadline = min(max(p.last_seen, began) + self.timeout for p in pending)
-            events = dict(poller.poll(max(0, int((deadline - now) * 1000)) + 1))
+            deadline = min(p.last_seen for p in pending) + self.timeout
+            wait_ms = max(0, int((deadline - time.monotonic()) * 1000)) + 1
+            events = dict(poller.poll(min(wait_ms, 250)))
             for p in pending:
                 if events.get(p.sock):
                     frames = p.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                     p.last_seen = time.monotonic()
                     return p, frames
-            now = time.monotonic()
-            lost = [p for p in pending if now - max(p.last_seen, began) >= self.timeout]
-            if lost:
-                self._lose(lost, now)
+            if self._sweep(pending):
                 return None
 
     def _lose(self, lost: list[_Producer], now: float) -> None:

@@ -1,0 +1,289 @@
+"""RemoteDataZMQ and send_dataflow_zmq over real sockets (127.0.0.1 and ipc://) with real producer processes."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import wait_for
+
+from bridgeflow import DataFromGenerator, DataFromList
+from bridgeflow.remote import (
+    ProducerError,
+    ProducerLostError,
+    RemoteConnectionError,
+    RemoteDataZMQ,
+    send_dataflow_zmq,
+)
+from bridgeflow.remote.zmq_flow import _QUEUE_DEPTH
+from bridgeflow.serialize.errors import PickleNotAllowedError
+from bridgeflow.testing import assert_same_datapoints, check_dataflow
+
+FORK = mp.get_context("fork")
+
+
+def free_tcp() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def expected(base: int, n: int, shape=(2, 3)) -> list:
+    return [[np.full(shape, (base + i) % 251, np.uint8), base + i] for i in range(n)]
+
+
+def _exit_with_parent(ppid: int) -> None:
+    while os.getppid() == ppid:
+        time.sleep(0.2)
+    os._exit(1)
+
+
+def _produce(addr, n, base, epochs, delay=0.0, shape=(2, 3), counter=None, hwm=50, fail_at=None, codec="bridgeflow"):
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()  # no orphans
+    def gen():
+        for i in range(n):
+            if delay:
+                time.sleep(delay)
+            if i == fail_at:
+                raise ValueError(f"bad record {i}")
+            if counter is not None:
+                with counter.get_lock():
+                    counter.value += 1
+            yield [np.full(shape, (base + i) % 251, np.uint8), base + i]
+
+    send_dataflow_zmq(DataFromGenerator(gen, size=n), addr, hwm=hwm, codec=codec, epochs=epochs, heartbeat_s=0.2)
+
+
+@pytest.fixture
+def producers():
+    """Start producer processes with ``start(addr, n, base, epochs, **kw)``; all are killed at teardown."""
+    procs = []
+
+    def start(*args, **kwargs):
+        p = FORK.Process(target=_produce, args=args, kwargs=kwargs, daemon=True)
+        p.start()
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join(5)
+
+
+def os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_tcp_one_producer_in_order_and_contract(leak_check, producers):
+    addr = free_tcp()
+    producers(addr, 30, 0, 3)  # check_dataflow reads two epochs and starts a third
+    df = RemoteDataZMQ(addr, timeout=10)
+    first = check_dataflow(df)
+    assert_same_datapoints(first, expected(0, 30), ordered=True)
+    arr = first[0][0]
+    assert arr.flags.writeable and not arr.flags.owndata  # a view of the received frame, ours to modify
+    arr += 1
+
+
+def test_ipc_and_tcp_several_producers_epochs_do_not_mix(leak_check, producers, tmp_path):
+    addrs = [f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock", free_tcp()]
+    procs = [producers(addrs[0], 20, 0, 2), producers(addrs[1], 15, 1000, 2, delay=0.01),
+             producers(addrs[2], 10, 2000, 2)]
+    want = expected(0, 20) + expected(1000, 15) + expected(2000, 10)
+    with RemoteDataZMQ(addrs, timeout=10) as df:
+        df.reset_state()
+        for _ in range(2):  # the fast producers' second pass waits until the slow one's first pass ends
+            got = list(df)
+            assert_same_datapoints(got, want, ordered=False)
+            assert got[0][0].flags.writeable
+        assert wait_for(lambda: all(p.exitcode == 0 for p in procs), timeout=10)  # each said goodbye
+        assert list(df) == []  # no producer left: an empty iteration
+        assert df.stats()["datapoints"] == 2 * len(want)
+
+
+def test_killed_producer_is_named_within_timeout_and_the_others_go_on(leak_check, producers):
+    a, b = free_tcp(), free_tcp()
+    victim = producers(a, 100_000, 0, None, delay=0.005)
+    producers(b, 100_000, 500_000, None, delay=0.005)
+    df = RemoteDataZMQ([a, b], timeout=1.5)
+    df.reset_state()
+    it = iter(df)
+    seen = [next(it)[1] for _ in range(40)]
+    assert any(x < 500_000 for x in seen) and any(x >= 500_000 for x in seen)
+    os.kill(victim.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    with pytest.raises(ProducerLostError) as info:
+        for _ in it:
+            pass
+    assert time.monotonic() - killed < 1.5 + 3.0
+    assert info.value.addr == a and a in str(info.value) and b not in str(info.value).split("sent nothing")[0]
+    more = [dp[1] for _, dp in zip(range(30), df)]  # iterating again goes on with the survivor
+    assert len(more) == 30 and all(x >= 500_000 for x in more)
+    assert df.stats()["producers_lost"] == 1 and df.stats()["producers"] == 1
+    df.close()
+
+
+def test_on_lost_skip_logs_and_finishes_the_epoch(leak_check, producers, caplog):
+    a, b = free_tcp(), free_tcp()
+    victim = producers(a, 100_000, 0, None, delay=0.005)
+    producers(b, 60, 500_000, 1, delay=0.01)
+    with RemoteDataZMQ([a, b], timeout=1.0, on_lost="skip") as df, caplog.at_level(logging.WARNING):
+        df.reset_state()
+        got, killed = [], False
+        for dp in df:
+            got.append(dp[1])
+            if len(got) == 10:
+                os.kill(victim.pid, signal.SIGKILL)
+                killed = True
+        assert killed
+        assert sorted(x for x in got if x >= 500_000) == list(range(500_000, 500_060))
+        assert any(a in r.getMessage() and "sent nothing" in r.getMessage() for r in caplog.records)
+
+
+def test_every_producer_lost_raises_even_when_skipping(leak_check, producers):
+    a = free_tcp()
+    victim = producers(a, 100_000, 0, None, delay=0.005)
+    with RemoteDataZMQ(a, timeout=1.0, on_lost="skip") as df:
+        df.reset_state()
+        it = iter(df)
+        next(it)
+        os.kill(victim.pid, signal.SIGKILL)
+        with pytest.raises(ProducerLostError, match="every producer is lost"):
+            for _ in it:
+                pass
+
+
+def test_producer_never_started_times_out(leak_check):
+    a = free_tcp()
+    with RemoteDataZMQ(a, timeout=0.5) as df:
+        df.reset_state()
+        t0 = time.monotonic()
+        with pytest.raises(ProducerLostError, match=a.replace(".", r"\.")):
+            list(df)
+        assert time.monotonic() - t0 < 3
+
+
+def test_close_early_leaves_no_thread_socket_or_fd(leak_check, producers):
+    addr = free_tcp()
+    producers(addr, 10_000, 0, None)
+    threads0, fds0 = os_threads(), open_fds()
+    df = RemoteDataZMQ(addr, timeout=10)
+    df.reset_state()
+    assert os_threads() > threads0  # ZeroMQ's I/O threads
+    for i, _ in enumerate(df):
+        if i == 5:
+            break
+    df.close()
+    df.close()
+    assert wait_for(lambda: os_threads() == threads0) and wait_for(lambda: open_fds() == fds0)
+    with pytest.raises(Exception, match="closed"):
+        next(iter(df))
+
+
+def test_back_pressure_bounds_what_the_producer_makes(leak_check, producers):
+    addr = free_tcp()
+    made = FORK.Value("i", 0)
+    hwm, n = 4, 400
+    producers(addr, n, 0, 1, shape=(1024, 1024), counter=made, hwm=hwm)  # 1 MiB datapoints
+    with RemoteDataZMQ(addr, hwm=hwm, timeout=10) as df:
+        df.reset_state()  # connected, not reading
+
+        def settled():
+            before = made.value
+            time.sleep(0.5)
+            return made.value == before and before > 0
+
+        assert wait_for(settled, timeout=10)
+        # both high-water marks, the reader thread's queue, and what the kernel buffers on loopback (< 16 MiB)
+        bound = 2 * hwm + _QUEUE_DEPTH + 2 + 16
+        stalled = made.value
+        assert stalled <= bound, f"the producer made {stalled} datapoints without a reader"
+        got = [dp[1] for _, dp in zip(range(100), df)]
+        assert got == list(range(100))
+        assert wait_for(lambda: made.value >= 100)  # reading lets it go on
+
+
+def test_flow_error_on_producer_reaches_consumer(leak_check, producers):
+    addr = free_tcp()
+    proc = producers(addr, 20, 0, 1, fail_at=7)
+    with RemoteDataZMQ(addr, timeout=10) as df:
+        df.reset_state()
+        with pytest.raises(ProducerError, match="bad record 7") as info:
+            list(df)
+        assert info.value.addr == addr and addr in str(info.value)
+    proc.join(10)
+    assert proc.exitcode not in (0, None)
+
+
+def test_pickle_codec_needs_allow_pickle(leak_check, producers, tmp_path):
+    a, b = f"ipc://{tmp_path}/p.sock", f"ipc://{tmp_path}/q.sock"
+    producers(a, 3, 0, 1, codec="pickle")
+    producers(b, 3, 0, 1, codec="pickle")
+    with RemoteDataZMQ(a, timeout=10) as df:
+        df.reset_state()
+        with pytest.raises(PickleNotAllowedError):
+            list(df)
+    with RemoteDataZMQ(b, timeout=10, allow_pickle=True) as df:
+        df.reset_state()
+        assert_same_datapoints(list(df), expected(0, 3))
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match=r"addrs\[1\]"):
+        RemoteDataZMQ(["tcp://127.0.0.1:5000", "inproc://x"])
+    with pytest.raises(ValueError, match="given twice"):
+        RemoteDataZMQ(["ipc:///tmp/x", "ipc:///tmp/x"])
+    with pytest.raises(ValueError, match="port"):
+        RemoteDataZMQ("tcp://localhost")
+    with pytest.raises(ValueError, match="on_lost"):
+        RemoteDataZMQ("tcp://127.0.0.1:5000", on_lost="ignore")
+    with pytest.raises(ValueError, match="timeout"):
+        RemoteDataZMQ("tcp://127.0.0.1:5000", timeout=0)
+    with pytest.raises(ValueError, match="codec"):
+        send_dataflow_zmq(DataFromList([[1]]), "tcp://127.0.0.1:5000", codec="json")
+    with pytest.raises(ValueError, match="hwm"):
+        send_dataflow_zmq(DataFromList([[1]]), "tcp://127.0.0.1:5000", hwm=0)
+
+
+def test_bind_to_a_busy_address_names_it(leak_check):
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        addr = f"tcp://127.0.0.1:{port}"
+        with pytest.raises(RemoteConnectionError, match=addr) as info:
+            send_dataflow_zmq(DataFromList([[1]]), addr)
+        assert info.value.addr == addr
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def test_send_timeout_when_no_consumer(leak_check):
+    t0 = time.monotonic()
+    with pytest.raises(RemoteConnectionError, match="send_timeout"):
+        send_dataflow_zmq(DataFromList([[1]] * 5), free_tcp(), send_timeout=0.5)
+    assert time.monotonic() - t0 < 5
+
+
+def test_import_bridgeflow_loads_neither_zmq_nor_ray():
+    code = "import sys, bridgeflow, bridgeflow.remote; print('zmq' in sys.modules, 'ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
