@@ -58,10 +58,27 @@ def tree_pages(data_file: str) -> int:
     return main[3] + main[4]
 
 
+_checked: set[tuple] = set()  # files found sound, by identity: (dev, inode, size, mtime)
+
+
 def check_lmdb_file(data_file: str, path: str | None = None) -> None:
-    """Raise :class:`CorruptDataError` (naming ``path``) unless every page of the main tree is sound."""
+    """Raise :class:`CorruptDataError` (naming ``path``) unless every page of the main tree is sound.
+
+    A file already found sound in this process, unchanged since (same inode, size and mtime), is not
+    walked again.
+    """
     name = path or data_file
-    size = os.path.getsize(data_file)
+    st = os.stat(data_file)
+    identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if identity in _checked:
+        return
+    _walk(data_file, name, st.st_size)
+    if len(_checked) > 4096:
+        _checked.clear()
+    _checked.add(identity)
+
+
+def _walk(data_file: str, name: str, size: int) -> None:
     with open(data_file, "rb") as f:
         head = f.read(160)
         if len(head) < 160:
@@ -93,52 +110,61 @@ def check_lmdb_file(data_file: str, path: str | None = None) -> None:
         level = [root]
         found = 0
         for lvl in range(1, depth + 1):
-            nxt: list[int] = []
-            for pgno in level:
-                if pgno in seen:
-                    raise CorruptDataError(f"{name}: page {pgno} is reached twice (damaged tree)")
-                seen.add(pgno)
-                p = page(pgno)
-                stored, _pad, flags, lower, upper = _HDR.unpack_from(p, 0)
-                leaf = lvl == depth
-                want = _P_LEAF if leaf else _P_BRANCH
-                if stored != pgno or flags & (_P_BRANCH | _P_LEAF | _P_OVERFLOW | _P_LEAF2) != want:
-                    raise CorruptDataError(f"{name}: page {pgno} has a damaged header")
-                if not 16 <= lower <= upper <= psize or (lower - 16) % 2:
-                    raise CorruptDataError(f"{name}: page {pgno} has damaged bounds")
-                nkeys = (lower - 16) // 2
-                if not leaf and nkeys < 1:
-                    raise CorruptDataError(f"{name}: branch page {pgno} has no keys")
-                # the nodes of one page, checked together (numpy: the walk costs ~nothing per entry)
-                raw = np.frombuffer(p, np.uint8)
-                offs = np.frombuffer(p, "<u2", nkeys, 16).astype(np.int64)
-                if nkeys and (offs.min() < upper or offs.max() + 8 > psize):
-                    raise CorruptDataError(f"{name}: page {pgno} has a node outside its page")
-                lo, hi, nflags, ksize = raw[offs[:, None] + _EIGHT].view("<u2").T.astype(np.int64)
-                kend = offs + 8 + ksize
-                if nkeys and (kend.max() > psize or ksize.max() > 511):
-                    raise CorruptDataError(f"{name}: page {pgno} has a key running outside its page")
-                if not leaf:
-                    nxt.extend((lo | hi << 16 | nflags << 32).tolist())
-                    continue
-                dsize = lo | hi << 16
-                if (nflags & ~_F_BIGDATA).any():
-                    raise CorruptDataError(f"{name}: page {pgno} has nodes with unexpected flags")
-                big = (nflags & _F_BIGDATA) != 0
-                if (kend[~big] + dsize[~big] > psize).any():
-                    raise CorruptDataError(f"{name}: page {pgno} has a value running outside its page")
-                if big.any():
-                    kb = kend[big]
-                    if kb.max() + 8 > psize:
-                        raise CorruptDataError(f"{name}: page {pgno} has a damaged overflow link")
-                    # LMDB reads dsize bytes after the first overflow page's header: that run of
-                    # pages must lie inside the file (their headers are not read: cheap)
-                    ov = raw[kb[:, None] + _EIGHT].view("<u8").ravel()
-                    run = (dsize[big] + 16 + psize - 1) // psize
-                    if (ov < 2).any() or (ov > last_pg).any() or (ov.astype(np.int64) + run - 1 > last_pg).any():
-                        raise CorruptDataError(f"{name}: page {pgno} has a value whose overflow pages lie "
-                                               "outside the file")
-                found += nkeys
-            level = nxt
+            if len(set(level)) != len(level) or seen.intersection(level):
+                raise CorruptDataError(f"{name}: a page is reached twice (damaged tree)")
+            seen.update(level)
+            level, n = _check_level(np.frombuffer(b"".join(page(g) for g in level), np.uint8),
+                                    np.array(level, np.int64), psize, lvl == depth, last_pg, name)
+            found += n
         if level or found != entries:
             raise CorruptDataError(f"{name}: the tree holds {found} entries, its meta page says {entries}")
+
+
+def _check_level(raw: np.ndarray, pgnos: np.ndarray, psize: int, leaf: bool, last_pg: int,
+                 name: str) -> tuple[list[int], int]:
+    """Check all pages of one tree level at once; returns (child page numbers, entries on leaf pages)."""
+    pages = raw.reshape(len(pgnos), psize)
+    stored = pages[:, :8].copy().view("<u8").ravel()
+    _pad, flags, lower, upper = pages[:, 8:16].copy().view("<u2").T.astype(np.int64)
+    want = _P_LEAF if leaf else _P_BRANCH
+    bad = (stored != pgnos) | ((flags & (_P_BRANCH | _P_LEAF | _P_OVERFLOW | _P_LEAF2)) != want)
+    bad |= (lower < 16) | (lower > upper) | (upper > psize) | ((lower - 16) % 2 != 0)
+    nkeys = np.maximum(lower - 16, 0) // 2
+    if not leaf:
+        bad |= nkeys < 1
+    if bad.any():
+        raise CorruptDataError(f"{name}: page {int(pgnos[np.argmax(bad)])} has a damaged header")
+    # every node of the level: its page row, and its pointer's position in that page
+    row = np.repeat(np.arange(len(pgnos)), nkeys)
+    base = row * psize  # flat indexes into ``raw`` are cheaper than 2-d fancy indexing
+    first = np.repeat(np.cumsum(nkeys) - nkeys, nkeys)
+    pos = base + 16 + 2 * (np.arange(len(row)) - first)
+    offs = raw[pos].astype(np.int64) | raw[pos + 1].astype(np.int64) << 8
+
+    def fail(mask: np.ndarray, what: str) -> None:
+        if mask.any():
+            raise CorruptDataError(f"{name}: page {int(pgnos[row[np.argmax(mask)]])} has {what}")
+
+    fail((offs < upper[row]) | (offs + 8 > psize), "a node outside its page")
+    lo, hi, nflags, ksize = raw[(base + offs)[:, None] + _EIGHT].view("<u2").T.astype(np.int64)
+    kend = offs + 8 + ksize
+    fail((kend > psize) | (ksize > 511), "a key running outside its page")
+    if not leaf:
+        return (lo | hi << 16 | nflags << 32).tolist(), 0
+    dsize = lo | hi << 16
+    fail((nflags & ~_F_BIGDATA) != 0, "nodes with unexpected flags")
+    big = (nflags & _F_BIGDATA) != 0
+    fail(~big & (kend + dsize > psize), "a value running outside its page")
+    fail(big & (kend + 8 > psize), "a damaged overflow link")
+    if big.any():
+        # LMDB reads dsize bytes after the first overflow page's header: that run of pages must lie
+        # inside the file (their headers are not read: cheap)
+        rb, kb = row[big], kend[big]
+        ov = raw[(base[big] + kb)[:, None] + _EIGHT].view("<u8").ravel()
+        run = (dsize[big] + 16 + psize - 1) // psize
+        outside = (ov < 2) | (ov > last_pg)
+        outside |= np.where(outside, 0, ov).astype(np.int64) + run - 1 > last_pg
+        if outside.any():
+            raise CorruptDataError(f"{name}: page {int(pgnos[rb[np.argmax(outside)]])} has a value whose "
+                                   "overflow pages lie outside the file")
+    return [], len(row)
