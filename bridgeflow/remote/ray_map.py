@@ -207,6 +207,11 @@ class RayMapData(ProxyDataFlow):
             "consumer_wait_frac": min(1.0, self._wait / elapsed),
         }
 
+    @property
+    def actors(self) -> list:
+        """The Ray actor handles of the workers (empty before ``reset_state()`` and after ``close()``)."""
+        return list(self._actors)
+
     # iteration
 
     def __iter__(self) -> Iterator:
