@@ -4,6 +4,8 @@ A 1024-1024-1 MLP trained with SGD on batches of 256, the batches made in Python
 is calibrated to about one training step. Inputs compared, in tf.compat.v1 graph mode and with
 tf.function steps: feed (FeedInput: data made in the training thread), queue (QueueInput), staging
 (QueueInput + StagingInput), dataset (to_tf_dataset) and dummy (DummyConstantInput: the model alone).
+The tf.function calibration line also gives the step and batch times while both run at once: on a
+small or shared machine they slow each other down, which bounds what any overlap can gain.
 
 Each configuration (mode x TF intra-op threads) runs in its own subprocess, because the thread count must
 be set before TensorFlow initializes. Inside one, the inputs are measured interleaved, ``--reps`` times;
@@ -150,6 +152,36 @@ def worker(args: argparse.Namespace) -> None:
 
     measure = measure_graph if graph else measure_function
 
+    def contention(rounds: int, steps: int) -> tuple[float, float]:
+        """Steps/s of the model alone while a thread makes (and discards) batches, and that thread's
+        batches/s meanwhile: how much the two sides slow each other down when run at once on this
+        machine (shared cores, memory bandwidth, neighbours), which bounds what any overlap can gain."""
+        import threading
+
+        stop, made = threading.Event(), [0]
+
+        def produce() -> None:
+            src = SyntheticBatches(rounds)
+            src.reset_state()
+            for _ in src:
+                made[0] += 1
+                if stop.is_set():
+                    return
+
+        inp = DummyConstantInput([[BATCH, DIM], [BATCH, 1]])
+        v = mlp_vars()
+        step = tf.function(lambda: sgd(v, *inp.dequeue())[1])
+        inp.run_until_end(step, max_steps=3)
+        thread = threading.Thread(target=produce, daemon=True)
+        thread.start()
+        time.sleep(0.2)
+        m0, t0 = made[0], time.perf_counter()
+        inp.run_until_end(step, max_steps=steps)
+        dt = time.perf_counter() - t0
+        stop.set()
+        thread.join()
+        return steps / dt, (made[0] - m0) / dt
+
     # calibration: one step of the model alone, and one round of batch creation
     step_rate = measure("dummy", 1, 5, 20)
     src = SyntheticBatches(1)
@@ -162,6 +194,7 @@ def worker(args: argparse.Namespace) -> None:
     round_s = (time.perf_counter() - t0) / 10
     rounds = max(1, round(1.0 / step_rate / round_s))
     warm = QUEUE_SIZE + 5  # drain what was prefetched before the clock starts
+    busy_step_rate, busy_data_rate = contention(rounds, args.steps) if not graph else (None, None)
 
     for kind in INPUTS:  # one untimed round: first-use costs (allocator, thread pools) hit nobody's result
         measure(kind, rounds, warm, 5)
@@ -177,7 +210,10 @@ def worker(args: argparse.Namespace) -> None:
             "loadavg_1m_at_end": round(os.getloadavg()[0], 2)}
     print(json.dumps({**base, "kind": "calibration", "step_ms_dummy": round(1000 / step_rate, 2),
                       "data_round_ms": round(round_s * 1000, 2), "data_rounds_per_batch": rounds,
-                      "data_ms_per_batch": round(rounds * round_s * 1000, 2)}), flush=True)
+                      "data_ms_per_batch": round(rounds * round_s * 1000, 2),
+                      "concurrent_step_ms": busy_step_rate and round(1000 / busy_step_rate, 2),
+                      "concurrent_data_ms_per_batch": busy_data_rate and round(1000 / busy_data_rate, 2)}),
+          flush=True)
     for kind in INPUTS:
         reps = results[kind]
         line = {**base, "kind": "result", "input": kind, "steps_per_s_median": round(statistics.median(reps), 2),
