@@ -199,7 +199,9 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, codec: str = DEFAU
                                             "(send_timeout)", addr=addr) from None
     finally:
         stop.set()
-        reader.join()
+        reader.join(timeout=5)
+        if reader.is_alive():  # stuck inside the flow; it is a daemon thread and stops at its next put
+            log.warning("%s: the reader thread of %s is still inside the flow after 5 s", who, addr)
         if bar is not None:
             bar.close()
         sock.close(linger=linger)
