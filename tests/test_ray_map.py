@@ -93,14 +93,15 @@ def test_killed_actor_without_restarts_is_a_clear_error(ray):
         df.reset_state()
         it = iter(df)
         next(it)
-        victim = df.actors[1]
+        survivor, victim = df.actors
         ray.kill(victim)
         t0 = time.monotonic()
         with pytest.raises(WorkerError, match="actor 1 died") as info:
             list(it)
         assert time.monotonic() - t0 < 30 and info.value.worker == 1
-    with pytest.raises(ray.exceptions.RayActorError):  # close() killed the other actor too
-        ray.get(victim.ready.remote(), timeout=30)
+    assert df.actors == []
+    with pytest.raises(ray.exceptions.RayActorError):  # close() released the surviving actor too
+        ray.get(survivor.ready.remote(), timeout=30)
 
 
 def test_more_workers_than_cpus_fails_at_start_instead_of_hanging(ray):
