@@ -1,9 +1,9 @@
 """``bridgeflow serve``: push a flow to a remote consumer over ZeroMQ.
 
 ``SOURCE`` is ``module:function`` (or ``file.py:function``) returning a DataFlow, or a dataset file
-written by bridgeflow (LMDB, HDF5). The flow is served on ``--addr`` (loopback by default) for
-``--epochs`` passes, with a progress line on stderr; a :class:`~bridgeflow.remote.RemoteDataZMQ` on the
-trainer connects to that address.
+written by bridgeflow (LMDB, HDF5, npz; recognised by content). The flow is served on ``--addr``
+(loopback by default) for ``--epochs`` passes, with a progress line on stderr; a
+:class:`~bridgeflow.remote.RemoteDataZMQ` on the trainer connects to that address.
 
 Example:
     $ bridgeflow serve mypkg.data:train_flow --addr tcp://127.0.0.1:8877 --epochs 0
@@ -22,12 +22,12 @@ __all__ = ["DEFAULT_ADDR", "load_source", "register"]
 DEFAULT_ADDR = "tcp://127.0.0.1:8877"
 
 
-def _load_file(path: str, shuffle: bool) -> DataFlow:
+def _load_file(path: str, shuffle: bool, allow_pickle: bool = False) -> DataFlow:
     from .. import serialize
 
-    loader = getattr(serialize, "load", None)  # a format-sniffing loader, when the package has one
+    loader = getattr(serialize, "load", None)  # recognises LMDB, HDF5 and npz files by their content
     if callable(loader):
-        return loader(path, shuffle=shuffle)
+        return loader(path, shuffle=shuffle, **({"allow_pickle": True} if allow_pickle else {}))
     low = path.lower()
     if low.endswith(".lmdb") or os.path.isfile(os.path.join(path, "data.mdb")):
         from ..serialize.lmdb_format import LMDBSerializer
@@ -41,12 +41,12 @@ def _load_file(path: str, shuffle: bool) -> DataFlow:
                      "files *.h5, or give module:function")
 
 
-def load_source(source: str, shuffle: bool = False) -> Any:
+def load_source(source: str, shuffle: bool = False, allow_pickle: bool = False) -> Any:
     """The flow named by ``source``: an existing dataset file, or ``module:function``."""
     from ..cli import load_object
 
     if os.path.exists(source):
-        return _load_file(source, shuffle)
+        return _load_file(source, shuffle, allow_pickle)
     if ":" not in source:
         raise FileNotFoundError(f"bridgeflow serve: no such file: {source} (and it is not module:function)")
     df = load_object(source)
@@ -58,7 +58,7 @@ def load_source(source: str, shuffle: bool = False) -> Any:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .zmq_flow import send_dataflow_zmq
 
-    df = load_source(args.source, shuffle=args.shuffle)
+    df = load_source(args.source, shuffle=args.shuffle, allow_pickle=args.allow_pickle)
     epochs = None if args.epochs == 0 else args.epochs
     try:
         n = send_dataflow_zmq(df, args.addr, hwm=args.hwm, codec=args.codec, epochs=epochs,
@@ -74,7 +74,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add the ``serve`` sub-command to the ``bridgeflow`` command line."""
     p = subparsers.add_parser("serve", help="serve a flow or dataset file to RemoteDataZMQ consumers over ZeroMQ")
-    p.add_argument("source", help="module:function returning a DataFlow, or a dataset file (LMDB, HDF5)")
+    p.add_argument("source", help="module:function returning a DataFlow, or a dataset file (LMDB, HDF5, npz)")
     p.add_argument("--addr", default=DEFAULT_ADDR,
                    help=f"address to bind (default {DEFAULT_ADDR}, loopback only; tcp://*:PORT exposes the "
                         "data to the whole network, unauthenticated)")
@@ -86,5 +86,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--send-timeout", type=float, default=None,
                    help="give up when no consumer takes data for this many seconds (default: wait)")
     p.add_argument("--shuffle", action="store_true", help="shuffle a dataset file's order each pass")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="read a dataset file written with codec=pickle (only files you trust)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=_cmd_serve)
