@@ -16,9 +16,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import tensorflow as tf
-from bridgeflow.adapters.tensorflow import QueueInput, StagingInput, to_tf_dataset
 
 from bridgeflow import BatchData, FakeData, MapData
+from bridgeflow.adapters.tensorflow import QueueInput, StagingInput, to_tf_dataset
 
 DIM = 16
 

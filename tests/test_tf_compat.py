@@ -8,6 +8,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import tensorflow as tf
+
 from bridgeflow.adapters.tensorflow._compat import default_device, staging_area_class
 
 

@@ -11,8 +11,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import pytest
 import tensorflow as tf
-from bridgeflow.adapters.tensorflow import Signature, infer_signature
 
+from bridgeflow.adapters.tensorflow import Signature, infer_signature
 from bridgeflow.errors import DatapointError
 
 

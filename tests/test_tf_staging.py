@@ -9,9 +9,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import pytest
 import tensorflow as tf
-from bridgeflow.adapters.tensorflow import InputSourceError, QueueInput, StagingInput
 
 from bridgeflow import DataFlow, DataFromList, FakeData
+from bridgeflow.adapters.tensorflow import InputSourceError, QueueInput, StagingInput
 
 
 def points(n: int) -> list:
