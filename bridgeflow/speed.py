@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ._progress import progress_bar
 from .base import DataFlow, ProxyDataFlow, iter_flows
 
 __all__ = ["TestDataSpeed", "collect_stats", "format_stats"]
@@ -67,8 +68,6 @@ class TestDataSpeed(ProxyDataFlow):
 
     def start(self) -> float:
         """Run the test; returns datapoints per second and prints a summary."""
-        from tqdm import tqdm
-
         if not self._bf_reset_done:
             self.reset_state()
         out = self.file or sys.stdout
@@ -77,15 +76,10 @@ class TestDataSpeed(ProxyDataFlow):
             for _ in range(self.warmup):
                 next(stream)
             t0 = time.perf_counter()
-            if self.progress:
-                with tqdm(total=self.test_size, unit="dp", smoothing=0.1, file=sys.stderr, dynamic_ncols=True,
-                          leave=False) as bar:
-                    for _ in range(self.test_size):
-                        next(stream)
-                        bar.update(1)
-            else:  # no bar object at all: tqdm would start its monitor thread even when disabled
+            with progress_bar(enabled=self.progress, total=self.test_size, unit="dp", leave=False) as bar:
                 for _ in range(self.test_size):
                     next(stream)
+                    bar.update(1)
             elapsed = time.perf_counter() - t0
         finally:
             stream.close()

@@ -95,7 +95,12 @@ class RemoteError(BridgeflowError, RuntimeError):
     """A worker raised an exception that could not be sent back as itself (not picklable)."""
 
 
-def _pack_exception(exc: BaseException, by_pickle: bool) -> tuple:
+def pack_exception(exc: BaseException, by_pickle: bool) -> tuple:
+    """``(exception or None, type name, message, formatted traceback)`` ready to send to the consumer.
+
+    The exception itself travels only when it is an ``Exception`` and (with ``by_pickle``) survives a pickle
+    round trip; otherwise its name and message go as text. Shared with the Ray executor.
+    """
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt...: never re-raised as themselves
         return None, type(exc).__name__, f"the worker's function raised {type(exc).__name__}{exc.args!r}", tb
@@ -107,7 +112,8 @@ def _pack_exception(exc: BaseException, by_pickle: bool) -> tuple:
     return exc, type(exc).__name__, str(exc), tb
 
 
-def _unpack_exception(packed: tuple, where: str) -> BaseException:
+def unpack_exception(packed: tuple, where: str) -> BaseException:
+    """The exception to raise in the consumer for ``pack_exception``'s tuple, with the worker traceback."""
     exc, type_name, message, tb = packed
     if exc is None:
         exc = RemoteError(f"{type_name} in {where}: {message}")
@@ -128,7 +134,7 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any], 
     try:
         task_fn = init_fn(ctx)
     except BaseException as exc:  # reported to the consumer, which raises it
-        send([(_ERROR, _INIT, _pack_exception(exc, by_pickle))])
+        send([(_ERROR, _INIT, pack_exception(exc, by_pickle))])
         while recv() is not None:  # stay until told to stop, so tasks sent meanwhile find us alive
             pass
         return
@@ -143,14 +149,14 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any], 
             except StopIteration:
                 out.append((_EXHAUSTED, task_id, None))
             except BaseException as exc:  # any failure, even SystemExit, goes to the consumer
-                out.append((_ERROR, task_id, _pack_exception(exc, by_pickle)))
+                out.append((_ERROR, task_id, pack_exception(exc, by_pickle)))
         try:
             send(out)
         except (BrokenPipeError, EOFError, ConnectionError):
             return  # the consumer is gone
         except Exception as exc:  # a result cannot be sent, e.g. not picklable: say which
             err = TypeError(f"a result cannot be sent to the consumer: {exc!r}")
-            send([(_ERROR, task_id, _pack_exception(err, by_pickle)) for _, task_id, _ in out])
+            send([(_ERROR, task_id, pack_exception(err, by_pickle)) for _, task_id, _ in out])
 
 
 # --- process workers ------------------------------------------------------------------------------
@@ -538,7 +544,7 @@ class WorkerPool:
             return worker, value
         if kind == _EXHAUSTED:
             return worker, EXHAUSTED
-        raise _unpack_exception(value, self._where(worker))
+        raise unpack_exception(value, self._where(worker))
 
     def _ready_count(self) -> int:
         if self.processes and self._res.ctl is not None:
@@ -566,7 +572,7 @@ class WorkerPool:
         ready, discard_below = self._ready, self._discard_below
         for kind, task_id, value in results:
             if task_id == _INIT:
-                raise _unpack_exception(value, self._where(worker) + " while starting")
+                raise unpack_exception(value, self._where(worker) + " while starting")
             self._per_worker[worker] -= 1
             if task_id >= discard_below:
                 ready[task_id] = (worker, kind, value)

@@ -43,7 +43,7 @@ import numpy as np
 from .._deps import require
 from ..base import DataFlow, ProxyDataFlow
 from ..errors import WorkerError
-from ..parallel.pool import _pack_exception, _unpack_exception
+from ..parallel.pool import pack_exception, unpack_exception
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
 
 __all__ = ["RayMapData"]
@@ -74,7 +74,7 @@ class _MapActor:
                     check_datapoint(r, self.who)
                 out.append(r)
         except BaseException as exc:  # sent back as data, re-raised by the consumer
-            return _ERR, _pack_exception(exc, True)
+            return _ERR, pack_exception(exc, True)
         return _OK, out
 
 
@@ -282,7 +282,7 @@ class RayMapData(ProxyDataFlow):
         except ray.exceptions.RayTaskError as exc:  # failed outside map_func, e.g. unpicklable datapoints
             raise exc.as_instanceof_cause() from None
         if kind == _ERR:
-            raise _unpack_exception(value, f"RayMapData actor {i}")
+            raise unpack_exception(value, f"RayMapData actor {i}")
         return value
 
 

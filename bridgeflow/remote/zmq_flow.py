@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -48,6 +47,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .._deps import require
+from .._progress import progress_bar
 from ..base import DataFlow
 from ..errors import DataFlowTerminated
 from ..serialize.codec import DEFAULT_CODEC, decode_frames, encode_frames
@@ -157,10 +157,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, codec: str = DEFAU
             total = None
     bar = None
     if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, desc=f"serve {addr}", unit="dp", file=sys.stderr, dynamic_ncols=True,
-                   smoothing=0.1)
+        bar = progress_bar(total=total, desc=f"serve {addr}", unit="dp")
     sent = 0
     linger = 0
     reader.start()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
+from .._progress import progress_bar
 from ..base import DataFlow
 from .errors import DatasetNotFoundError
 
@@ -30,14 +30,11 @@ def source_length(df: Any) -> int | None:
 
 def iterate_source(df: DataFlow, *, progress: bool, desc: str) -> Iterator[Any]:
     """``reset_state()`` then iterate ``df`` behind a tqdm bar on stderr (with ETA when len() is known)."""
-    from tqdm import tqdm
-
     if not hasattr(df, "__iter__"):
         raise TypeError(f"{desc}: expected a DataFlow or iterable, got {type(df).__name__}")
     if hasattr(df, "reset_state"):
         df.reset_state()
-    with tqdm(total=source_length(df), desc=desc, unit="dp", file=sys.stderr, disable=not progress,
-              dynamic_ncols=True, smoothing=0.1) as bar:
+    with progress_bar(enabled=progress, total=source_length(df), desc=desc, unit="dp") as bar:
         for dp in df:
             yield dp
             bar.update(1)
