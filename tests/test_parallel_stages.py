@@ -367,7 +367,8 @@ def test_workers_exit_when_the_parent_is_sigkilled(method):
     proc.kill()
     proc.wait()
     assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=5), "orphaned workers kept running"
-    assert wait_for(lambda: not (shm_entries(mine_only=False) - shm_before), timeout=3), "shared memory left"
+    left = lambda: {n for n in shm_entries(mine_only=False) - shm_before if n.startswith(f"bf{proc.pid}_")}
+    assert wait_for(lambda: not left(), timeout=3), f"shared memory left: {sorted(left())}"
 
 
 def test_ctrl_c_in_the_consumer_leaves_nothing():
@@ -381,7 +382,8 @@ def test_ctrl_c_in_the_consumer_leaves_nothing():
     _, err = proc.communicate(timeout=10)
     assert "KeyboardInterrupt" in err
     assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=2)
-    assert wait_for(lambda: not (shm_entries(mine_only=False) - shm_before), timeout=2)
+    left = lambda: {n for n in shm_entries(mine_only=False) - shm_before if n.startswith(f"bf{proc.pid}_")}
+    assert wait_for(lambda: not left(), timeout=2), f"shared memory left: {sorted(left())}"
 
 
 # --- runners -------------------------------------------------------------------------------------

@@ -201,13 +201,18 @@ def _process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_
     threading.Thread(target=_watch_parent, args=(ppid, consumer_pid, on_orphan),
                      name="bridgeflow-parent-watch", daemon=True).start()
     completed = 0
+    stopped = False  # the consumer said stop; otherwise the task pipe closed because the consumer is dying
 
     def recv() -> Any:
+        nonlocal stopped
         try:
             data = task_conn.recv_bytes()
         except (EOFError, OSError):
             return None
-        return None if data == _STOP else reader.loads(data)
+        if data == _STOP:
+            stopped = True
+            return None
+        return reader.loads(data)
 
     def send(msg: list) -> None:
         nonlocal completed
@@ -220,7 +225,9 @@ def _process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_
         worker_loop(ctx, init_fn, recv, send, by_pickle=True)
     finally:
         writer.close()
-        if not _parent_alive(ppid, consumer_pid):  # our task pipe closed because the consumer died
+        # A consumer that closes the pool always says stop first. Without it, the consumer is dying: its
+        # pipes close before the kernel reparents us, so _parent_alive can still say yes at this point.
+        if not stopped or not _parent_alive(ppid, consumer_pid):
             shm.sweep_segments(prefix)
 
 

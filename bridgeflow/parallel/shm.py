@@ -22,6 +22,7 @@ import logging
 import mmap
 import os
 import pickle
+import threading
 import weakref
 from typing import Any
 
@@ -137,6 +138,10 @@ class SlabWriter:
         self._bases: list[int] = []  # address of each slab in this process
         self._arena: list[int] | None = None  # [slab index, bytes used] while a message is being built
         self._warned = False
+        # close() may run on the worker's parent-watch thread while the main thread is making a slab: the
+        # lock and flag make sure no segment is created after close() has unlinked the others.
+        self._lock = threading.Lock()
+        self._closed = False
 
     def _acquire(self, nbytes: int) -> int:
         """Index of a free slab of at least ``nbytes``, or -1 when none can be had."""
@@ -167,7 +172,10 @@ class SlabWriter:
         size = _round_size(nbytes)
         name = f"{self.prefix}{index}_{os.urandom(3).hex()}"
         try:
-            mm = create_segment(name, size)
+            with self._lock:
+                if self._closed:  # shutting down: the rest of this worker's results go in-band
+                    return -1
+                mm = create_segment(name, size)
         except OSError as exc:
             if not self._warned:
                 log.warning("cannot allocate %d bytes of shared memory in %s (%s); results travel through "
@@ -255,7 +263,9 @@ class SlabWriter:
         return pickle.dumps(((name, index, offsets), data), protocol=5)
 
     def close(self) -> None:
-        for name, _, mm in self.slabs:
+        with self._lock:
+            self._closed = True
+        for name, _, mm in list(self.slabs):
             if mm is not None:
                 try:
                     mm.close()
