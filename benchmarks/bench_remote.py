@@ -171,13 +171,14 @@ def main() -> None:
     print(json.dumps(machine), flush=True)
 
     mb = args.samples * DP_BYTES / 1e6
-    tmp = tempfile.mkdtemp(prefix="bf_bench_remote_")
     times: dict[str, list[float]] = {"runner": [], "zmq_tcp": [], "zmq_ipc": [], "raw_pyzmq_tcp": []}
-    for rep in range(args.reps):
-        times["runner"].append(run_runner(args.warmup, args.samples))
-        times["zmq_tcp"].append(run_zmq(f"tcp://127.0.0.1:{free_port()}", args.warmup, args.samples))
-        times["zmq_ipc"].append(run_zmq(f"ipc://{tmp}/bench{rep}.sock", args.warmup, args.samples))
-        times["raw_pyzmq_tcp"].append(run_raw_pyzmq(f"tcp://127.0.0.1:{free_port()}", args.warmup, args.samples))
+    with tempfile.TemporaryDirectory(prefix="bf_bench_remote_") as tmp:  # holds the ipc socket files
+        for rep in range(args.reps):
+            times["runner"].append(run_runner(args.warmup, args.samples))
+            times["zmq_tcp"].append(run_zmq(f"tcp://127.0.0.1:{free_port()}", args.warmup, args.samples))
+            times["zmq_ipc"].append(run_zmq(f"ipc://{tmp}/bench{rep}.sock", args.warmup, args.samples))
+            times["raw_pyzmq_tcp"].append(
+                run_raw_pyzmq(f"tcp://127.0.0.1:{free_port()}", args.warmup, args.samples))
     lines = {k: summary(k, "zmq_stream", v, mb, "MB_s") for k, v in times.items()}
     for line in lines.values():
         print(json.dumps(line), flush=True)
