@@ -165,6 +165,8 @@ class PoolLoaderIter(_LoaderIter):
         self._persistent = loader.persistent_workers
         self._max_tasks = loader.prefetch_factor * self._num_workers
         self._source: Fetcher | None = None
+        self._source_error: BaseException | None = None  # the DataFlow raised: raised after earlier batches
+        self._source_failed = False
         spec = WorkerSpec(
             kind=self._kind,
             dataset=None if self._kind == COLLATE else self._dataset,
@@ -189,6 +191,7 @@ class PoolLoaderIter(_LoaderIter):
     def _start_epoch(self) -> None:
         self._active = [True] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
+        self._source_error, self._source_failed = None, False
         if self._kind == COLLATE:  # the flow is read here; workers only collate
             _close_source(self._source)
             self._source = make_fetcher(ITERABLE, self._dataset, self._auto_collation, _keep_samples,
@@ -226,13 +229,16 @@ class PoolLoaderIter(_LoaderIter):
             raise
 
     def _try_put(self) -> None:
-        if self.closed:
+        if self.closed or self._source_failed:
             return
         try:
             task = next(self._sampler_iter)
             if self._source is not None:
                 task = self._source.fetch(task)
         except StopIteration:
+            return
+        except Exception as exc:  # the DataFlow failed: raise it after the batches read before it
+            self._source_error, self._source_failed = exc, True
             return
         worker = None  # unordered: the pool picks the least busy worker
         if not self._unordered:
@@ -249,6 +255,9 @@ class PoolLoaderIter(_LoaderIter):
             if self.closed:
                 raise StopIteration
             if self._pool.outstanding <= 0:
+                if self._source_error is not None:
+                    error, self._source_error = self._source_error, None
+                    raise error
                 if not self._persistent:
                     self.shutdown()
                 else:

@@ -16,6 +16,7 @@ Differences, on purpose:
   per epoch in this process, and with ``num_workers > 0`` only ``collate_fn`` runs in the workers (put
   parallel stages inside the flow to parallelise the flow itself);
 - ``in_order=False`` is accepted but batches still come in order (torch allows, never promises, reordering);
+- an exception of a DataFlow comes after the batches read before it, as with ``num_workers=0``;
 - DataPipes get no sharding or shuffle settings (torch deprecated them);
 - ``close()`` ends persistent workers now instead of at garbage collection.
 
