@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch.utils.data as tud
-from test_torch_loader import assert_same, outcomes
+from test_torch_loader import ArrayDataset, assert_same, failing_init_fn, outcomes
 
 import bridgeflow
 from bridgeflow.adapters.torch import DataLoader
@@ -64,3 +64,33 @@ def test_dataflow_error_then_a_new_persistent_epoch(leak_check):
             assert [b[0].tolist() for b in got[:2]] == [[0, 1], [2, 3]]
             assert got[2][1] is ValueError and len(got) == 3
     flow.close()
+
+
+def test_worker_whose_start_up_failed_says_so_for_its_later_batches(leak_check):
+    """torch raises an UnboundLocalError about ``fetcher`` there; bridgeflow names the start-up error."""
+    got = outcomes(DataLoader(ArrayDataset(8), batch_size=2, num_workers=2, worker_init_fn=failing_init_fn))[0]
+    assert [type(b) for b in got] == [list, tuple, list, tuple]
+    assert got[1][1] is KeyError and "no config for worker 1" in got[1][2][0]
+    assert got[3][1] is RuntimeError
+    assert "DataLoader worker 1 cannot load data" in got[3][2][0] and "no config for worker 1" in got[3][2][0]
+
+
+class IterOnceDataset(tud.IterableDataset):
+    """``iter()`` works once per process, then raises: a persistent worker's second epoch fails to start."""
+
+    calls = 0
+
+    def __iter__(self):
+        type(self).calls += 1
+        if type(self).calls > 1:
+            raise OSError(f"shard file gone (call {type(self).calls})")
+        info = tud.get_worker_info()
+        return iter(range(info.id * 10, info.id * 10 + 3))
+
+
+def test_persistent_epoch_whose_iter_fails_reports_it_at_that_workers_batch(leak_check):
+    with DataLoader(IterOnceDataset(), batch_size=None, num_workers=2, persistent_workers=True) as loader:
+        assert sorted(int(b) for b in loader) == [0, 1, 2, 10, 11, 12]
+        second = outcomes(loader)[0]
+        errors = [b for b in second if isinstance(b, tuple)]
+        assert errors and all(e[1] is OSError and "shard file gone (call 2)" in e[2][0] for e in errors)

@@ -160,6 +160,7 @@ class _WorkerTask:
         self.worker_id = worker_id
         self.error: BaseException | None = None
         self.fetcher: Fetcher | None = None
+        self.failed: BaseException | None = None  # the start-up error, once reported
         self.collate_fn = resolve_collate(spec.collate_fn, in_worker=True)
         try:
             if spec.worker_init_fn is not None:
@@ -173,12 +174,23 @@ class _WorkerTask:
         return make_fetcher(s.kind, s.dataset, s.auto_collation, self.collate_fn, s.drop_last)
 
     def __call__(self, task: Any) -> Any:
-        if isinstance(task, Reset):
-            self.fetcher = self._new_fetcher()
+        if isinstance(task, Reset):  # a new epoch of persistent workers: a fresh iter(dataset), as torch
+            try:
+                self.fetcher = self._new_fetcher()
+            except Exception as exc:  # reported by this worker's first batch, as at start-up
+                self.fetcher = None
+                self.error = self.error or exc
             return None
         if self.error is not None:
             error, self.error = self.error, None
+            self.failed = error
             raise error
+        if self.fetcher is None:
+            if self.spec.kind == ITERABLE:  # its stream ended with that error: the worker is exhausted
+                raise StopIteration
+            raise RuntimeError(
+                f"DataLoader worker {self.worker_id} cannot load data: its start-up failed earlier with "
+                f"{self.failed!r} (raised with its first batch)") from self.failed
         try:
             data = self.fetcher.fetch(task)
         except StopIteration:

@@ -17,6 +17,9 @@ Differences, on purpose:
   parallel stages inside the flow to parallelise the flow itself);
 - ``in_order=False`` is accepted but batches still come in order (torch allows, never promises, reordering);
 - an exception of a DataFlow comes after the batches read before it, as with ``num_workers=0``;
+- a worker whose ``worker_init_fn`` or ``iter(dataset)`` failed raises that error with its first batch
+  (as torch), then a ``RuntimeError`` naming it for its later map-style batches; an iterable worker is
+  then exhausted (torch raises an ``UnboundLocalError`` for each);
 - DataPipes get no sharding or shuffle settings (torch deprecated them);
 - ``close()`` ends persistent workers now instead of at garbage collection.
 
