@@ -7,8 +7,14 @@ their own set-up or say more than "equal to torch".
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+import warnings
+
 import numpy as np
 import pytest
+import torch
 import torch.utils.data as tud
 from test_torch_loader import ArrayDataset, assert_same, failing_init_fn, outcomes
 
@@ -94,3 +100,78 @@ def test_persistent_epoch_whose_iter_fails_reports_it_at_that_workers_batch(leak
         second = outcomes(loader)[0]
         errors = [b for b in second if isinstance(b, tuple)]
         assert errors and all(e[1] is OSError and "shard file gone (call 2)" in e[2][0] for e in errors)
+
+
+class SleepyDataset(tud.Dataset):
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, i: int):
+        time.sleep(0.02)
+        return i
+
+
+def test_sigkilled_worker_becomes_an_error_naming_it(leak_check):
+    loader = DataLoader(SleepyDataset(), batch_size=1, num_workers=2)
+    it = iter(loader)
+    assert int(next(it)) == 0
+    pid = it._pool.pids[1]
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(bridgeflow.WorkerError) as info:
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 5
+    err = info.value
+    assert isinstance(err, RuntimeError) and err.worker == 1 and err.pid == pid
+    assert "SIGKILL" in str(err) and str(pid) in str(err)
+    assert it.closed
+    del it, info, err
+
+
+class SlowFirstDataset(tud.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        if i == 0:
+            time.sleep(1.0)
+        return i
+
+
+def test_in_order_false_hands_out_ready_batches_first_like_torch(leak_check):
+    results = []
+    for cls in (tud.DataLoader, DataLoader):
+        results.append([int(b) for b in cls(SlowFirstDataset(), batch_size=1, num_workers=2, in_order=False)])
+    for got in results:
+        assert sorted(got) == list(range(8)) and got[0] != 0  # the slow batch did not hold the others back
+    ordered = [int(b) for b in DataLoader(SlowFirstDataset(), batch_size=1, num_workers=2)]
+    assert ordered == list(range(8))
+
+
+def test_pin_memory_device_warning_like_torch(leak_check):
+    for cls in (tud.DataLoader, DataLoader):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(cls(ArrayDataset(2), batch_size=2, pin_memory=True, pin_memory_device="cuda"))
+        assert any("pin_memory_device is deprecated" in str(w.message) for w in caught), cls
+
+
+def test_tensor_views_arrive_with_equal_values(leak_check):
+    """Samples that are views of one storage (rows and columns of a table) keep dtype, shape and values
+    through the workers' transport (strides and storage sharing are not kept: see loader.py)."""
+
+    ref = outcomes(tud.DataLoader(ViewsDataset(), batch_size=None, num_workers=2))
+    got = outcomes(DataLoader(ViewsDataset(), batch_size=None, num_workers=2))
+    assert_same(ref, got)
+    assert torch.equal(got[0][1][1], torch.tensor([1, 11, 21, 31]))
+
+
+class ViewsDataset(tud.Dataset):
+    table = torch.arange(40).reshape(4, 10)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        return self.table[i], self.table[:, i]

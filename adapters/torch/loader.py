@@ -15,7 +15,12 @@ Differences, on purpose:
 - a bridgeflow :class:`~bridgeflow.DataFlow` is accepted as ``dataset``: it is length-free, iterated once
   per epoch in this process, and with ``num_workers > 0`` only ``collate_fn`` runs in the workers (put
   parallel stages inside the flow to parallelise the flow itself);
-- ``in_order=False`` is accepted but batches still come in order (torch allows, never promises, reordering);
+- ``in_order=False`` hands out map-style batches as they are ready, as torch does; iterable datasets and
+  DataFlows keep their order (torch allows, never promises, reordering);
+- a tensor that a worker returns without collation (``batch_size=None``, a custom ``collate_fn``) arrives
+  with the same dtype, shape and values but compact: a view keeps neither its strides nor its sharing of
+  storage with other returned tensors (torch ships the whole storage of every view, which costs a copy of
+  e.g. a whole in-memory table per sample);
 - an exception of a DataFlow comes after the batches read before it, as with ``num_workers=0``;
 - a worker whose ``worker_init_fn`` or ``iter(dataset)`` failed raises that error with its first batch
   (as torch), then a ``RuntimeError`` naming it for its later map-style batches; an iterable worker is
