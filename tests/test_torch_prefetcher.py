@@ -208,3 +208,139 @@ def test_gpu_with_pinned_dataloader_batches():
     loader = DataLoader([np.full(3, i, np.float32) for i in range(6)], batch_size=2, pin_memory=True)
     out = [b.cpu().tolist() for b in CUDAPrefetcher(loader, device="cuda")]
     assert out == [[[0.0] * 3, [1.0] * 3], [[2.0] * 3, [3.0] * 3], [[4.0] * 3, [5.0] * 3]]
+
+
+# --- the stream discipline, checked on the host -------------------------------------------------------
+
+class DeferredCopyBackend(HostBackend):
+    """A host backend whose copies are asynchronous, like a DMA on a side stream: ``to_device`` returns a
+    NaN-filled tensor and only queues the copy; the copy happens when its event is synchronized (the
+    stager, before reusing a buffer) or waited on (the consumer, before using a batch). So a staging
+    buffer overwritten before the copy that reads it completed, or a batch handed out before the consumer
+    waited, shows up as wrong values."""
+
+    class Event:
+        def __init__(self, copies, log):
+            self.copies, self.log, self.lock = copies, log, threading.Lock()
+
+        def complete(self, who):
+            with self.lock:
+                for dst, src in self.copies:
+                    dst.copy_(src)
+                self.copies = []
+            self.log.append((who, id(self)))
+
+        def synchronize(self):
+            self.complete("sync")
+
+    def __init__(self, pinned=()):
+        super().__init__()
+        self.pending = []
+        self.log = []
+        self.waited_tensors = []
+        self.pinned = {t.data_ptr() for t in pinned}
+
+    def is_pinned(self, t):
+        return t.data_ptr() in self.pinned
+
+    def to_device(self, host):
+        dev = torch.full(host.shape, float("nan")).to(host.dtype) if host.is_floating_point() else \
+            torch.full(host.shape, -1, dtype=host.dtype)
+        self.pending.append((dev, host))
+        self.log.append(("copy", host.data_ptr()))
+        return dev
+
+    def record(self):
+        event = self.Event(self.pending, self.log)
+        self.pending = []
+        self.log.append(("record", id(event)))
+        return event
+
+    def wait_consumer(self, event, tensors):
+        event.complete("wait")
+        self.waited_tensors.append([id(t) for t in tensors])
+        self.consumer_waits += 1
+
+
+def _leaves(obj):
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [x for v in obj.values() for x in _leaves(v)]
+    if isinstance(obj, (list, tuple)):
+        return [x for v in obj for x in _leaves(v)]
+    return []
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 4])
+def test_buffers_are_reused_only_after_their_copy_completed(num_stages, leak_check):
+    backend = DeferredCopyBackend()
+    batches = [{"x": np.full((8, 4), i, np.float32), "y": torch.arange(5) + i, "tag": f"b{i}"} for i in range(12)]
+    held = list(CUDAPrefetcher(batches, num_stages=num_stages, _backend=backend))  # the consumer holds all
+    for i, got in enumerate(held):
+        assert got["x"].eq(i).all() and got["y"].tolist() == list(range(i, i + 5)) and got["tag"] == f"b{i}"
+    assert backend.allocations == 2 * min(num_stages, 12)
+    # each reuse of a staging buffer comes after the event recorded behind its previous copy completed
+    last_event_of: dict[int, int] = {}
+    done: set[int] = set()
+    current: list[int] = []
+    for entry in backend.log:
+        if entry[0] == "copy":
+            ptr = entry[1]
+            if ptr in last_event_of:
+                assert last_event_of[ptr] in done, "a staging buffer was reused before its copy completed"
+            current.append(ptr)
+        elif entry[0] == "record":
+            for ptr in current:
+                last_event_of[ptr] = entry[1]
+            current = []
+        else:
+            done.add(entry[1])
+
+
+def test_consumer_waits_on_each_batch_and_gets_every_device_tensor_recorded(leak_check):
+    backend = DeferredCopyBackend()
+    batches = [(np.full(3, i, np.float64), [torch.full((2,), i), {"z": np.int32([i])}]) for i in range(6)]
+    out = []
+    for batch in CUDAPrefetcher(batches, num_stages=2, _backend=backend):
+        out.append(batch)
+        # the batch handed out is complete: the consumer waited on its event (no NaN / -1 left)
+        assert batch[0].tolist() == [len(out) - 1] * 3 and batch[1][0].tolist() == [len(out) - 1] * 2
+    assert [[id(t) for t in _leaves(b)] for b in out] == backend.waited_tensors  # record_stream on each
+    assert [b[1][1]["z"].dtype for b in out] == [torch.int32] * 6
+
+
+def test_shapes_that_grow_and_shrink_reuse_and_grow_the_buffers(leak_check):
+    backend = DeferredCopyBackend()
+    sizes = [4, 16, 2, 16, 32, 1, 0, 8]
+    batches = [np.arange(n, dtype=np.int64) * 10 + k for k, n in enumerate(sizes)]
+    held = list(CUDAPrefetcher(batches, num_stages=2, _backend=backend))
+    assert [h.tolist() for h in held] == [b.tolist() for b in batches]
+    # slot 0 sees 4, 2, 32, 0 (grows twice: 4 then 32); slot 1 sees 16, 16, 1, 8 (never grows)
+    assert backend.allocations == 3
+
+
+def test_pinned_host_tensors_are_copied_from_directly_and_kept_until_copied(leak_check):
+    pinned = [torch.full((64,), float(i)) for i in range(5)]
+    backend = DeferredCopyBackend(pinned=pinned)
+    held = list(CUDAPrefetcher([[t] for t in pinned], num_stages=2, _backend=backend))
+    assert backend.allocations == 0  # no staging buffer for batches that are pinned already
+    assert [float(h[0][0]) for h in held] == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_leaves_that_are_not_numeric_arrays_pass_through_unchanged(leak_check):
+    strings, objects = np.array(["a", "b"]), np.array([{"k": 1}, None], dtype=object)
+    batch = {"s": strings, "o": objects, "n": None, "i": 3, "f": 2.5, "b": b"raw", "t": ("x", [1, 2])}
+    backend = DeferredCopyBackend()
+    (got,) = list(CUDAPrefetcher([batch], _backend=backend))
+    assert got["s"] is strings and got["o"] is objects
+    assert {k: got[k] for k in ("n", "i", "f", "b", "t")} == {k: batch[k] for k in ("n", "i", "f", "b", "t")}
+    assert backend.allocations == 0 and backend.waited_tensors == [[]]
+
+
+def test_early_break_over_the_dataloader_ends_its_workers(leak_check):
+    loader = DataLoader([np.full(4, i, np.float32) for i in range(64)], batch_size=2, num_workers=2)
+    for i, batch in enumerate(CUDAPrefetcher(loader, num_stages=2, _backend=DeferredCopyBackend())):
+        assert batch.tolist() == [[2.0 * i] * 4, [2.0 * i + 1] * 4]
+        if i == 2:
+            break
