@@ -338,6 +338,15 @@ def test_leaves_that_are_not_numeric_arrays_pass_through_unchanged(leak_check):
     assert backend.allocations == 0 and backend.waited_tensors == [[]]
 
 
+def test_arrays_torch_cannot_view_are_converted(leak_check):
+    flipped = np.arange(6, dtype=np.float32)[::-1]
+    swapped = np.arange(3, dtype=">i4")
+    for kwargs in (dict(device="cpu"), dict(_backend=DeferredCopyBackend())):
+        (got,) = list(CUDAPrefetcher([[flipped, swapped]], **kwargs))
+        assert got[0].tolist() == flipped.tolist() and got[1].tolist() == [0, 1, 2]
+        assert got[1].dtype == torch.int32
+
+
 def test_early_break_over_the_dataloader_ends_its_workers(leak_check):
     loader = DataLoader([np.full(4, i, np.float32) for i in range(64)], batch_size=2, num_workers=2)
     for i, batch in enumerate(CUDAPrefetcher(loader, num_stages=2, _backend=DeferredCopyBackend())):

@@ -42,9 +42,14 @@ class DeviceUnavailableError(BridgeflowError, RuntimeError):
 
 
 def _as_tensor(x: Any) -> Any:
+    """A numeric numpy array as a tensor (zero copy when torch can view it); anything else unchanged."""
     if isinstance(x, np.ndarray):
         if x.dtype.kind not in _NUMERIC:
             return x
+        if not x.dtype.isnative:  # torch has no byte-swapped dtypes
+            x = x.astype(x.dtype.newbyteorder("="))
+        if any(s < 0 for s in x.strides):  # a flipped view: torch has no negative strides
+            x = np.ascontiguousarray(x)
         return torch.from_numpy(x if x.flags.writeable else x.copy())
     return x
 
