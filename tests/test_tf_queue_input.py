@@ -225,3 +225,24 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="max_steps"):
         qi.run_until_end(lambda: None, max_steps=-1)
     qi.close()
+
+
+class FailingWith(DataFlow):
+    """Yields ``good`` datapoints, then raises ``error``."""
+
+    def __init__(self, good: int, error: BaseException) -> None:
+        self.good, self.error = good, error
+
+    def __iter__(self):
+        for i in range(self.good):
+            yield [np.float32(i)]
+        raise self.error
+
+
+def test_flow_error_that_mentions_a_session_is_still_the_flows_error(leak_check):
+    """Only the enqueue's own failures (queue closed, Session closed) mean the consumer went away; an error
+    of the flow is never taken for one, whatever its message says."""
+    qi = QueueInput(FailingWith(3, RuntimeError("Session token expired for s3://bucket")))
+    step = tf.function(lambda: qi.dequeue()[0])
+    with qi, pytest.raises(RuntimeError, match="Session token expired"):
+        qi.run_until_end(step)

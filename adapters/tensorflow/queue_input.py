@@ -347,9 +347,8 @@ def _producer_loop(qi: QueueInput) -> None:
     except BaseException as exc:
         if qi._stop.is_set():
             log.debug("%s: producer stopped: %r", qi.name, exc)
-        elif isinstance(exc, tf.errors.CancelledError) or (isinstance(exc, RuntimeError)
-                                                           and "Session" in str(exc)):
-            log.debug("%s: the consumer's Session or queue went away: %s", qi.name, exc)
+        elif isinstance(exc, _ConsumerGone):
+            log.debug("%s: the consumer's Session or queue went away: %s", qi.name, exc.__cause__)
         else:
             log.debug("%s: the flow raised %r; closing the queue", qi.name, exc)
             qi._error = exc
@@ -363,6 +362,10 @@ def _producer_loop(qi: QueueInput) -> None:
         qi._sig_ready.set()
 
 
+class _ConsumerGone(Exception):
+    """The enqueue failed because the queue was closed or its Session went away: no error of the flow."""
+
+
 def _chain(first: list, rest: Iterator) -> Iterator:
     yield from first
     yield from rest
@@ -370,6 +373,19 @@ def _chain(first: list, rest: Iterator) -> Iterator:
 
 def _enqueue(qi: QueueInput, dp: Any, read_s: float) -> None:
     arrays = qi._sig.flatten(dp, who=f"{qi.name}: datapoint {qi._enqueued}")
+    try:
+        fill, enqueue_s = _enqueue_arrays(qi, arrays)
+    except tf.errors.CancelledError as exc:  # the queue was closed under a pending enqueue
+        raise _ConsumerGone() from exc
+    except RuntimeError as exc:  # "Attempted to use a closed Session."
+        if "Session" not in str(exc):
+            raise
+        raise _ConsumerGone() from exc
+    qi._record(fill, read_s, enqueue_s)
+
+
+def _enqueue_arrays(qi: QueueInput, arrays: list) -> tuple[int, float]:
+    """The TensorFlow side of one enqueue; returns the queue fill before it and the seconds it waited."""
     if qi._mode == "graph":
         if qi._graph_calls is None:  # callables skip most of Session.run's per-call Python work
             sess = qi._sess
@@ -383,4 +399,4 @@ def _enqueue(qi: QueueInput, dp: Any, read_s: float) -> None:
         fill = int(qi._queue.size())
         t0 = time.perf_counter()
         qi._queue.enqueue(arrays)
-    qi._record(fill, read_s, time.perf_counter() - t0)
+    return fill, time.perf_counter() - t0
