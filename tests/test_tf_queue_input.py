@@ -246,3 +246,36 @@ def test_flow_error_that_mentions_a_session_is_still_the_flows_error(leak_check)
     step = tf.function(lambda: qi.dequeue()[0])
     with qi, pytest.raises(RuntimeError, match="Session token expired"):
         qi.run_until_end(step)
+
+
+def test_hand_written_graph_loop_gets_the_flow_error_when_the_with_block_ends(leak_check, caplog):
+    """A graph loop that takes the closed queue's OutOfRangeError for the end of the data still learns of
+    the flow's error: leaving the ``with`` block raises it, and the producer logged it as a warning."""
+    g = tf.Graph()
+    with g.as_default():
+        qi = QueueInput(FailingWith(4, ValueError("record 4 is corrupt")), queue_size=2)
+        x = qi.dequeue()[0]
+        seen = []
+        with caplog.at_level(logging.WARNING, logger="bridgeflow.adapters.tensorflow.queue_input"):
+            with tf.compat.v1.Session(graph=g) as sess, pytest.raises(ValueError, match="record 4 is corrupt"):
+                with qi:
+                    qi.start(sess)
+                    try:
+                        while True:
+                            seen.append(float(sess.run(x)))
+                    except tf.errors.OutOfRangeError:
+                        pass  # "end of data"
+    assert seen == [0.0, 1.0, 2.0, 3.0]
+    assert any("record 4 is corrupt" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+    # an uncaught OutOfRangeError leaving the block is replaced by the flow's error too
+    qi = QueueInput(FailingWith(1, KeyError("index entry 1")))
+    with pytest.raises(KeyError, match="index entry 1") as info:
+        with qi:
+            qi.dequeue()
+            qi._thread.join(10)
+            raise tf.errors.OutOfRangeError(None, None, "queue closed")
+    assert isinstance(info.value.__context__, tf.errors.OutOfRangeError)
+    # once the loop has seen the error, leaving the block does not raise it again
+    with QueueInput(FailingWith(0, KeyError("first"))) as qi:
+        with pytest.raises(KeyError):
+            qi.dequeue()

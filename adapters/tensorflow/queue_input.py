@@ -29,7 +29,9 @@ Graph mode (``tf.compat.v1``)::
 End of data closes the queue: the consumer drains what is queued, then gets
 ``tf.errors.OutOfRangeError``. An exception in the flow closes the queue the same way and is re-raised,
 with its own type and message, by ``run_until_end``, by eager ``dequeue()``/iteration, and by
-``raise_if_failed()`` for hand-written loops.
+``raise_if_failed()`` for hand-written loops; a ``with`` block that ends without having seen it (a
+graph-mode loop that took the ``OutOfRangeError`` for the end of the data) raises it on exit, and the
+producer logs it as a warning when it happens.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class QueueInput(InputSource):
         self._sig_ready = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._error_reported = False  # raised to the consumer at least once
         self._finished = False
         self._mode: str | None = None  # "eager" or "graph" once the queue exists
         self._queue: Any = None
@@ -218,7 +221,11 @@ class QueueInput(InputSource):
     def raise_if_failed(self) -> None:
         """Re-raise the flow's exception (same object, type and message) if the producer died of one."""
         if self._error is not None:
+            self._error_reported = True
             raise self._error
+
+    def _unreported_error(self) -> BaseException | None:
+        return None if self._error_reported else self._error
 
     def wait_for_item(self, index: int, timeout: float | None = None) -> bool:
         """Wait until datapoint number ``index`` (0-based, counted since the start) was enqueued.
@@ -350,7 +357,9 @@ def _producer_loop(qi: QueueInput) -> None:
         elif isinstance(exc, _ConsumerGone):
             log.debug("%s: the consumer's Session or queue went away: %s", qi.name, exc.__cause__)
         else:
-            log.debug("%s: the flow raised %r; closing the queue", qi.name, exc)
+            log.warning("%s: the flow raised %s: %s; the queue is closed, and the consumer's "
+                        "run_until_end(), raise_if_failed() or with-block exit raises it", qi.name,
+                        type(exc).__name__, exc)
             qi._error = exc
     finally:
         stream.close()

@@ -60,6 +60,10 @@ class InputSource:
     def raise_if_failed(self) -> None:
         """Re-raise an exception of the flow, if one ended the data early."""
 
+    def _unreported_error(self) -> BaseException | None:
+        """The flow's exception if nothing has raised it to the consumer yet."""
+        return None
+
     # --- hooks for run_until_end ----------------------------------------------------------------
     def _before_step(self, sess: Any) -> bool:
         """Called before each step; False means there is no data left (clean end)."""
@@ -119,5 +123,11 @@ class InputSource:
     def __enter__(self) -> InputSource:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
+        """Close; then raise the flow's exception if the block ended without seeing it (a hand-written
+        graph loop that took the ``OutOfRangeError`` of the closed queue for the end of the data)."""
         self.close()
+        if exc is None or isinstance(exc, tf.errors.OutOfRangeError):
+            error = self._unreported_error()
+            if error is not None:
+                self.raise_if_failed()

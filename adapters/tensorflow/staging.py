@@ -212,6 +212,10 @@ class StagingInput(InputSource):
     def raise_if_failed(self) -> None:
         self.input.raise_if_failed()
 
+    def _unreported_error(self) -> BaseException | None:
+        unreported = getattr(self.input, "_unreported_error", None)
+        return unreported() if unreported is not None else None
+
     def close(self) -> None:
         """Close the wrapped input and empty the staging area. Idempotent."""
         if self._closed:
