@@ -279,3 +279,25 @@ def test_hand_written_graph_loop_gets_the_flow_error_when_the_with_block_ends(le
     with QueueInput(FailingWith(0, KeyError("first"))) as qi:
         with pytest.raises(KeyError):
             qi.dequeue()
+
+
+def test_graph_close_with_the_producer_blocked_and_the_session_open(leak_check):
+    g = tf.Graph()
+    with g.as_default():
+        qi = QueueInput(FakeData([[16]], size=None), queue_size=3)
+        x = qi.dequeue()[0]
+        with tf.compat.v1.Session(graph=g) as sess:
+            qi.start(sess)
+            assert sess.run(x).shape == (16,)
+            assert qi.wait_for_item(3, timeout=10)  # queue full again: the producer blocks in enqueue
+            time.sleep(0.05)
+            assert qi._thread.is_alive()
+            t0 = time.monotonic()
+            qi.close()
+            assert time.monotonic() - t0 < 5 and not qi._thread.is_alive()
+            drained = 0
+            with pytest.raises(tf.errors.OutOfRangeError):
+                while True:
+                    sess.run(x)
+                    drained += 1
+            assert drained == 3  # what was queued stays for the consumer, then the end

@@ -90,3 +90,16 @@ def test_misuse_is_explained():
         StagingInput(QueueInput(DataFromList([[1]])), nr_stage=0)
     with pytest.raises(TypeError, match="dequeue"):
         StagingInput(DataFromList([[1]]))
+
+
+def test_graph_mode_flow_error_after_the_staged_batches(leak_check):
+    g = tf.Graph()
+    with g.as_default():
+        si = StagingInput(QueueInput(Failing(), queue_size=2), nr_stage=2, device="/cpu:0")
+        (x,) = si.dequeue()
+        got = []
+        with tf.compat.v1.Session(graph=g) as sess, si:
+            si.start(sess)
+            with pytest.raises(KeyError, match="record 4 is missing"):
+                si.run_until_end(x, sess=sess, callback=lambda r: got.append(int(r)))
+    assert got == [0, 1, 2, 3]
