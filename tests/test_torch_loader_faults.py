@@ -175,3 +175,16 @@ class ViewsDataset(tud.Dataset):
 
     def __getitem__(self, i: int):
         return self.table[i], self.table[:, i]
+
+
+@pytest.mark.parametrize("num_workers", [True, 2.5])
+def test_num_workers_of_other_types_like_torch(num_workers, leak_check):
+    results = []
+    for cls in (tud.DataLoader, DataLoader):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                results.append([b.tolist() for b in cls(list(range(5)), batch_size=2, num_workers=num_workers)])
+            except Exception as exc:
+                results.append((type(exc), str(exc)))
+    assert results[0] == results[1]

@@ -14,6 +14,7 @@ import functools
 import inspect
 import itertools
 import logging
+import operator
 import warnings
 import weakref
 from typing import Any
@@ -159,6 +160,8 @@ class PoolLoaderIter(_LoaderIter):
             raise LoaderStateError(f"prefetch_factor={loader.prefetch_factor}: with num_workers > 0 "
                                    "prefetch_factor must be at least 1")
         super().__init__(loader)
+        # torch takes any integer (True is one worker) and fails on a float with this same TypeError
+        self._num_workers = operator.index(self._num_workers)
         from bridgeflow.parallel.pool import EXHAUSTED, WorkerPool
 
         self._exhausted = EXHAUSTED
