@@ -312,3 +312,55 @@ def test_two_flows_on_one_file_in_one_process(tmp_path):
     assert b[3] == [3]  # b's shared handle stays open until b closes
     b.close()
     assert lmdb_format._envs == {}
+
+
+def _rewrite(path, puts=(), deletes=()):
+    env = lmdb.open(str(path), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        for k in deletes:
+            assert txn.delete(k)
+        for k, v in puts:
+            txn.put(k, v)
+    env.close()
+
+
+@pytest.mark.parametrize("count", [b"10", b"31"])
+def test_a_damaged_count_is_an_error_not_a_partial_read(tmp_path, count):
+    path = save(tmp_path, [[i] for i in range(30)])
+    _rewrite(path, puts=[(b"__bf__/count", count)])  # one digit flipped: 30 -> 10 would read a third
+    with pytest.raises(CorruptDataError, match=r"d\.lmdb: its metadata counts .* but the file holds 30"):
+        LMDBSerializer.load(path)
+
+
+def test_a_damaged_key_is_noticed_in_order_and_by_index(tmp_path):
+    path = save(tmp_path, [[i] for i in range(30)])
+    env = lmdb.open(str(path), subdir=False, lock=False, readonly=True)
+    with env.begin() as txn:
+        value = txn.get(struct.pack(">Q", 5))
+    env.close()
+    # key 5 moved past the others: same count, same number of entries, but a reordered sequence
+    _rewrite(path, deletes=[struct.pack(">Q", 5)], puts=[(struct.pack(">Q", 1 << 40), value)])
+    with LMDBData(path, shuffle=False) as ds:
+        ds.reset_state()
+        with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 5: key"):
+            list(ds)
+        with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 5 is missing"):
+            ds[5]
+
+
+def test_a_value_claiming_another_version_or_codec_is_damage_and_never_unpickled(tmp_path):
+    from bridgeflow.serialize.codec import encode
+
+    path = save(tmp_path, [[i] for i in range(5)])
+    future = bytearray(encode([1]))
+    future[4] += 1  # format version
+    _rewrite(path, puts=[(struct.pack(">Q", 1), bytes(future)),
+                         (struct.pack(">Q", 2), encode({"evil": {1, 2}}, codec="pickle"))])
+    with LMDBData(path, shuffle=False, allow_pickle=True) as ds:  # a bridgeflow-codec file
+        ds.reset_state()
+        with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 1: .*version"):
+            ds[1]
+        with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 2: .*pickle"):
+            ds[2]  # the file says codec=bridgeflow: a pickle inside it is not run, even with allow_pickle
+        with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 1"):
+            list(ds)

@@ -49,6 +49,7 @@ _KEY = struct.Struct(">Q")
 _INITIAL_MAP = 256 << 20
 _BATCH_BYTES = 64 << 20  # commit at least this often, whatever write_frequency says
 _VERIFY_MAX_PAGES = 65536  # verify=None checks trees of up to this many branch+leaf pages
+_VALUE_ERRORS = (CorruptDataError, UnsupportedFormatError, PickleNotAllowedError)
 
 
 def _key(i: int) -> bytes:
@@ -193,6 +194,8 @@ def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
             for k in (b"format", b"codec", b"version", b"count"):
                 v = txn.get(META + k)
                 raw[k] = None if v is None or len(v) > 64 else bytes(v)  # a damaged size: never copy it
+            entries = txn.stat(env.open_db())["entries"]
+            meta_keys = _count_meta_keys(txn)
     except lmdb.Error as exc:
         raise _wrap(p, exc, "reading metadata") from exc
     finally:
@@ -213,7 +216,22 @@ def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
                                      f"version {FORMAT_VERSION}")
     if count < 0:
         raise CorruptDataError(f"{p}: negative count {count} in metadata")
+    if count + meta_keys != entries:  # a damaged count would silently read a prefix, or run past the end
+        raise CorruptDataError(f"{p}: its metadata counts {count} datapoints but the file holds "
+                               f"{entries - meta_keys}")
     return {"format": FORMAT_NAME.decode(), "codec": codec, "version": version, "count": count}
+
+
+def _count_meta_keys(txn: Any) -> int:
+    """Keys under ``META`` (they sort after every datapoint key); at most 64 are looked at."""
+    cursor = txn.cursor()
+    n = 0
+    if cursor.set_range(META):
+        for key in cursor.iternext(values=False):
+            if not bytes(key[:len(META)]) == META or n >= 64:
+                break
+            n += 1
+    return n
 
 
 class LMDBData(RNGDataFlow):
@@ -246,6 +264,8 @@ class LMDBData(RNGDataFlow):
         if self.meta["codec"] == "pickle" and not allow_pickle:
             raise PickleNotAllowedError(f"{self.path} was saved with codec='pickle'; pass allow_pickle=True "
                                         "to load it, only if you trust the file (unpickling can run code)")
+        # a value of a bridgeflow-codec file that claims to be a pickle is damage, never unpickled
+        self._unpickle = allow_pickle and self.meta["codec"] == "pickle"
         self._env: Any = None
         self._pid: int | None = None
 
@@ -268,9 +288,14 @@ class LMDBData(RNGDataFlow):
         try:
             if not self.verified and (len(value) < 32 or TOTAL.unpack_from(value, 24)[0] != len(value)):
                 raise CorruptDataError(f"stored value of {len(value)} bytes does not match its header")
-            return decode(bytearray(value), allow_pickle=self.allow_pickle)
-        except CorruptDataError as exc:
-            raise CorruptDataError(f"{self.path}: datapoint {index}: {exc}") from exc
+            return decode(bytearray(value), allow_pickle=self._unpickle)
+        except _VALUE_ERRORS as exc:
+            raise self._damaged(index, exc) from exc
+
+    def _damaged(self, index: int, exc: Exception) -> CorruptDataError:
+        """A stored value that does not decode: the file's metadata names its codec and version, so a
+        value claiming another (or a pickle in a bridgeflow-codec file) is damage too."""
+        return CorruptDataError(f"{self.path}: datapoint {index}: {exc}")
 
     def __getitem__(self, index: int) -> Any:
         i = normalize_index(index, len(self), "LMDBData")
@@ -294,22 +319,27 @@ class LMDBData(RNGDataFlow):
                     return
                 cursor = txn.cursor()
                 cursor.first()
-                allow, i, total = self.allow_pickle, -1, TOTAL.unpack_from
-                values = cursor.iternext(keys=False)
+                allow, i, total, key = self._unpickle, -1, TOTAL.unpack_from, _KEY.pack
+                items = cursor.iternext()
                 try:  # the hot loop: copy once out of the map, decode zero-copy
+                    # keys are checked too: a damaged key would reorder or skip datapoints silently
                     if self.verified:  # sizes were checked against the file: decode() checks the rest
-                        for i, value in zip(range(n), values):  # noqa: B007
+                        for i, (k, value) in zip(range(n), items):
+                            if k != key(i):
+                                raise CorruptDataError(f"key {bytes(k)!r} where key {key(i)!r} belongs")
                             yield decode(bytearray(value), allow_pickle=allow)
                     else:  # an unchecked size must not be copied before it matches the header
-                        for i, value in zip(range(n), values):  # noqa: B007
+                        for i, (k, value) in zip(range(n), items):
+                            if k != key(i):
+                                raise CorruptDataError(f"key {bytes(k)!r} where key {key(i)!r} belongs")
                             if total(value, 24)[0] != len(value):
                                 raise CorruptDataError(f"stored value of {len(value)} bytes does not match "
                                                        "its header")
                             yield decode(bytearray(value), allow_pickle=allow)
                 except struct.error as exc:
                     raise CorruptDataError(f"{self.path}: datapoint {i}: stored value too short") from exc
-                except CorruptDataError as exc:
-                    raise CorruptDataError(f"{self.path}: datapoint {i}: {exc}") from exc
+                except _VALUE_ERRORS as exc:
+                    raise self._damaged(i, exc) from exc
                 if i + 1 != n:
                     raise CorruptDataError(f"{self.path}: {i + 1} datapoints found, its count says {n}")
         except lmdb.Error as exc:
