@@ -159,13 +159,16 @@ def test_missing_garbage_wrong_format_truncated_and_future_version(tmp_path):
 
 
 def test_flipped_bytes_never_crash_the_process(tmp_path):
-    """Random flips anywhere in the file: success or a bridgeflow error, in a child process."""
+    """Random flips anywhere in the file: the saved datapoints or a bridgeflow error, never other values,
+    in a child process (variable-length rows are covered by their CRC, the rest by HDF5's checksums)."""
     path = save(tmp_path, every_kind(25))
     script = textwrap.dedent(f"""
         import os, random
         from bridgeflow.errors import BridgeflowError
         from bridgeflow.serialize.hdf5_format import HDF5Serializer
+        from bridgeflow.testing import assert_same_datapoints
         data = open({str(path)!r}, "rb").read()
+        ref = list(HDF5Serializer.load({str(path)!r}, shuffle=False))
         rng = random.Random(1)
         errors = 0
         for t in range(120):
@@ -176,9 +179,11 @@ def test_flipped_bytes_never_crash_the_process(tmp_path):
             open(p, "wb").write(b)
             try:
                 ds = HDF5Serializer.load(p, shuffle=False)
-                list(ds)
-                [ds[i] for i in range(len(ds))]
+                got = list(ds)
+                by_index = [ds[i] for i in range(len(ds))]
                 ds.close()
+                assert_same_datapoints(ref, got)  # read without an error: then exactly what was saved
+                assert_same_datapoints(ref, by_index)
             except BridgeflowError:
                 errors += 1
             os.unlink(p)
@@ -187,3 +192,61 @@ def test_flipped_bytes_never_crash_the_process(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout.split()[-1]) > 0
+
+
+def vlen_rows(n=12):
+    return [[b"row%03d" % i * 10, f"text{i:03d}", np.arange(i, i + 3 + i % 2, dtype=np.int32) * 1000003]
+            for i in range(n)]
+
+
+@pytest.mark.parametrize(("needle", "component"), [(b"row007" * 10, "0"), (b"text007", "1"),
+                                                     ((np.arange(7, 11, dtype=np.int32) * 1000003).tobytes(), "2")])
+def test_damaged_variable_length_rows_are_detected(tmp_path, needle, component):
+    """HDF5 checksums neither its vlen heap nor strings: the per-row CRC catches a changed byte there."""
+    path = save(tmp_path, vlen_rows())
+    data = bytearray(path.read_bytes())
+    at = data.find(needle)
+    assert at > 0 and data.find(needle, at + 1) < 0  # one copy of that row in the file
+    data[at + 1] ^= 0x01
+    path.write_bytes(bytes(data))
+    with HDF5Data(path, shuffle=False) as ds:
+        ds.reset_state()
+        with pytest.raises(CorruptDataError, match=rf"d\.h5: datapoint 7, component '{component}': checksum"):
+            list(ds)
+        assert_same_datapoints(vlen_rows()[:7], [ds[i] for i in range(7)])
+        with pytest.raises(CorruptDataError, match="checksum"):
+            ds[7]
+
+
+def test_files_without_row_checksums_still_load(tmp_path):
+    path = save(tmp_path, vlen_rows())
+    with h5py.File(path, "a") as f:
+        assert sorted(f["__bf_crc__"]) == ["0", "1", "2"]
+        del f["__bf_crc__"]
+    assert_same_datapoints(vlen_rows(), check_dataflow(HDF5Data(path, shuffle=False), deterministic=True))
+
+
+@pytest.mark.parametrize(("dps", "message"), [
+    ([["a\x00b"]], "component '0' of datapoint 0: HDF5 strings cannot hold NUL"),
+    ([["ok"], ["\ud800"]], "component '0' of datapoint 1: .* is not valid UTF-8"),
+    ([[2 ** 64]], "component '0' of datapoint 0: the int 18446744073709551616 does not fit in 64 bits"),
+    ([{"": 1}], "component '' cannot be stored as HDF5 dataset"),
+    ([{".": 1}], "component '.' cannot be stored"),
+    ([{"a": 1, "a/b": 2}], "component 'a/b' cannot be stored"),
+    ([{"__bf_crc__": b"x"}], "component '__bf_crc__': names starting with '__bf_' are reserved"),
+])
+def test_what_hdf5_cannot_hold_is_refused_naming_the_component(tmp_path, dps, message):
+    with pytest.raises(DatapointError, match=message):
+        save(tmp_path, dps)
+    assert os.listdir(tmp_path) == []
+
+
+def test_encoded_bytes_are_flushed_by_size_not_count(tmp_path):
+    from bridgeflow.serialize import hdf5_format
+
+    with h5py.File(tmp_path / "w.h5", "w") as f:
+        writer = hdf5_format._Writer(f, None)
+        for i in range(20):  # 20 x 1 MiB "images": flushed before 16 MiB pile up in memory
+            writer.add([bytes(1 << 20), i], i)
+            assert writer.pending_bytes < hdf5_format._FLUSH_BYTES + (2 << 20)
+        assert writer.count > 0

@@ -93,6 +93,9 @@ def classify(name: str, value: Any, index: int = 0) -> Column:
     if isinstance(value, np.generic) and value.dtype.kind in _NUMERIC:
         return Column(name, "scalar", value.dtype.str)
     if type(value) in _PYTYPES:
+        if type(value) is int and not -(1 << 63) <= value < (1 << 63):
+            raise DatapointError(f"component {name!r} of datapoint {index}: the int {value} does not fit in "
+                                 "64 bits, which column formats store; use LMDBSerializer for it")
         dt = {"bool": "|b1", "int": "<i8", "float": "<f8"}[_PYTYPES[type(value)]]
         return Column(name, "scalar", dt, (), _PYTYPES[type(value)])
     if isinstance(value, str):

@@ -6,7 +6,9 @@ flat in a variable-length dataset with their shapes in ``__bf_shapes__/<name>``;
 ``str`` and ``bytes`` as variable-length. The file attributes ``bridgeflow_format``, ``bridgeflow_version``, ``count``,
 ``structure`` and ``columns`` (JSON) describe it. Files are written with ``libver="latest"``, whose
 metadata carries checksums, and fixed-size datasets use the fletcher32 filter, so damage is reported
-instead of read (variable-length rows have no checksum).
+instead of read. HDF5 checksums neither variable-length rows nor strings, so each variable-length column
+has a CRC-32 per row in ``__bf_crc__/<name>`` (itself fletcher32-checked), verified on every read; files
+written without it are read unchecked.
 
 ``load`` also reads HDF5 files written by other tools when ``data_paths`` names their datasets (all
 of the same length; the first axis indexes datapoints).
@@ -21,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -41,6 +44,8 @@ log = logging.getLogger(__name__)
 FORMAT_NAME = "bridgeflow-hdf5"
 FORMAT_VERSION = 1
 SHAPES = "__bf_shapes__"
+CRC = "__bf_crc__"  # CRC-32 of every variable-length row: HDF5 checksums neither its vlen heap nor strings
+_VLEN = ("str", "bytes", "ragged")
 _CHUNK_BYTES = 256 << 10
 _FLUSH_BYTES = 16 << 20
 _BLOCK_BYTES = 1 << 20
@@ -76,6 +81,15 @@ class _Writer:
         self.count = 0  # rows written to the datasets
 
     def _create(self, col: Column) -> None:
+        if col.name.startswith("__bf_"):
+            raise DatapointError(f"component {col.name!r}: names starting with '__bf_' are reserved")
+        try:
+            self._create_datasets(col)
+        except (ValueError, TypeError, KeyError) as exc:  # h5py: empty, '.', or clashing names
+            raise DatapointError(f"component {col.name!r} cannot be stored as HDF5 dataset {col.name!r} "
+                                 f"({exc}); rename it or pass data_paths=") from exc
+
+    def _create_datasets(self, col: Column) -> None:
         if col.kind == "array":
             row = max(1, int(np.prod(col.shape)) * np.dtype(col.dtype).itemsize)
             rows = max(1, min(_CHUNK_BYTES // row, self.size_hint or _CHUNK_BYTES))
@@ -89,7 +103,10 @@ class _Writer:
             if col.kind == "ragged":
                 self.f.create_dataset(f"{SHAPES}/{col.name}", shape=(0, len(col.shape)),
                                       maxshape=(None, len(col.shape)), chunks=(1024, max(1, len(col.shape))),
-                                      dtype=np.int64)
+                                      dtype=np.int64, fletcher32=True)
+            if col.kind in _VLEN:
+                self.f.create_dataset(f"{CRC}/{col.name}", shape=(0,), maxshape=(None,), chunks=(4096,),
+                                      dtype=np.uint32, fletcher32=True)
 
     def add(self, dp: Any, index: int) -> None:
         structure, names, values = split_datapoint(dp, self.data_paths, index)
@@ -107,9 +124,14 @@ class _Writer:
         for k, upgraded in enumerate(upgrades):
             if upgraded is not None:
                 self._make_ragged(k, upgraded)
+        for col, v in zip(self.columns, values):
+            if col.kind == "str":
+                _check_text(v, col.name, index)
         for k, v in enumerate(values):
             self.pending[k].append(v)
-            self.pending_bytes += v.nbytes if isinstance(v, np.ndarray) else 8
+            # bytes and str count by their size: encoded images must not pile up in memory
+            self.pending_bytes += v.nbytes if isinstance(v, np.ndarray) else len(v) if isinstance(v, (bytes, str)) \
+                else 8
         if self.pending_bytes >= _FLUSH_BYTES:
             self.flush()
 
@@ -129,17 +151,27 @@ class _Writer:
         ds.resize(at + n, axis=0)
         if col.kind == "array":
             ds[at:at + n] = np.stack(values)
-        elif col.kind in ("scalar", "str"):
-            ds[at:at + n] = np.array(values, dtype=object if col.kind == "str" else np.dtype(col.dtype))
+        elif col.kind == "scalar":
+            ds[at:at + n] = np.array(values, dtype=np.dtype(col.dtype))
+        elif col.kind == "str":
+            ds[at:at + n] = np.array(values, dtype=object)
+            self._write_crc(col, [v.encode("utf-8") for v in values], at)
         elif col.kind == "bytes":
             for j, v in enumerate(values):
                 ds[at + j] = np.frombuffer(v, np.uint8)
+            self._write_crc(col, values, at)
         else:  # ragged
             shapes = self.f[f"{SHAPES}/{col.name}"]
             shapes.resize(at + n, axis=0)
             shapes[at:at + n] = np.array([v.shape for v in values], dtype=np.int64).reshape(n, -1)
             for j, v in enumerate(values):
                 ds[at + j] = np.ascontiguousarray(v).reshape(-1)
+            self._write_crc(col, values, at)
+
+    def _write_crc(self, col: Column, values: list, at: int) -> None:
+        crc = self.f[f"{CRC}/{col.name}"]
+        crc.resize(at + len(values), axis=0)
+        crc[at:at + len(values)] = np.array([row_crc(v) for v in values], dtype=np.uint32)
 
     def flush(self) -> None:
         if not self.columns or not self.pending[0]:
@@ -156,6 +188,26 @@ class _Writer:
         self.f.attrs.update({"bridgeflow_format": FORMAT_NAME, "bridgeflow_version": FORMAT_VERSION,
                              "count": self.count, "structure": self.structure or "list",
                              "columns": json.dumps([c.to_json() for c in self.columns])})
+
+
+def _check_text(v: str, name: str, index: int) -> None:
+    """HDF5 stores text as NUL-terminated UTF-8: refuse what it would mangle, naming the component."""
+    where = f"component {name!r} of datapoint {index}"
+    if "\x00" in v:
+        raise DatapointError(f"{where}: HDF5 strings cannot hold NUL characters; store it as bytes, or use "
+                             "LMDBSerializer")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DatapointError(f"{where}: {v[:40]!r} is not valid UTF-8 text ({exc.reason}); store it as bytes, "
+                             "or use LMDBSerializer") from None
+
+
+def row_crc(value: bytes | np.ndarray) -> int:
+    """CRC-32 of a variable-length row: the bytes, the UTF-8 text, or the array's little-endian bytes."""
+    if isinstance(value, np.ndarray):
+        value = np.ascontiguousarray(value, value.dtype.newbyteorder("<"))
+    return zlib.crc32(value)
 
 
 class HDF5Serializer:
@@ -269,58 +321,73 @@ class HDF5Data(RNGDataFlow):
     def __len__(self) -> int:
         return self._len
 
-    def _datasets(self) -> list[tuple[Column, Any, Any]]:
-        """(column, dataset to read, shapes dataset or None) per column, opened once per process."""
+    def _datasets(self) -> list[tuple[Column, Any, Any, Any]]:
+        """(column, dataset, shapes dataset or None, CRC-32 per row or None) per column, opened once per
+        process. The row checksums of variable-length columns are read whole (4 bytes a row); files
+        written before they existed have none and are read unchecked."""
         if self._f is None or self._pid != os.getpid():
             f = _open(self.path)
             try:
-                self._ds = [(c, f[c.name].asstr() if c.kind == "str" else f[c.name],
-                             f[f"{SHAPES}/{c.name}"] if c.kind == "ragged" else None) for c in self.columns]
-            except (OSError, KeyError) as exc:
+                self._ds = [(c, f[c.name], f[f"{SHAPES}/{c.name}"] if c.kind == "ragged" else None,
+                             self._crcs(f, c)) for c in self.columns]
+            except (OSError, KeyError, ValueError, TypeError) as exc:
                 f.close()
                 raise CorruptDataError(f"{self.path}: damaged HDF5 file ({exc})") from exc
             self._f, self._pid = f, os.getpid()
         return self._ds
 
+    def _crcs(self, f: Any, c: Column) -> np.ndarray | None:
+        if c.kind not in _VLEN or f"{CRC}/{c.name}" not in f:
+            return None
+        crcs = f[f"{CRC}/{c.name}"][...]
+        if crcs.shape != (self._len,):
+            raise CorruptDataError(f"{self.path}: the checksums of {c.name!r} do not cover {self._len} rows")
+        return crcs
+
     def reset_state(self) -> None:
         super().reset_state()
         self._datasets()
 
+    def _cell(self, c: Column, v: Any, shape: Any, crcs: np.ndarray | None, i: int) -> Any:
+        """A stored cell back to its saved type; variable-length cells are checked against their CRC."""
+        if c.kind == "array":
+            return v if c.shape else np.array(v)
+        if c.kind == "scalar":
+            return v.item() if c.pytype else v
+        if c.kind == "ragged":
+            v = v.reshape(shape)
+        elif c.kind == "bytes":
+            v = v.tobytes()
+        if crcs is not None and row_crc(v) != crcs[i]:
+            raise CorruptDataError(f"{self.path}: datapoint {i}, component {c.name!r}: checksum mismatch "
+                                   "(the file is damaged)")
+        return v.decode("utf-8") if c.kind == "str" else v
+
     def _row(self, i: int) -> list:
-        out = []
         try:
-            for c, ds, shapes in self._datasets():
-                v = ds[i]
-                if c.kind == "array":
-                    out.append(v if c.shape else np.array(v))
-                elif c.kind == "scalar":
-                    out.append(v.item() if c.pytype else v)
-                elif c.kind == "ragged":
-                    out.append(v.reshape(shapes[i]))
-                elif c.kind == "bytes":
-                    out.append(v.tobytes())
-                else:
-                    out.append(v)
-        except (OSError, KeyError, ValueError, TypeError) as exc:
+            return [self._cell(c, ds[i], shapes[i] if shapes is not None else None, crcs, i)
+                    for c, ds, shapes, crcs in self._datasets()]
+        except BridgeflowError:
+            raise
+        except (OSError, KeyError, ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
             raise CorruptDataError(f"{self.path}: reading datapoint {i} failed ({exc})") from exc
-        return out
 
     def _block(self, start: int, stop: int) -> list[list]:
         """Columns of rows ``start:stop``, each a list of restored cells."""
         out = []
         try:
-            for c, ds, shapes in self._datasets():
+            for c, ds, shapes, crcs in self._datasets():
                 block = ds[start:stop]
                 if c.kind == "array":
                     out.append(list(block) if c.shape else [np.array(v) for v in block])
                 elif c.kind == "scalar":  # Python types back via tolist(), numpy scalars stay numpy
                     out.append(block.tolist() if c.pytype else list(block))
-                elif c.kind == "ragged":
-                    out.append([a.reshape(s) for a, s in zip(block, shapes[start:stop])])
-                elif c.kind == "bytes":
-                    out.append([a.tobytes() for a in block])
                 else:
-                    out.append(list(block))
+                    shape_rows = shapes[start:stop] if shapes is not None else [None] * len(block)
+                    out.append([self._cell(c, v, sh, crcs, start + j)
+                                for j, (v, sh) in enumerate(zip(block, shape_rows))])
+        except BridgeflowError:
+            raise
         except (OSError, KeyError, ValueError, TypeError) as exc:
             raise CorruptDataError(f"{self.path}: reading rows {start}:{stop} failed ({exc})") from exc
         return out
