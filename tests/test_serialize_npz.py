@@ -101,3 +101,61 @@ def test_bad_files(tmp_path):
         np.savez(bad, **arrays)
         with pytest.raises(error, match="changed.npz"):
             NumpyData(bad)
+
+
+def _rewrite_member(src, dst, name, change):
+    with zipfile.ZipFile(src) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    members[name] = change(members[name])
+    with zipfile.ZipFile(dst, "w") as z:  # a valid zip (CRCs recomputed): only the npy header lies
+        for n, b in members.items():
+            z.writestr(n, b)
+
+
+def test_a_huge_declared_shape_is_refused_before_allocating(tmp_path):
+    good = save(tmp_path, [[np.zeros((3, 4), np.float32) + i] for i in range(200)])
+
+    def lie(member: bytes) -> bytes:
+        head = member[:128].replace(b"(200, 3, 4), }", b"(99999999999999, 3, 4), }")
+        return head[:127].rstrip(b" \n").ljust(127) + b"\n" + member[128:]  # same header length
+
+    _rewrite_member(good, tmp_path / "huge.npz", "c0.npy", lie)
+    with pytest.raises(CorruptDataError, match=r"huge\.npz: .*declares shape \(99999999999999, 3, 4\)"):
+        NumpyData(tmp_path / "huge.npz")  # np.load would ask for 4.4 PiB and raise MemoryError
+
+
+def test_byte_order_is_kept(tmp_path):
+    dps = [[(np.arange(3) + i).astype(">i4"), np.arange(i + 1, dtype=">f8")] for i in range(4)]
+    out = check_dataflow(NumpyData(save(tmp_path, dps), shuffle=False), deterministic=True)
+    assert_same_datapoints(dps, out)
+    assert out[0][0].dtype.str == ">i4" and out[3][1].dtype.str == ">f8"
+
+
+def test_flipped_and_cut_files_give_the_saved_data_or_a_library_error(tmp_path):
+    """The zip CRC of every member is checked (the whole member is read), so no flip goes unnoticed."""
+    import random
+
+    from bridgeflow.errors import BridgeflowError
+
+    dps = every_kind(20)
+    good = save(tmp_path, dps)
+    data = good.read_bytes()
+    rng = random.Random(0)
+    errors = 0
+    for t in range(150):
+        b = bytearray(data)
+        for _ in range(rng.randint(1, 4)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        if t % 4 == 0:
+            b = b[:rng.randrange(len(b))]
+        p = tmp_path / f"f{t}.npz"
+        p.write_bytes(bytes(b))
+        try:
+            got = list(NumpyData(p, shuffle=False))
+        except BridgeflowError as exc:
+            assert isinstance(exc, ValueError) and f"f{t}.npz" in str(exc)
+            errors += 1
+        else:
+            assert_same_datapoints(dps, got)
+        p.unlink()
+    assert errors > 140

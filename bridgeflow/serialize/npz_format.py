@@ -3,7 +3,9 @@
 Columns follow :mod:`bridgeflow.serialize._columns`: fixed-shape arrays are stacked (``c<k>``), ragged
 arrays are stored flat with ``c<k>.shapes``, ``str`` (UTF-8) and ``bytes`` as one flat ``uint8`` array with
 ``c<k>.offsets``. ``__bf_meta__`` holds the JSON description (format, version, count, structure,
-columns). The file is read with ``allow_pickle=False``.
+columns). Each member is read after checking its header's shape against the member's size (a damaged
+shape must not make numpy allocate terabytes) and to its end, so the zip CRC is checked; object arrays
+are refused, nothing is unpickled.
 
 Example:
     >>> NumpySerializer.save(df, "small.npz")                     # doctest: +SKIP
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -42,17 +45,74 @@ def _flat_bytes(chunks: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 
 def _column_arrays(k: int, col: Column, values: list) -> dict[str, np.ndarray]:
     key = f"c{k}"
+    # the column's dtype, restored after np.stack / np.concatenate, which turn '>i4' into native '<i4'
+    dtype = np.dtype(col.dtype) if col.kind in ("array", "ragged") else None
     if col.kind == "array":
-        return {key: np.stack(values) if values else np.zeros((0, *col.shape), col.dtype)}
+        return {key: np.stack(values).astype(dtype, copy=False) if values else np.zeros((0, *col.shape), dtype)}
     if col.kind == "scalar":
         return {key: np.array(values, dtype=np.dtype(col.dtype))}
     if col.kind == "ragged":
         flat = [np.ascontiguousarray(v).reshape(-1) for v in values]
         shapes = np.array([v.shape for v in values], np.int64).reshape(len(values), len(col.shape))
-        return {key: np.concatenate(flat) if flat else np.zeros(0, col.dtype), f"{key}.shapes": shapes}
+        return {key: np.concatenate(flat).astype(dtype, copy=False) if flat else np.zeros(0, dtype),
+                f"{key}.shapes": shapes}
     raw = [v.encode("utf-8", "surrogatepass") for v in values] if col.kind == "str" else values
     flat, offsets = _flat_bytes(raw)
     return {key: flat, f"{key}.offsets": offsets}
+
+
+_DEFLATE_MAX_RATIO = 1032  # the most zlib's deflate can expand
+
+
+def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive_size: int) -> np.ndarray:
+    """One ``.npy`` member, its header checked against the member's size *before* the array is
+    allocated (``np.load`` allocates whatever shape a damaged header declares), its CRC checked by
+    reading to the end. Object dtypes are refused: nothing is unpickled."""
+    fmt = np.lib.format
+    name = info.filename
+    limit = archive_size if info.compress_type == zipfile.ZIP_STORED else info.compress_size * _DEFLATE_MAX_RATIO
+    if info.file_size > limit:
+        raise ValueError(f"member {name!r} declares {info.file_size} bytes, more than the file can hold")
+    with z.open(info) as fh:
+        version = fmt.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(fh)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = fmt.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f"member {name!r}: unknown npy version {version}")
+        if dtype.hasobject or dtype.itemsize == 0:
+            raise ValueError(f"member {name!r} holds dtype {dtype}, which bridgeflow never writes")
+        count = 1
+        for d in shape:
+            count *= d
+        nbytes = count * dtype.itemsize
+        if fh.tell() + nbytes != info.file_size:
+            raise ValueError(f"member {name!r}: its header declares shape {shape} of {dtype} ({nbytes} bytes) "
+                             f"but it holds {info.file_size - fh.tell()} bytes")
+        flat = np.empty(count, dtype)
+        view = memoryview(flat.view(np.uint8))
+        got = 0
+        while got < nbytes:
+            n = fh.readinto(view[got:])
+            if not n:
+                raise EOFError(f"member {name!r} ends after {got} of {nbytes} bytes")
+            got += n
+        if fh.read(1):  # reading to the end also makes zipfile check the member's CRC
+            raise ValueError(f"member {name!r} is longer than its header says")
+    return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+
+
+def _read_npz(path: str) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file, by name (without ``.npy``); see :func:`_read_member`."""
+    size = os.path.getsize(path)
+    with zipfile.ZipFile(path) as z:
+        out = {}
+        for info in z.infolist():
+            if not info.filename.endswith(".npy"):
+                raise ValueError(f"member {info.filename!r} is not an .npy array")
+            out[info.filename[:-4]] = _read_member(z, info, size)
+    return out
 
 
 class NumpySerializer:
@@ -111,9 +171,9 @@ class NumpyData(RNGDataFlow):
         self.shuffle = shuffle
         self.seed = seed
         try:
-            with np.load(self.path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError) as exc:
+            arrays = _read_npz(self.path)
+        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, NotImplementedError,
+                zlib.error) as exc:
             raise CorruptDataError(f"{self.path}: cannot read as npz ({type(exc).__name__}: {exc})") from exc
         try:
             meta = json.loads(arrays.pop(META).tobytes())
