@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -41,12 +42,21 @@ def load_object(spec: str) -> Any:
     else:
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
-        module = importlib.import_module(target)
+        try:
+            module = importlib.import_module(target)
+        except (TypeError, ValueError) as exc:  # '.', '' or other names that are not modules
+            raise ValueError(f"{spec!r}: {target!r} is not a module name ({exc})") from None
     try:
         obj = getattr(module, attr)
     except AttributeError:
         raise AttributeError(f"{target} has no attribute {attr!r}") from None
     if callable(obj) and not isinstance(obj, DataFlow):
+        try:
+            inspect.signature(obj).bind()
+        except TypeError as exc:
+            raise ValueError(f"{spec} must be callable without arguments to make the flow ({exc})") from None
+        except ValueError:  # no signature to inspect (some builtins): just call it
+            pass
         obj = obj()
     if isinstance(obj, DataFlow):
         return obj
@@ -103,7 +113,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     if (args.target is None) == (args.fake is None):
         raise SystemExit("bridgeflow bench: give either TARGET (module:function or a dataset file) or --fake")
-    if args.target is not None and ":" not in args.target and os.path.exists(args.target):
+    if args.target is not None and ":" not in args.target:
+        if not os.path.exists(args.target):
+            raise FileNotFoundError(f"no such dataset file: {args.target} (and it is not MODULE:FUNCTION)")
         from .serialize.cli import bench_file
 
         return bench_file(args.target, args)

@@ -119,7 +119,9 @@ def test_demo():
     (["bench", "nosuchfile.py:f"], "no such file: nosuchfile.py"),
     (["bench", "flows.py:missing"], "has no attribute 'missing'"),
     (["bench", "flows.py:make_number"], "flows.py:make_number gave a int"),
-    (["bench", "just_words"], "expected MODULE:FUNCTION"),
+    (["bench", "just_words"], "no such dataset file: just_words"),
+    (["bench", "json:dumps"], "json:dumps must be callable without arguments"),
+    (["bench", ".:f"], "'.' is not a module name"),
     (["nosuchcommand"], "invalid choice: 'nosuchcommand'"),
 ])
 def test_bad_arguments(tmp_path, args, message):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -199,3 +200,78 @@ def test_load_recognises_formats_by_content(tmp_path):
         load(tmp_path / "notes.txt")
     with pytest.raises(ValueError, match="format"):
         load(tmp_path / "a.data", fmt="csv")
+
+
+SLOW_FLOW = textwrap.dedent("""
+    import time
+    import numpy as np
+    from bridgeflow import DataFromGenerator
+
+    def flow():
+        def gen():
+            for i in range(100_000):
+                time.sleep(0.002)
+                yield [np.zeros(5000, np.uint8) + i % 200, i]
+        return DataFromGenerator(gen, size=100_000)
+""")
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "npz"])
+def test_ctrl_c_during_serialize_leaves_the_folder_as_it_was(tmp_path, fmt):
+    """SIGINT to a real ``bridgeflow serialize`` mid-write: exit 130, no output, no temporary file."""
+    import signal
+    import time
+
+    (tmp_path / "slow_flow.py").write_text(SLOW_FLOW)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "keep.txt").write_text("x")
+    proc = subprocess.Popen([sys.executable, "-m", "bridgeflow.cli", "serialize", str(tmp_path / "slow_flow.py") +
+                             ":flow", str(out_dir / f"data.{fmt}"), "--format", fmt],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:  # wait until it is writing
+            if fmt == "npz" or any(".tmp-" in n for n in os.listdir(out_dir)):
+                break
+            time.sleep(0.05)
+        time.sleep(1.0)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-1000:]
+    assert "interrupted" in err
+    assert os.listdir(out_dir) == ["keep.txt"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["serialize", "bf_no_such_module:flow", "o.lmdb"], "No module named 'bf_no_such_module'"),
+    (["serialize", "flows.py:nope", "o.lmdb"], "has no attribute 'nope'"),
+    (["serialize", "flows.py:needs_arg", "o.lmdb"], "flows.py:needs_arg must be callable without arguments"),
+    (["serialize", "flows.py:number", "o.lmdb"], "gave a int, not a DataFlow"),
+    (["serialize", "no_such_folder", "o.lmdb"], "'no_such_folder' is neither an existing folder/file"),
+    (["serialize", "flows.py:flow", "o.csv"], "cannot tell the format from 'o.csv'; pass --format"),
+    (["serialize", "flows.py:flow", "missing_dir/o.lmdb"], "folder .*missing_dir does not exist"),
+    (["serialize", "flows.py:flow", "o.lmdb", "--workers", "-2"], "--workers must be >= 0"),
+    (["serialize", "flows.py", "o.lmdb"], "flows.py: not an LMDB, HDF5 or npz file"),
+    (["inspect", "nothing.h5"], "no such dataset file: nothing.h5"),
+    (["bench", "nothing.h5"], "no such dataset file: nothing.h5"),
+])
+def test_bad_arguments_are_one_line_errors(tmp_path, argv, message):
+    (tmp_path / "flows.py").write_text("from bridgeflow import DataFromList\n\ndef flow():\n"
+                                       "    return DataFromList([[1]])\n\ndef needs_arg(n):\n"
+                                       "    return DataFromList([[n]])\n\nnumber = 5\n")
+    proc = subprocess.run([sys.executable, "-m", "bridgeflow.cli", *argv], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert re.search(message, proc.stderr), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["flows.py"]
+
+
+def test_unknown_format_is_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bridgeflow.cli", "serialize", "a:b", "o.x", "--format", "csv"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and "invalid choice: 'csv'" in proc.stderr
