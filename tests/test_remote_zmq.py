@@ -287,3 +287,32 @@ def test_import_bridgeflow_loads_neither_zmq_nor_ray():
     code = "import sys, bridgeflow, bridgeflow.remote; print('zmq' in sys.modules, 'ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize(("frames", "error", "message"), [
+    ([b"\x93BFC\x09" + bytes(27)], "UnsupportedFormatError", "format version 9"),
+    ([b"\x93BFC" + bytes(12), b"x"], "CorruptDataError", "too short"),
+    ("pickle", "PickleNotAllowedError", "allow_pickle=True"),
+])
+def test_a_bad_message_names_the_producer(leak_check, frames, error, message):
+    import zmq
+
+    from bridgeflow.serialize import codec, errors
+
+    if frames == "pickle":
+        frames = codec.encode_frames([1], codec="pickle")
+    addr = free_tcp()
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.bind(addr)
+    try:
+        with RemoteDataZMQ(addr, timeout=10) as df:
+            df.reset_state()
+            push.send_multipart(frames)
+            with pytest.raises(getattr(errors, error), match=message) as info:
+                list(df)
+            assert f"bad message from {addr}" in str(info.value)
+    finally:
+        push.close(0)
+        ctx.term()
