@@ -184,6 +184,35 @@ def test_random_bytes_raise_only_corrupt_data(data):
         decode_frames([data])
 
 
+@settings(max_examples=3000, deadline=None)
+@given(st.binary(max_size=300), st.sampled_from([0, 1]))
+def test_random_bytes_behind_a_valid_magic_raise_only_library_errors(tail, cid):
+    """Random strings that pass the magic/version check reach the header, skeleton, table and heap parsers
+    (never unpickled: random bytes are not fed to pickle)."""
+    buf = b"\x93BFC" + bytes([FORMAT_VERSION, cid]) + tail
+    for call in (lambda: decode(buf), lambda: decode_frames([buf, tail[:9]])):
+        try:
+            call()
+        except (CorruptDataError, PickleNotAllowedError):
+            pass
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trees, st.binary(max_size=400), st.integers(0, 400))
+def test_real_skeletons_over_random_values_raise_only_corrupt_data(obj, body, heap_len):
+    """A valid header and skeleton (so the plan compiles) followed by random values, buffer lengths, heap
+    and buffers, the header's lengths made consistent: every array shape, heap range and buffer length is
+    checked against what is there; nothing else escapes."""
+    valid = encode(obj)
+    skel_len = struct.unpack_from("<I", valid, 12)[0]
+    head = bytearray(valid[:32])
+    struct.pack_into("<IQ", head, 20, heap_len, 32 + skel_len + len(body))
+    try:
+        decode(bytes(head) + valid[32:32 + skel_len] + body)
+    except CorruptDataError:
+        pass
+
+
 VALID = encode([np.arange(6, dtype=np.float32).reshape(2, 3), 7, "name", {"k": (b"v", None, 2.5)},
                 np.int16(3), 2**70])
 
