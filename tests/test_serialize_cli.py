@@ -122,7 +122,8 @@ def test_module_function_source_and_conversions(tmp_path, capsys):
         with cls(tmp_path / path, shuffle=False) as ds:
             assert_same_datapoints(ref, list(ds))
     assert_same_datapoints(ref[:5], list(NumpyData(tmp_path / "d.bin", shuffle=False)))
-    assert run(["serialize", src, tmp_path / "w.lmdb", "--workers", "2", "--quiet"])[0] == 0
+    assert run(["serialize", src, tmp_path / "w.lmdb", "--workers", "2", "--quiet", "--checksum"])[0] == 0
+    assert LMDBData(tmp_path / "w.lmdb").meta["checksum"] == "crc32"
     with LMDBData(tmp_path / "w.lmdb", shuffle=False) as ds:
         assert_same_datapoints(ref, list(ds))  # the map stage ran in 2 processes, order kept
     code, cap = run(["serialize", f"{mod}:no_map", tmp_path / "v.lmdb", "--workers", "2"], capsys)
@@ -138,7 +139,7 @@ def test_inspect_and_bench(tmp_path, capsys):
                         path, progress=False)
     code, cap = run(["inspect", path, "--num", "1"], capsys)
     assert code == 0
-    assert "count:   30" in cap.out and "codec:   bridgeflow" in cap.out
+    assert "count:   30" in cap.out and "codec:   bridgeflow" in cap.out and "checksum: none" in cap.out
     assert "shape=(4, 5)" in cap.out and "float32" in cap.out and "datapoint 1" not in cap.out
     args = argparse.Namespace(size=50, warmup=5, quiet=True, batch=0)
     assert bench_file(str(path), args) == 0

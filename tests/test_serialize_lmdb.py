@@ -88,7 +88,7 @@ def test_dict_datapoints_and_empty_flow(tmp_path):
 def test_metadata_and_key_order(tmp_path):
     path = save(tmp_path, [[i] for i in range(300)])
     assert read_lmdb_meta(path) == {"format": "bridgeflow-lmdb", "codec": "bridgeflow", "version": 1,
-                                    "count": 300}
+                                    "count": 300, "checksum": None}
     env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
     with env.begin() as txn:
         keys = [k for k, _ in txn.cursor()]
@@ -210,9 +210,13 @@ FLIP_SCRIPT = """
 import os, random, struct, sys
 from bridgeflow.errors import BridgeflowError
 from bridgeflow.serialize.lmdb_format import LMDBSerializer
-path, folder, where, verify = sys.argv[1:5]
+from bridgeflow.testing import assert_same_datapoints
+path, folder, where, verify, checksum = sys.argv[1:6]
 verify = {"None": None, "False": False}[verify]
 data = open(path, "rb").read()
+ref = LMDBSerializer.load(path, shuffle=False)
+ref = [ref[i] for i in range(len(ref))]
+silent = 0
 spans, at = [], data.find(b"\\x93BFC")
 while at >= 0:  # the stored values (and stale copies of them in freed pages)
     spans.append((at, struct.unpack_from("<Q", data, at + 24)[0]))
@@ -234,27 +238,39 @@ for t in range(250):
     try:
         ds = LMDBSerializer.load(p, shuffle=False, verify=verify)
         ds.reset_state()
-        list(ds)
-        [ds[i] for i in range(len(ds))]
+        got = [list(ds), [ds[i] for i in range(len(ds))]]
         ds.close()
+        try:
+            for g in got:
+                assert_same_datapoints(ref, g)
+        except AssertionError:
+            silent += 1  # read back without an error, but not what was saved
     except BridgeflowError as exc:
         assert isinstance(exc, ValueError), repr(exc)
+        assert os.path.basename(p) in str(exc), str(exc)
         errors += 1
     os.unlink(p)
-print("errors", errors)
+print("errors", errors, "silent", silent)
 """
 
 
-@pytest.mark.parametrize(("where", "verify"), [("values", None), ("values", False), ("anywhere", None)])
-def test_flipped_and_cut_files_raise_library_errors_never_crash(tmp_path, where, verify):
+@pytest.mark.parametrize(("where", "verify", "checksum"), [("values", None, False), ("values", False, False),
+                                                           ("anywhere", None, False), ("anywhere", None, True),
+                                                           ("values", False, True)])
+def test_flipped_and_cut_files_raise_library_errors_never_crash(tmp_path, where, verify, checksum):
     """Byte flips (in stored values, or anywhere: page headers, node offsets, meta pages) and cuts: each
-    read succeeds or raises a bridgeflow error. In a child process, so a SIGBUS fails the test. Without
-    the page check (verify=False) only damage to the values themselves is guaranteed to be caught."""
-    path = save(tmp_path, mixed(40))
-    proc = subprocess.run([sys.executable, "-c", FLIP_SCRIPT, str(path), str(tmp_path), where, str(verify)],
-                          capture_output=True, text=True, timeout=120)
+    read succeeds or raises a bridgeflow error naming the file. In a child process, so a SIGBUS fails the
+    test. Without the page check (verify=False) only damage to the values themselves is guaranteed to be
+    caught. Without checksum=True a flip inside array bytes or a string reads back changed; with it, a
+    read that succeeds returns exactly what was saved."""
+    path = save(tmp_path, mixed(40), checksum=checksum)
+    proc = subprocess.run([sys.executable, "-c", FLIP_SCRIPT, str(path), str(tmp_path), where, str(verify),
+                           str(checksum)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert int(proc.stdout.split()[-1]) > 50  # the damage is noticed, not silently read
+    errors, silent = int(proc.stdout.split()[-3]), int(proc.stdout.split()[-1])
+    assert errors > 50  # the damage is noticed, not silently read
+    if checksum:
+        assert silent == 0
 
 
 def test_verify_checks_a_deep_tree_and_can_be_forced(tmp_path):
@@ -364,3 +380,30 @@ def test_a_value_claiming_another_version_or_codec_is_damage_and_never_unpickled
             ds[2]  # the file says codec=bridgeflow: a pickle inside it is not run, even with allow_pickle
         with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 1"):
             list(ds)
+
+
+def test_checksum_roundtrip_and_a_changed_array_byte(tmp_path):
+    dps = [[np.arange(100, dtype=np.int32) + i, f"label{i}"] for i in range(10)]
+    path = save(tmp_path, dps, checksum=True)
+    assert read_lmdb_meta(path)["checksum"] == "crc32"
+    for shuffle in (False, True):
+        assert_same_datapoints(dps, check_dataflow(LMDBData(path, shuffle=shuffle, seed=0)), ordered=not shuffle)
+    data = bytearray(path.read_bytes())
+    at = data.find((np.arange(100, dtype=np.int32) + 6).tobytes())
+    data[at + 40] ^= 1  # one bit of one array element: a valid value with another number in it
+    path.write_bytes(bytes(data))
+    for verify in (None, False):
+        with LMDBData(path, shuffle=False, verify=verify) as ds:
+            ds.reset_state()
+            assert_same_datapoints(dps[:6], [ds[i] for i in range(6)])
+            with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 6: checksum mismatch"):
+                ds[6]
+            with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 6: checksum mismatch"):
+                list(ds)
+
+
+def test_unknown_checksum_kind_is_clear(tmp_path):
+    path = save(tmp_path, [[1]], checksum=True)
+    _rewrite(path, puts=[(b"__bf__/checksum", b"sha3")])
+    with pytest.raises(UnsupportedFormatError, match="sha3"):
+        LMDBSerializer.load(path)

@@ -90,7 +90,7 @@ def _cmd_serialize(args: argparse.Namespace) -> int:
             from .lmdb_format import LMDBSerializer
 
             n = LMDBSerializer.save(df, args.output, write_frequency=args.write_frequency, codec=args.codec,
-                                    overwrite=args.overwrite, progress=progress)
+                                    overwrite=args.overwrite, progress=progress, checksum=args.checksum)
         elif fmt == "hdf5":
             from .hdf5_format import HDF5Serializer
 
@@ -128,6 +128,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     meta = getattr(ds, "meta", None)
     if meta:
         print(f"codec:   {meta['codec']} (format version {meta['version']})")
+        print(f"checksum: {meta.get('checksum') or 'none (damage inside values reads back as other values)'}")
     columns = getattr(ds, "columns", None)
     if columns:
         print("columns:")
@@ -179,6 +180,8 @@ def register(subparsers: Any) -> None:
                      help="LMDB value codec (pickle stores any object; readers must pass --allow-pickle)")
     ser.add_argument("--allow-pickle", action="store_true", help="read a pickle-codec LMDB source")
     ser.add_argument("--write-frequency", type=int, default=5000, help="LMDB: datapoints per commit")
+    ser.add_argument("--checksum", action="store_true", help="LMDB: store a CRC-32 with every value, checked on "
+                     "every read (slower reads of large values; HDF5 and npz files always carry checksums)")
     ser.add_argument("--limit", type=int, default=0, help="write only the first N datapoints")
     ser.add_argument("--quiet", action="store_true", help="no progress bar")
     ser.set_defaults(func=_cmd_serialize)
