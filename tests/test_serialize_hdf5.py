@@ -250,3 +250,31 @@ def test_encoded_bytes_are_flushed_by_size_not_count(tmp_path):
             writer.add([bytes(1 << 20), i], i)
             assert writer.pending_bytes < hdf5_format._FLUSH_BYTES + (2 << 20)
         assert writer.count > 0
+
+
+def _read_all(path, q):
+    ds = HDF5Data(path, shuffle=True, seed=os.getpid())
+    ds.reset_state()
+    q.put(sorted(dp[1] for dp in ds))
+    ds.close()
+
+
+def test_readers_in_several_processes_after_fork(tmp_path, leak_check):
+    import multiprocessing as mp
+
+    path = save(tmp_path, vlen_rows(40))
+    parent = HDF5Data(path, shuffle=False)
+    parent.reset_state()  # an open h5py handle in the parent, inherited by the children
+    assert parent[7][1] == "text007"
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_read_all, args=(str(path), q)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert results == [[f"text{i:03d}" for i in range(40)]] * 3
+    assert_same_datapoints(vlen_rows(40), list(parent))  # the parent's handle still works
+    parent.close()
