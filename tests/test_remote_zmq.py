@@ -316,3 +316,47 @@ def test_a_bad_message_names_the_producer(leak_check, frames, error, message):
     finally:
         push.close(0)
         ctx.term()
+
+
+def test_producer_exits_when_the_consumer_closes_right_after_its_last_epoch(leak_check, producers, tmp_path):
+    """The end of the last pass and the goodbye are one message: a consumer that closes as soon as the
+    epoch ends used to leave the producer blocked forever sending its goodbye to nobody."""
+    for k in range(8):
+        addr = f"ipc://{tmp_path}/last{k}.sock" if k % 2 else free_tcp()
+        proc = producers(addr, 5, 0, 1)
+        with RemoteDataZMQ(addr, timeout=10) as df:
+            df.reset_state()
+            assert [dp[1] for dp in df] == list(range(5))
+        proc.join(10)
+        assert proc.exitcode == 0, f"round {k}: the producer did not finish after the consumer closed"
+
+
+def test_the_last_end_marker_is_also_the_goodbye(leak_check, producers):
+    """On the wire: after the last datapoint comes one LAST marker (not END, then BYE), and a consumer that
+    closes as soon as it sees it lets the producer finish."""
+    import zmq
+
+    from bridgeflow.remote import _protocol as P
+
+    addr = free_tcp()
+    proc = producers(addr, 3, 0, 1)
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.setsockopt(zmq.RCVTIMEO, 10_000)
+    pull.connect(addr)
+    try:
+        controls, data = [], 0
+        while not controls:
+            frames = pull.recv_multipart()
+            if frames[0][:3] == P.CONTROL:
+                if frames[0] != P.HEARTBEAT:
+                    controls.append(frames[0])
+            else:
+                data += 1
+    finally:
+        pull.close(0)
+        ctx.term()
+    assert data == 3 and controls == [P.LAST]
+    proc.join(10)
+    assert proc.exitcode == 0

@@ -7,6 +7,9 @@ frame starts with the codec's magic ``b"\\x93BFC"``), or a one-frame control mes
 - ``H`` heartbeat: the producer is alive but has nothing ready (sent every ``heartbeat_s`` when idle);
 - ``E`` end of one pass over the producer's flow (the consumer's epoch ends when every producer sent it);
 - ``B`` goodbye: the producer finished its last pass and is closing;
+- ``L`` last: the end of the producer's last pass and its goodbye in one message (what producers send
+  now: as two messages, a consumer that closed after the end marker left the producer waiting forever to
+  deliver its goodbye);
 - ``X`` the producer's flow raised; the rest of the frame is the formatted exception (UTF-8).
 """
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-__all__ = ["BYE", "CONTROL", "END", "ERROR", "HEARTBEAT", "check_address", "check_addresses", "is_public"]
+__all__ = ["BYE", "CONTROL", "END", "ERROR", "HEARTBEAT", "LAST", "check_address", "check_addresses", "is_public"]
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +26,7 @@ CONTROL = b"\x00BF"
 HEARTBEAT = CONTROL + b"H"
 END = CONTROL + b"E"
 BYE = CONTROL + b"B"
+LAST = CONTROL + b"L"
 ERROR = CONTROL + b"X"
 
 _SCHEMES = ("tcp://", "ipc://")

@@ -24,9 +24,10 @@ with a full queue, its data) wait in the socket.
 
 End of stream: after each pass over its flow a producer sends an *end* marker; an iteration of
 :class:`RemoteDataZMQ` ends when every producer still connected has sent one (a producer that sent its
-marker is not read again until the next iteration, so epochs do not mix). After its last pass
-(``epochs``) a producer says goodbye and closes; it is then no longer waited for. ``epochs=None``
-streams forever.
+marker is not read again until the next iteration, so epochs do not mix). The end of its last pass
+(``epochs``) also says goodbye (one message, so a consumer that stops after that epoch and closes cannot
+leave the producer waiting to say goodbye); the producer closes and is no longer waited for.
+``epochs=None`` streams forever.
 
 Example:
     >>> # producer host
@@ -92,9 +93,9 @@ def _read_source(df: Any, epochs: int | None, codec: str, q: queue.Queue, stop: 
                 if not _put(q, ("D", encode_frames(dp, codec=codec)), stop):
                     return
             done += 1
-            if not _put(q, ("E", None), stop):
+            last = epochs is not None and done == epochs
+            if not _put(q, ("L" if last else "E", None), stop):  # the last end says goodbye too
                 return
-        _put(q, ("B", None), stop)
     except BaseException as exc:  # sent to the consumer and re-raised by the sending thread
         _put(q, ("X", exc), stop)
 
@@ -109,7 +110,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, codec: str = DEFAU
     and encodes the flow while this thread sends, so heartbeats keep flowing even while one datapoint
     takes long to make. ``epochs=None`` sends forever. ``send_timeout`` (seconds) gives up with
     :class:`RemoteConnectionError` when no consumer takes a message for that long (default: wait).
-    After the last pass the goodbye marker is delivered before returning (within ``send_timeout``).
+    The end-and-goodbye marker of the last pass is delivered before returning (within ``send_timeout``).
     Arrays are sent without copying: the flow must not modify an array after yielding it.
 
     ``addr`` must be explicit; a wildcard host (``tcp://*:PORT``, ``tcp://0.0.0.0:PORT``) makes the
@@ -179,8 +180,8 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, codec: str = DEFAU
                         bar.update(1)
                 elif kind == "E":
                     sock.send(P.END)
-                elif kind == "B":
-                    sock.send(P.BYE)
+                elif kind == "L":
+                    sock.send(P.LAST)
                     linger = -1 if send_timeout is None else int(send_timeout * 1000)
                     return sent
                 else:
@@ -350,7 +351,7 @@ class RemoteDataZMQ(DataFlow):
     def _control(self, p: _Producer, msg: bytes) -> None:
         if msg == P.END:
             p.ended = True
-        elif msg == P.BYE:
+        elif msg == P.LAST or msg == P.BYE:  # (producers of older versions sent END, then BYE)
             log.info("%s: producer %s finished", type(self).__name__, p.addr)
             self._drop(p, _FINISHED)
         elif msg.startswith(P.ERROR):
