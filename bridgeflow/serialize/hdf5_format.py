@@ -339,10 +339,10 @@ class HDF5Data(RNGDataFlow):
     def _crcs(self, f: Any, c: Column) -> np.ndarray | None:
         if c.kind not in _VLEN or f"{CRC}/{c.name}" not in f:
             return None
-        crcs = f[f"{CRC}/{c.name}"][...]
-        if crcs.shape != (self._len,):
+        crcs = f[f"{CRC}/{c.name}"]
+        if crcs.shape != (self._len,) or crcs.dtype != np.uint32:  # checked before reading it whole
             raise CorruptDataError(f"{self.path}: the checksums of {c.name!r} do not cover {self._len} rows")
-        return crcs
+        return crcs[...]
 
     def reset_state(self) -> None:
         super().reset_state()

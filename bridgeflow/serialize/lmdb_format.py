@@ -247,7 +247,7 @@ def _count_meta_keys(txn: Any) -> int:
     n = 0
     if cursor.set_range(META):
         for key in cursor.iternext(values=False):
-            if not bytes(key[:len(META)]) == META or n >= 64:
+            if bytes(key[:len(META)]) != META or n >= 64:
                 break
             n += 1
     return n
