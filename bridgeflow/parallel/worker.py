@@ -1,0 +1,213 @@
+"""What runs in a worker, thread or process: the task loop, the process entry point, errors as data.
+
+Both kinds of worker run :func:`worker_loop`; only its ``recv``/``send`` channels differ. A thread's are
+queues; a process's are two pipes plus :mod:`bridgeflow.parallel.shm` (array bytes in shared memory),
+wired up by :func:`process_main`. Everything here runs on the worker's side; the consumer's side is
+:class:`~bridgeflow.parallel.pool.WorkerPool`, which sends tasks and turns the messages back into results.
+
+Protocol: a task message is a chunk, a list of ``(task_id, payload)``; the reply to a chunk is one list
+of ``(kind, task_id, value)``, ``kind`` being ``_OK``, ``_EXHAUSTED`` (the task function raised
+``StopIteration``) or ``_ERROR`` (the value is :func:`pack_exception`'s tuple; task id ``_INIT`` when
+``init_fn`` failed). An empty message, ``_STOP``, tells a process worker to exit.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import struct
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import BridgeflowError
+from . import shm
+
+__all__ = [
+    "EXHAUSTED", "RemoteError", "RemoteTraceback", "WorkerContext", "pack_exception", "process_main",
+    "unpack_exception", "worker_loop",
+]
+
+_OK, _EXHAUSTED, _ERROR = 0, 1, 2
+_INIT = -1  # task id of an error raised by init_fn
+_STOP = b""
+_LIVENESS_INTERVAL = 0.5  # seconds between checks that the workers (or the parent) are alive
+_MAX_SLABS = 128
+_CTL_STRIDE = 2 * _MAX_SLABS + 8  # per worker: result slab flags, task slab flags, completed counter
+
+
+class _Exhausted:
+    def __repr__(self) -> str:
+        return "EXHAUSTED"
+
+    def __reduce__(self) -> str:
+        return "EXHAUSTED"
+
+
+EXHAUSTED = _Exhausted()
+"""The result of a task whose function raised ``StopIteration`` (a worker's own source has run out)."""
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """What a worker knows about itself; passed to ``init_fn``."""
+
+    worker_id: int
+    num_workers: int
+    seed: int
+    stage: str
+    writer: shm.SlabWriter | None = field(default=None, compare=False, repr=False)
+    """In process workers, the result writer: ``writer.reserve(n)`` then ``writer.alloc(shape, dtype)``
+    builds arrays of the next result directly in shared memory."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback; set as ``__cause__`` of the re-raised exception."""
+
+    def __str__(self) -> str:
+        return "\n\nTraceback in the worker:\n" + str(self.args[0])
+
+
+class RemoteError(BridgeflowError, RuntimeError):
+    """A worker raised an exception that could not be sent back as itself (not picklable)."""
+
+
+def pack_exception(exc: BaseException, by_pickle: bool) -> tuple:
+    """``(exception or None, type name, message, formatted traceback)`` ready to send to the consumer.
+
+    The exception itself travels only when it is an ``Exception`` and (with ``by_pickle``) survives a pickle
+    round trip; otherwise its name and message go as text. Shared with the Ray executor.
+    """
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt...: never re-raised as themselves
+        return None, type(exc).__name__, f"the worker's function raised {type(exc).__name__}{exc.args!r}", tb
+    if by_pickle:
+        try:
+            pickle.loads(pickle.dumps(exc, protocol=5))
+        except Exception:
+            return None, type(exc).__name__, str(exc), tb
+    return exc, type(exc).__name__, str(exc), tb
+
+
+def unpack_exception(packed: tuple, where: str) -> BaseException:
+    """The exception to raise in the consumer for ``pack_exception``'s tuple, with the worker traceback."""
+    exc, type_name, message, tb = packed
+    if exc is None:
+        exc = RemoteError(f"{type_name} in {where}: {message}")
+    exc.__cause__ = RemoteTraceback(tb)
+    if hasattr(exc, "add_note"):
+        exc.add_note(f"(raised in {where})")
+    return exc
+
+
+def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any], send: Callable[[list], None],
+                by_pickle: bool) -> None:
+    """The loop every worker runs, thread or process: init, then answer tasks until told to stop.
+
+    ``recv()`` returns a chunk, a list of ``(task_id, payload)``, or ``None`` to stop. The results of a
+    chunk go back together, ``send([(kind, task_id, value), ...])``: one message per chunk is what makes
+    small tasks cheap.
+    """
+    try:
+        task_fn = init_fn(ctx)
+    except BaseException as exc:  # reported to the consumer, which raises it
+        send([(_ERROR, _INIT, pack_exception(exc, by_pickle))])
+        while recv() is not None:  # stay until told to stop, so tasks sent meanwhile find us alive
+            pass
+        return
+    while True:
+        chunk = recv()
+        if chunk is None:
+            return
+        out = []
+        for task_id, payload in chunk:
+            try:
+                out.append((_OK, task_id, task_fn(payload)))
+            except StopIteration:
+                out.append((_EXHAUSTED, task_id, None))
+            except BaseException as exc:  # any failure, even SystemExit, goes to the consumer
+                out.append((_ERROR, task_id, pack_exception(exc, by_pickle)))
+        try:
+            send(out)
+        except (BrokenPipeError, EOFError, ConnectionError):
+            return  # the consumer is gone
+        except Exception as exc:  # a result cannot be sent, e.g. not picklable: say which
+            err = TypeError(f"a result cannot be sent to the consumer: {exc!r}")
+            send([(_ERROR, task_id, pack_exception(err, by_pickle)) for _, task_id, _ in out])
+
+
+# --- process workers ------------------------------------------------------------------------------
+
+
+def _parent_alive(ppid: int, consumer_pid: int) -> bool:
+    if os.getppid() != ppid:
+        return False
+    try:
+        os.kill(consumer_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _watch_parent(ppid: int, consumer_pid: int, on_orphan: Callable[[], None]) -> None:
+    """Exit the worker (even one stuck in a task) once the consumer is gone, cleaning up for it."""
+    while True:
+        time.sleep(_LIVENESS_INTERVAL)
+        if not _parent_alive(ppid, consumer_pid):
+            on_orphan()
+            os._exit(0)
+
+
+def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_conn: Any, ctl_name: str,
+                 prefix: str, consumer_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
+    ctl = shm.open_segment(ctl_name) if ctl_name else None
+    base = ctx.worker_id * _CTL_STRIDE
+    view = memoryview(ctl) if ctl is not None else None
+    writer = shm.SlabWriter(f"{prefix}r{ctx.worker_id}_", view[base:base + _MAX_SLABS] if view else None,
+                            _MAX_SLABS)
+    reader = shm.SlabReader(view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None)
+    ctx = replace(ctx, writer=writer)
+
+    def on_orphan() -> None:  # the consumer is gone and cannot clean up: remove the whole pool's segments
+        writer.close()
+        shm.sweep_segments(prefix)
+
+    ppid = os.getppid()
+    threading.Thread(target=_watch_parent, args=(ppid, consumer_pid, on_orphan),
+                     name="bridgeflow-parent-watch", daemon=True).start()
+    completed = 0
+    stopped = False  # the consumer said stop; otherwise the task pipe closed because the consumer is dying
+
+    def recv() -> Any:
+        nonlocal stopped
+        try:
+            data = task_conn.recv_bytes()
+        except (EOFError, OSError):
+            return None
+        if data == _STOP:
+            stopped = True
+            return None
+        return reader.loads(data)
+
+    def send(msg: list) -> None:
+        nonlocal completed
+        result_conn.send_bytes(writer.dumps(msg))
+        completed += len(msg)
+        if ctl is not None:
+            struct.pack_into("<Q", ctl, base + 2 * _MAX_SLABS, completed)
+
+    try:
+        worker_loop(ctx, init_fn, recv, send, by_pickle=True)
+    finally:
+        writer.close()
+        # A consumer that closes the pool always says stop first. Without it, the consumer is dying: its
+        # pipes close before the kernel reparents us, so _parent_alive can still say yes at this point.
+        if not stopped or not _parent_alive(ppid, consumer_pid):
+            shm.sweep_segments(prefix)
