@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+import threading
 import time
 
 import numpy as np
@@ -35,6 +36,14 @@ def failing_init(ctx):
 
 def sleepy_init(ctx):
     return lambda seconds: time.sleep(seconds)
+
+
+def slow_echo_init(ctx):
+    def run(payload):
+        time.sleep(0.2)
+        return payload
+
+    return run
 
 
 def array_init(ctx):
@@ -91,6 +100,28 @@ def test_timeout(leak_check):
         with pytest.raises(TimeoutError, match="0.3 s"):
             pool.get(timeout=0.3)
         assert time.monotonic() - t0 < 2
+
+
+@pytest.mark.parametrize("processes", [False, True])
+def test_put_does_not_wait_for_a_busy_worker_and_close_drops_the_backlog(processes, leak_check):
+    """2 MB of small tasks (each pickled into the pipe) for one worker that takes 0.2 s per task."""
+    with WorkerPool(slow_echo_init, 1, processes=processes) as pool:
+        pool.start()
+        done = threading.Event()
+
+        def put_all():
+            for i in range(256):
+                pool.put(bytes([i % 256]) * 8192)
+            done.set()
+
+        threading.Thread(target=put_all, daemon=True).start()
+        if not done.wait(10):
+            for pid in pool.pids:  # unblock the stuck put() before failing
+                os.kill(pid, 9)
+            pytest.fail("put() blocked on a busy worker")
+        assert pool.get()[1] == bytes(8192)
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 3  # the 255 tasks still queued are dropped, not run (51 s)
 
 
 def test_discarded_tasks_never_come_back(leak_check):

@@ -78,6 +78,10 @@ def returns_int(i):
     return i
 
 
+def widen(dp):
+    return [dp[0].astype(np.float32), dp[1]]
+
+
 class Unpicklable:
     def __reduce__(self):
         raise TypeError("this object refuses to be pickled")
@@ -202,6 +206,43 @@ def test_received_arrays_stay_valid_and_writable(leak_check):
         assert (dp[0] == i % 251).all()
     held[0][0][...] = 7
     assert (held[0][0] == 7).all()
+
+
+_INBAND_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    import bridgeflow as bf
+    from test_parallel_stages import widen
+    if __name__ == "__main__":
+        src = bf.DataFromList([[np.full(3072, i % 256, np.uint8), i] for i in range(600)], shuffle=False)
+        if {kind!r} == "thread":
+            df = bf.MultiThreadMapData(src, 2, widen, buffer_size=100)
+        else:
+            df = bf.MultiProcessMapData(src, 2, widen, buffer_size=100, start_method={kind!r})
+        with df:
+            df.reset_state()
+            got = [(dp[0].dtype.str, float(dp[0][0]), dp[1]) for dp in df]
+        assert got == [("<f4", float(i % 256), i) for i in range(600)], got[:3]
+        print("ok", len(got))
+""")
+
+
+@pytest.mark.parametrize("kind", ["thread", "fork", "spawn"])
+def test_small_arrays_both_ways_do_not_deadlock(kind, tmp_path):
+    """Datapoints under the shared-memory threshold travel in the pipes, tasks and results alike.
+
+    3 KB in and 12 KB out per datapoint, 100 in flight: the consumer's task writes and a worker's result
+    writes each fill a pipe. The two used to wait on each other forever at the first datapoint.
+    """
+    script = tmp_path / "inband.py"
+    script.write_text(_INBAND_SCRIPT.format(tests=os.path.dirname(__file__), kind=kind))
+    try:
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{kind}: the stage hung with in-band tasks and results")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", "600"]
 
 
 # --- failures ------------------------------------------------------------------------------------

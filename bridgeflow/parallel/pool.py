@@ -81,6 +81,7 @@ class _PoolResources:
         self.task_conns: list[Any] = []
         self.result_conns: list[Any] = []
         self.task_queues: list[queue.SimpleQueue] = []
+        self.stop = threading.Event()  # thread workers: stop before the next chunk, not after the backlog
         self.ctl: Any = None
         self.prefix = ""
         self.writers: list[shm.SlabWriter] = []
@@ -88,9 +89,14 @@ class _PoolResources:
     def shutdown(self) -> None:
         for conn in self.task_conns:
             try:
+                # Never block here: a worker that reads no more (stopped, stuck) is terminated below.
+                os.set_blocking(conn.fileno(), False)
                 conn.send_bytes(_STOP)
             except (OSError, ValueError):
                 pass
+        for conn in self.result_conns:  # a worker blocked writing results gets EPIPE and exits at once
+            conn.close()
+        self.stop.set()
         for q in self.task_queues:
             q.put(None)
         deadline = time.monotonic() + 1.0
@@ -202,7 +208,8 @@ class WorkerPool:
             tasks: queue.SimpleQueue = queue.SimpleQueue()
             res.task_queues.append(tasks)
             send = lambda msg, w=ctx.worker_id: results.put((w, msg))
-            t = threading.Thread(target=worker_loop, args=(ctx, self.init_fn, tasks.get, send, False),
+            recv = lambda q=tasks, stop=res.stop: None if stop.is_set() else q.get()
+            t = threading.Thread(target=worker_loop, args=(ctx, self.init_fn, recv, send, False),
                                  name=f"{self.name}-worker-{ctx.worker_id}", daemon=True)
             res.threads.append(t)
             t.start()

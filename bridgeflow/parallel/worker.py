@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import signal
 import struct
 import threading
@@ -164,6 +165,28 @@ def _watch_parent(ppid: int, consumer_pid: int, on_orphan: Callable[[], None]) -
             os._exit(0)
 
 
+def _pump_tasks(conn: Any, inbox: queue.SimpleQueue, stop_requested: threading.Event) -> None:
+    """Move task messages from the pipe to ``inbox`` as they arrive; ``None`` once the pipe closes.
+
+    The consumer sends tasks without reading results in between, and a worker sends a chunk's results
+    before it reads the next chunk. Were the worker to read its pipe only between chunks, a worker blocked
+    writing results that fill its result pipe and a consumer blocked writing tasks that fill the task pipe
+    would wait for each other forever. This thread keeps the task pipe drained instead (the consumer
+    bounds the tasks in flight, so ``inbox`` stays bounded too).
+    """
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            inbox.put(None)
+            return
+        if data == _STOP:
+            stop_requested.set()
+            inbox.put(None)  # wakes the main thread if it waits for a task
+            return
+        inbox.put(data)
+
+
 def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_conn: Any, ctl_name: str,
                  prefix: str, consumer_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
@@ -182,17 +205,20 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
     ppid = os.getppid()
     threading.Thread(target=_watch_parent, args=(ppid, consumer_pid, on_orphan),
                      name="bridgeflow-parent-watch", daemon=True).start()
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    stop_requested = threading.Event()
+    threading.Thread(target=_pump_tasks, args=(task_conn, inbox, stop_requested),
+                     name="bridgeflow-task-pump", daemon=True).start()
     completed = 0
     stopped = False  # the consumer said stop; otherwise the task pipe closed because the consumer is dying
 
     def recv() -> Any:
         nonlocal stopped
-        try:
-            data = task_conn.recv_bytes()
-        except (EOFError, OSError):
-            return None
-        if data == _STOP:
+        data = None if stop_requested.is_set() else inbox.get()
+        if stop_requested.is_set():  # tasks still queued behind the stop are dropped
             stopped = True
+            return None
+        if data is None:  # the pipe closed without a stop
             return None
         return reader.loads(data)
 
