@@ -70,6 +70,14 @@ def kill_self_at_20(i):
     return [np.zeros(50_000, np.uint8), i]
 
 
+def first_hangs_second_dies(i):
+    if i == 0:
+        time.sleep(60)
+    if i == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [i]
+
+
 def random_draw(i):
     return [np.random.randint(0, 2**31), i]
 
@@ -295,6 +303,17 @@ def test_sigkilled_worker_is_reported_within_seconds(leak_check):
             list(df)
     assert time.monotonic() - t0 < 5
     assert info.value.exitcode == -signal.SIGKILL and info.value.worker in (0, 1)
+
+
+def test_dead_worker_is_reported_while_the_consumer_waits_for_another(leak_check):
+    """Ordered output waits for worker 0's hanging task; worker 1's death must not wait behind it."""
+    with make("fork", first_hangs_second_dies, buffer_size=4) as df:  # one task per chunk: task i -> worker i % 2
+        df.reset_state()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match="worker 1 .*SIGKILL") as info:
+            next(iter(df))
+        assert time.monotonic() - t0 < 5
+    assert info.value.worker == 1 and info.value.exitcode == -signal.SIGKILL
 
 
 def test_worker_killed_from_outside(leak_check):

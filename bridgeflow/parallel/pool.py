@@ -460,6 +460,17 @@ class WorkerPool:
         for w in dead:  # a sentinel: the process ended; its last results may still be in the pipe
             if not conns[w].poll(0):
                 self._raise_dead(w)
+        if not events and worker is not None:
+            # Only the owner of the next task was watched. Check the others now: a sibling that died would
+            # otherwise surface only after the owner's (possibly endless) task. A dead worker's pipe gives
+            # its last results, then end-of-file, which raises.
+            for w, proc in enumerate(self._res.procs):
+                if proc.exitcode is not None:
+                    try:
+                        data = conns[w].recv_bytes()
+                    except (EOFError, OSError):
+                        self._raise_dead(w)
+                    return w, self._readers[w].loads(data)
         return None
 
     def _where(self, worker: int) -> str:
