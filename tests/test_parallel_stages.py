@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -328,11 +329,31 @@ def test_worker_killed_from_outside(leak_check):
         del it
 
 
-def test_unpicklable_map_under_spawn_fails_before_any_worker_starts(leak_check):
+class HoldsALock:
+    def __init__(self):
+        self.guard = threading.Lock()
+
+    def __call__(self, i):
+        return [i]
+
+
+def with_resource(resource, i):
+    return [i]
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("fn, named", [
+    (lambda i: [i], r"map_func '<lambda>' \(test_parallel_stages.py, line \d+\) cannot be pickled"),
+    (functools.partial(with_resource, threading.Lock()),
+     r"map_func 'with_resource' .* in functools.partial, whose argument 0 \(an instance of _thread.lock\)"),
+    (HoldsALock(), r"map_func an instance of .*HoldsALock, whose attribute 'guard' \(an instance of _thread.lock"),
+])
+def test_unpicklable_map_fails_before_any_worker_starts(method, fn, named, leak_check):
     before = child_pids()
-    df = MultiProcessMapData(source(), 2, lambda i: [i], start_method="spawn")
-    with pytest.raises(TypeError, match="map_func.*lambda.*cannot be pickled"):
+    df = MultiProcessMapData(source(), 2, fn, start_method=method)
+    with pytest.raises(TypeError, match=named) as info:
         df.reset_state()
+    assert f"start_method={method!r}" in str(info.value)
     assert child_pids() == before
     df.close()
 

@@ -35,7 +35,7 @@ from ..base import DataFlow, ProxyDataFlow, worker_seed_scope
 from ..batch import batch_datapoints
 from ..errors import DatapointError, LengthUnknownError
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
-from .pool import EXHAUSTED, WorkerContext, WorkerPool
+from .pool import EXHAUSTED, WorkerContext, WorkerPool, describe_unpicklable
 
 __all__ = ["MultiProcessMapData", "MultiProcessRunner", "MultiThreadMapData", "MultiThreadRunner"]
 
@@ -340,9 +340,9 @@ def _check_picklable(obj: Any, what: str, who: str, method: str) -> None:
     try:
         pickle.dumps(obj)
     except Exception as exc:
-        name = getattr(obj, "__qualname__", type(obj).__name__)
-        raise TypeError(f"{who}: {what} {name!r} cannot be pickled, which start_method={method!r} needs "
-                        f"({exc}); define it at module level, or use start_method='fork'") from exc
+        raise TypeError(f"{who}: {what} {describe_unpicklable(obj)} cannot be pickled, which "
+                        f"start_method={method!r} needs ({exc}); define it at module level, or use "
+                        "start_method='fork'") from exc
 
 
 class MultiProcessMapData(_MapStage):
