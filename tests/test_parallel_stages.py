@@ -83,6 +83,10 @@ def random_draw(i):
     return [np.random.randint(0, 2**31), i]
 
 
+def drop_nothing(dp):
+    return dp
+
+
 def returns_int(i):
     return i
 
@@ -184,6 +188,43 @@ def test_non_strict_epochs_continue_the_stream(leak_check):
         rest = [dp[1] for dp in df]
     assert first == list(range(10))
     assert rest == list(range(10, 50)) + list(range(10))  # one epoch = len(ds) datapoints, continuing
+
+
+class FailsInFirstEpoch(bf.DataFlow):
+    """Twenty datapoints per epoch; the first epoch raises at datapoint 13 (a flaky disk)."""
+
+    def __init__(self):
+        self.epochs = 0
+
+    def __len__(self):
+        return 20
+
+    def __iter__(self):
+        self.epochs += 1
+        for i in range(20):
+            if i == 13 and self.epochs == 1:
+                raise OSError("read error at 13")
+            yield [np.full(4, i), i]
+
+
+@pytest.mark.parametrize("kind", ["thread", "fork"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_non_strict_stage_recovers_after_a_source_error(kind, batched, leak_check):
+    """The epoch after a source error is a whole epoch: neither 'generator raised StopIteration' nor empty."""
+    src = FailsInFirstEpoch()
+    stage = (MultiThreadMapData(src, 2, drop_nothing, buffer_size=4) if kind == "thread" else
+             MultiProcessMapData(src, 2, drop_nothing, buffer_size=4, start_method=kind))
+    df = bf.BatchData(stage, 4) if batched else stage
+    with df:
+        df.reset_state()
+        with pytest.raises(OSError, match="read error at 13"):
+            list(df)
+        again = list(df)
+        assert len(again) == len(df) == (5 if batched else 20)
+        labels = [int(v) for b in again for v in b[1]] if batched else [dp[1] for dp in again]
+        start = labels.index(0)  # what was in flight when the source raised, then a new pass over it
+        assert start < 13 and labels[start:] == list(range(len(labels) - start))
+    assert src.epochs >= 2
 
 
 def test_strict_epochs_restart_after_an_early_break(leak_check):

@@ -251,11 +251,21 @@ class _MapStage(_ParallelStage):
         carry = self._carry
         for _ in range(size):
             while pool.outstanding < self.buffer_size:
-                pool.put(next(carry))
+                pool.put(self._next_carried(carry))
             out = self._get(pool)
             if out is not None:
                 self._stats.datapoints += 1
                 yield out
+
+    def _next_carried(self, carry: Iterator) -> Any:
+        try:
+            return next(carry)
+        except BaseException:
+            # The source raised, so its generator is finished: the next epoch must start a new pass (a
+            # finished generator would raise StopIteration, or end every later epoch at once).
+            if self._carry is carry:
+                self._carry = None
+            raise
 
     def iter_batched(self, batch_size: int, remainder: bool = False, use_list: Any = False,
                      pad_value: Any = None) -> Iterator:
@@ -273,7 +283,8 @@ class _MapStage(_ParallelStage):
         else:
             if self._carry is None:
                 self._carry = _forever(self.ds, type(self).__name__)
-            source = itertools.islice(self._carry, size)
+            carry = self._carry
+            source = (self._next_carried(carry) for _ in range(size))
         in_flight = max(2 * self.num_workers, -(-self.buffer_size // batch_size))
         holder: list = []
         more = True
