@@ -479,7 +479,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", START_METHODS)
 def test_workers_exit_when_the_parent_is_sigkilled(method):
     shm_before = shm_entries(mine_only=False)
     script = _ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__), method=method, action="time.sleep(60)")
