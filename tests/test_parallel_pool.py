@@ -247,6 +247,28 @@ def test_arrays_built_in_place_are_not_copied():
         shm_mod.sweep_segments(prefix)
 
 
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("no pickling")
+
+
+def test_reserved_slab_is_freed_when_the_message_cannot_be_pickled():
+    writer, reader, flags, prefix = _pair(max_slabs=1)
+    try:
+        writer.reserve(300_000)
+        arr = writer.alloc((100_000,), np.int16)
+        with pytest.raises(TypeError, match="no pickling"):
+            writer.dumps([arr, _Unpicklable()])
+        assert flags[0] == shm_mod.FREE
+        del arr
+        out = reader.loads(writer.dumps([np.full(50_000, 3, np.int32)]))
+        assert len(writer.slabs) == 1 and (out[0] == 3).all()  # the only slab is usable again
+        assert flags[0] == shm_mod.IN_USE
+    finally:
+        writer.close()
+        shm_mod.sweep_segments(prefix)
+
+
 def test_context_is_frozen():
     ctx = WorkerContext(0, 1, 5, "x")
     with pytest.raises(AttributeError):

@@ -198,7 +198,7 @@ class SlabWriter:
 
         Arrays built in place (a batch stacked straight into shared memory) then cost no copy at all.
         """
-        if self.max_slabs == 0:
+        if self.max_slabs == 0 or self._arena is not None:  # one arena per message: keep the open one
             return
         index = self._acquire(nbytes)
         if index >= 0:
@@ -231,7 +231,12 @@ class SlabWriter:
             return False
 
         arena, self._arena = self._arena, None
-        data = pickle.dumps(obj, protocol=5, buffer_callback=keep)
+        try:
+            data = pickle.dumps(obj, protocol=5, buffer_callback=keep)
+        except BaseException:
+            if arena is not None:  # the message will not be sent: its reserved slab is free again
+                self.flags[arena[0]] = FREE
+            raise
         if not buffers:
             if arena is not None:
                 self.flags[arena[0]] = FREE
