@@ -98,3 +98,50 @@ def test_adapters_say_what_is_missing():
     """)], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert 'the torch adapter needs torch; install it with: pip install -e ".[torch]"' in out.stderr
+
+
+QUIET = """
+    import numpy as np
+    import bridgeflow as bf
+
+    def load(i):
+        if i == 37:
+            raise KeyError("sample 37 is missing")
+        return {"img": np.full((3, 40, 40), i % 256, np.uint8), "label": i, "ragged": np.arange(i % 3 + 1)}
+
+    if __name__ == "__main__":
+        src = bf.LocallyShuffleData(bf.DataFromList(list(range(64)), shuffle=True, seed=0), 8, seed=0)
+        for start_method in ("fork", "spawn"):
+            par = bf.MultiProcessMapData(bf.FilterData(src, lambda i: i != 37) if start_method == "fork" else
+                                         bf.DataFromList([i for i in range(64) if i != 37], shuffle=False),
+                                         2, load, start_method=start_method)
+            df = bf.PrintData(bf.BatchData(bf.MapDataComponent(par, lambda v: v * 2, "label"), 8, pad_value=0))
+            with df:
+                df.reset_state()
+                assert sum(1 for _ in df) == 7
+            failing = bf.MultiProcessMapData(bf.DataFromList(list(range(64)), shuffle=False), 2, load,
+                                             start_method=start_method)
+            with failing:
+                failing.reset_state()
+                try:
+                    list(failing)
+                except KeyError:
+                    pass
+                else:
+                    raise AssertionError("the worker's KeyError did not arrive")
+                for dp in failing:
+                    break
+        with bf.MultiThreadRunner(lambda: bf.DataFromList([[1]] * 4), 2) as runner:
+            runner.reset_state()
+            assert len(list(runner)) == 4
+"""
+
+
+def test_the_core_prints_nothing(tmp_path):
+    """Only the CLI and TestDataSpeed print. A pipeline that logs (PrintData), fails in a worker and stops
+    early leaves stdout and stderr empty, in this process and in its workers, when logging is not set up."""
+    script = tmp_path / "quiet.py"
+    script.write_text(textwrap.dedent(QUIET))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert (out.stdout, out.stderr) == ("", "")
