@@ -230,6 +230,21 @@ class BatchDataByShape(ProxyDataFlow):
                 yield batch_datapoints(bucket, self.use_list)
 
 
+def _batch_length(column: Any, key: Hashable) -> int:
+    """Entries in one batched component: an array's first axis, or a list's length."""
+    if isinstance(column, np.ndarray) and column.ndim > 0:
+        return len(column)
+    if isinstance(column, (list, tuple)):
+        return len(column)
+    raise BatchError(f"UnbatchData: component {key!r} is a {type(column).__name__} ({_short(column)}), not a "
+                     "batch: expected an array or a list with one entry per datapoint")
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class UnbatchData(ProxyDataFlow):
     """Split each batch back into datapoints: the inverse of :class:`BatchData`."""
 
@@ -237,7 +252,7 @@ class UnbatchData(ProxyDataFlow):
         for batch in self.ds:
             check_datapoint(batch, "UnbatchData input")
             keys = list(batch) if isinstance(batch, dict) else range(len(batch))
-            sizes = {k: len(batch[k]) for k in keys}
+            sizes = {k: _batch_length(batch[k], k) for k in keys}
             if len(set(sizes.values())) > 1:
                 raise BatchError(f"UnbatchData: components of one batch differ in length: {sizes}")
             n = next(iter(sizes.values()), 0)

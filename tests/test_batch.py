@@ -235,3 +235,15 @@ def test_unbatch_bad_batches():
         list(UnbatchData(DataFromList([[np.zeros(3), [1, 2]]], shuffle=False)))
     with pytest.raises(DatapointError, match="UnbatchData input produced a int"):
         list(UnbatchData(DataFromList([3], shuffle=False)))
+
+
+@pytest.mark.parametrize("batch, named", [
+    ([np.zeros(3), 5], r"component 1 is a int \(5\), not a batch"),
+    ({"img": np.zeros(3), "name": "xyz"}, r"component 'name' is a str \('xyz'\), not a batch"),
+    ({"img": np.zeros(3), "w": np.float32(1)}, r"component 'w' is a float32"),
+    ((np.zeros(3), np.array(2.0)), r"component 1 is a ndarray \(array\(2\.\)\), not a batch"),
+])
+def test_unbatch_refuses_components_that_are_not_batches(batch, named):
+    """A string must not be split into characters, nor a scalar fail with a bare TypeError."""
+    with pytest.raises(BatchError, match=named):
+        list(UnbatchData(DataFromList([batch], shuffle=False)))
