@@ -34,11 +34,7 @@ def load_object(spec: str) -> Any:
     if target.endswith(".py"):
         if not os.path.isfile(target):
             raise FileNotFoundError(f"no such file: {target}")
-        name = "_bridgeflow_user_" + os.path.splitext(os.path.basename(target))[0]
-        mod_spec = importlib.util.spec_from_file_location(name, target)
-        module = importlib.util.module_from_spec(mod_spec)  # type: ignore[arg-type]
-        sys.modules[name] = module  # so pickling for spawn-started workers can find its functions
-        mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        module = _import_file(target)
     else:
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())
@@ -63,6 +59,35 @@ def load_object(spec: str) -> Any:
     if hasattr(obj, "__iter__") and not isinstance(obj, (str, bytes, dict)):
         return as_dataflow(obj, spec)  # a list or generator of datapoints is fine too
     raise ValueError(f"{spec} gave a {type(obj).__name__}, not a DataFlow or an iterable of datapoints")
+
+
+def _import_file(path: str) -> Any:
+    """Import ``dir/name.py`` as module ``name``, with ``dir`` on ``sys.path``.
+
+    Worker processes started by ``spawn`` or ``forkserver`` unpickle the file's functions by importing
+    their module by name, so the module must be importable under that name there too (they inherit
+    ``sys.path``). When ``name`` would shadow another module (``queue.py``), the file is loaded under a
+    private name instead, which only ``fork``-started workers can use.
+    """
+    path = os.path.abspath(path)
+    folder, base = os.path.split(path)
+    name = base[:-3]
+    if name.isidentifier():
+        try:
+            found = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            found = None
+        if found is None or (found.origin and os.path.abspath(found.origin) == path):
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+            return importlib.import_module(name)
+        log.info("%s would shadow the module %r; loading it under a private name (fork only)", path, name)
+    private = "_bridgeflow_user_" + "".join(c if c.isalnum() else "_" for c in name)
+    mod_spec = importlib.util.spec_from_file_location(private, path)
+    module = importlib.util.module_from_spec(mod_spec)  # type: ignore[arg-type]
+    sys.modules[private] = module
+    mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def parse_shapes(text: str) -> list[list[int]]:

@@ -78,6 +78,15 @@ FLOW_MODULE = textwrap.dedent('''
 
     def make_number():
         return 5
+
+    def double(dp):
+        return [dp[0] * 2]
+
+    def make_spawned():
+        from bridgeflow import MultiProcessMapData
+
+        return MultiProcessMapData(DataFromList([[i] for i in range(40)], shuffle=False), 2, double,
+                                   start_method="spawn")
 ''')
 
 
@@ -96,6 +105,19 @@ def test_bench_file_function(tmp_path):
     out = run(bridgeflow_exe() + ["bench", f"{path}:make_list", "--size", "9", "--quiet"])
     assert out.returncode == 0, out.stderr
     assert RATE.search(out.stdout).group(1) == "9"
+
+
+@pytest.mark.parametrize("name", ["flows.py", "queue.py"])
+def test_bench_file_function_with_spawned_workers(tmp_path, name):
+    """The workers import the file's module again to unpickle its functions (spawn, and forkserver, the
+    default from Python 3.14). A file named like a standard module (queue.py) must not shadow it."""
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "data" / name
+    path.write_text(FLOW_MODULE)
+    function = "make_list" if name == "queue.py" else "make_spawned"  # queue.py: loaded privately, fork only
+    out = run(bridgeflow_exe() + ["bench", f"{path}:{function}", "--size", "20", "--quiet"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert RATE.search(out.stdout).group(1) == "20"
 
 
 def test_demo():
