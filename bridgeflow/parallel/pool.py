@@ -3,7 +3,8 @@
 Every parallel stage of bridgeflow, and the torch DataLoader adapter, runs on :class:`WorkerPool`:
 
 - ``init_fn(ctx)`` runs once in each worker and returns that worker's task function;
-- ``put(payload, worker=None)`` sends a task to one worker (round robin by default) and never blocks;
+- ``put(payload, worker=None)`` sends a task to one worker (round robin by default) without waiting
+  for the worker to be free (a process worker drains its task pipe on a thread of its own);
 - ``get()`` returns ``(worker_id, result)`` in task order (or as ready with ``ordered=False``). A task
   function that raises ``StopIteration`` returns :data:`EXHAUSTED`; any other exception is re-raised in
   the consumer with its type and message, the worker's traceback attached as ``__cause__``.
@@ -320,7 +321,8 @@ class WorkerPool:
     def put(self, payload: Any, worker: int | None = None, *, flush: bool = False) -> int:
         """Queue ``payload`` for ``worker`` (default: round robin by chunk, or the least busy when unordered).
 
-        Never blocks: the caller bounds the tasks in flight (see :attr:`outstanding`). ``flush=True``
+        Does not wait for the worker to finish its current task: the caller bounds the tasks in flight
+        (see :attr:`outstanding`). ``flush=True``
         sends the worker's chunk now, ending it with this task (for tasks that are big on their own).
         """
         if not self._started or self._closed:
