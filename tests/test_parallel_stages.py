@@ -493,6 +493,38 @@ def test_workers_exit_when_the_parent_is_sigkilled(method):
     assert wait_for(lambda: not left(), timeout=3), f"shared memory left: {sorted(left())}"
 
 
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_sigterm_to_the_whole_process_group_leaves_no_shared_memory(method):
+    """Slurm, `timeout` and a closed terminal signal the consumer and its workers together: the consumer
+    dies without cleaning up, so the workers must."""
+    shm_before = shm_entries(mine_only=False)
+    script = _ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__), method=method, action="time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait()
+    assert proc.returncode == -signal.SIGTERM
+    assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=3), "workers kept running"
+    left = lambda: {n for n in shm_entries(mine_only=False) - shm_before if n.startswith(f"bf{proc.pid}_")}
+    assert wait_for(lambda: not left(), timeout=3), f"shared memory left: {sorted(left())}"
+
+
+def test_worker_sigtermed_alone_is_reported_as_killed_by_sigterm(leak_check):
+    with make("fork", image_of, n=10**6) as df:
+        df.reset_state()
+        it = iter(df)
+        next(it)
+        os.kill(df._pool.pids[0], signal.SIGTERM)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match="worker 0 .*SIGTERM") as info:
+            for _ in range(10**6):
+                next(it)
+        assert time.monotonic() - t0 < 5 and info.value.exitcode == -signal.SIGTERM
+        del it
+
+
 def test_ctrl_c_in_the_consumer_leaves_nothing():
     shm_before = shm_entries(mine_only=False)
     script = _ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__), method="fork",

@@ -139,8 +139,9 @@ class SlabWriter:
         self._arena: list[int] | None = None  # [slab index, bytes used] while a message is being built
         self._warned = False
         # close() may run on the worker's parent-watch thread while the main thread is making a slab: the
-        # lock and flag make sure no segment is created after close() has unlinked the others.
-        self._lock = threading.Lock()
+        # lock and flag make sure no segment is created after close() has unlinked the others. Reentrant:
+        # a signal handler on the main thread may call close() while that thread holds the lock.
+        self._lock = threading.RLock()
         self._closed = False
 
     def _acquire(self, nbytes: int) -> int:

@@ -229,6 +229,21 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
         if ctl is not None:
             struct.pack_into("<Q", ctl, base + 2 * _MAX_SLABS, completed)
 
+    def on_sigterm(signum: int, frame: Any) -> None:
+        # The pool's own terminate() comes after a stop, and the pool then sweeps. Any other SIGTERM may
+        # have gone to the whole process group (Slurm, `timeout`, a closed terminal): the consumer is then
+        # dying too, without cleaning up, so give it a moment to go and clean up for it. A consumer still
+        # alive may yet read our last results: it reports our death and sweeps when it closes the pool.
+        if not stop_requested.is_set():
+            deadline = time.monotonic() + 2 * _LIVENESS_INTERVAL
+            while _parent_alive(ppid, consumer_pid) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not _parent_alive(ppid, consumer_pid):
+                on_orphan()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # die of SIGTERM, so the consumer reports the real cause
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         worker_loop(ctx, init_fn, recv, send, by_pickle=True)
     finally:
