@@ -580,6 +580,21 @@ def test_runner_with_batching_inside(leak_check):
     assert len(out) == 4 and out[0][0].shape == (16, 3, 16, 16)
 
 
+def test_a_started_stage_copied_into_a_runner_keeps_working_here(leak_check):
+    """The runner's forked workers inherit the inner stage's running pool. Resetting their copy must not
+    stop this process's workers or remove its shared memory; a process pool inside a process worker is a
+    clear error."""
+    inner = make("fork", image_of, n=40)
+    with inner:
+        inner.reset_state()
+        assert len(list(inner)) == 40
+        with MultiProcessRunner(inner, 2, 4, start_method="fork") as runner:
+            runner.reset_state()
+            with pytest.raises(bf.BridgeflowError, match="cannot start worker processes inside .*MultiThreadMapData"):
+                next(iter(runner))
+            assert_same_datapoints(sequential(image_of, 40), list(inner))  # (the runner's close() closes it)
+
+
 # --- statistics ------------------------------------------------------------------------------------
 
 def test_stats_show_the_slow_side(leak_check, capsys):

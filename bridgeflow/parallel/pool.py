@@ -88,8 +88,17 @@ class _PoolResources:
         self.ctl: Any = None
         self.prefix = ""
         self.writers: list[shm.SlabWriter] = []
+        self.owner_pid = os.getpid()
 
     def shutdown(self) -> None:
+        if os.getpid() != self.owner_pid:
+            # A forked copy (a flow that runs in another pool's worker): the workers and the shared memory
+            # belong to the process that started them. Close our copies of the pipes and forget the rest.
+            for conn in self.task_conns + self.result_conns:
+                conn.close()
+            self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
+            self.task_queues, self.threads, self.prefix = [], [], ""
+            return
         for conn in self.task_conns:
             try:
                 # Never block here: a worker that reads no more (stopped, stuck) is terminated below.
@@ -219,6 +228,12 @@ class WorkerPool:
 
     def _start_processes(self, contexts: list[WorkerContext]) -> None:
         res = self._res
+        if mp.current_process().daemon:  # multiprocessing forbids it; say where, and what to do instead
+            self.close()
+            raise BridgeflowError(
+                f"{self.name} cannot start worker processes inside {mp.current_process().name}, itself a "
+                "worker process: put the process stage outside the other one, or use threads inside it "
+                "(MultiThreadMapData)")
         context = mp.get_context(self.start_method)
         if context.get_start_method() != "fork":
             try:
