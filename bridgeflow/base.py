@@ -71,6 +71,9 @@ def _reentrant(flow: DataFlow) -> DataFlowReentrantError:
     )
 
 
+_claim_lock = threading.Lock()
+
+
 def _guarded(flow: DataFlow, it: Iterator) -> Iterator:
     # The flow counts as iterated from this iterator's first next() until it ends, is closed or is
     # collected. The check is repeated here because two iterators may both be created before either
@@ -78,9 +81,10 @@ def _guarded(flow: DataFlow, it: Iterator) -> Iterator:
     # would never run), so it cannot block the flow forever.
     token = object()
     try:
-        if flow._bf_iterating is not None:
-            raise _reentrant(flow)
-        flow._bf_iterating = token
+        with _claim_lock:  # check-and-set as one step (free-threaded Python switches anywhere)
+            if flow._bf_iterating is not None:
+                raise _reentrant(flow)
+            flow._bf_iterating = token
         yield from it
     finally:
         if flow._bf_iterating is token:

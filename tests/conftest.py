@@ -81,3 +81,20 @@ def leak_check():
     assert wait_for(lambda: not (child_pids() - procs0)), f"child processes left: {child_pids() - procs0}"
     assert wait_for(lambda: not (shm_entries() - shm0)), f"shared memory left: {shm_entries() - shm0}"
     assert wait_for(lambda: not new_threads()), f"threads left: {[t.name for t in new_threads()]}"
+
+
+class InterruptAfterRead:
+    """Stands in for a pool's result reader and raises ``KeyboardInterrupt`` once, after the message was
+    read from the pipe: Ctrl-C striking between reading a worker's results and filing them."""
+
+    def __init__(self, reader) -> None:
+        self.reader, self.fired = reader, False
+
+    def loads(self, data):
+        if not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+        return self.reader.loads(data)
+
+    def close(self) -> None:
+        self.reader.close()

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import shm_entries
+from conftest import InterruptAfterRead, shm_entries
 
 from bridgeflow.errors import BridgeflowError, WorkerError
 from bridgeflow.parallel import EXHAUSTED, WorkerContext, WorkerPool
@@ -287,3 +287,28 @@ def test_segments_of_dead_processes_are_swept_by_the_next_pool(leak_check):
     with WorkerPool(array_init, 1, processes=True) as pool:
         pool.start()
     assert not os.path.exists(stale)
+
+
+def test_a_receive_cut_short_fails_later_gets_instead_of_hanging(leak_check):
+    with WorkerPool(functools.partial(scale_init, 10), 1) as pool:
+        pool.start()
+        pool._readers[0] = InterruptAfterRead(pool._readers[0])
+        pool.put(1, flush=True)
+        pool.put(2, flush=True)
+        with pytest.raises(KeyboardInterrupt):
+            pool.get()  # the result of task 0 was read, then lost
+        assert pool.interrupted
+        t0 = time.monotonic()
+        with pytest.raises(BridgeflowError, match="interrupted while receiving"):
+            pool.get(timeout=30)
+        assert time.monotonic() - t0 < 1
+
+
+def test_a_timeout_does_not_mark_the_pool_interrupted(leak_check):
+    with WorkerPool(sleepy_init, 1) as pool:
+        pool.start()
+        pool.put(0.5, flush=True)
+        with pytest.raises(TimeoutError):
+            pool.get(timeout=0.05)
+        assert not pool.interrupted
+        assert pool.get(timeout=30) == (0, None)

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import child_pids, shm_entries, wait_for
+from conftest import InterruptAfterRead, child_pids, shm_entries, wait_for
 
 import bridgeflow as bf
 from bridgeflow.errors import DataFlowTerminated, DatapointError, WorkerError
@@ -646,3 +646,32 @@ def test_old_tensorpack_spellings():
     assert [dp for dp in df.get_data()] == [0, 0, 1, 1, 2, 2]
     assert bf.ThreadedMapData(source(), 2, image_of).num_workers == 2
     assert bf.MultiProcessPrefetchData(Shard(), 4, 2).num_workers == 2
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_iteration_interrupted_mid_receive_restarts_the_workers(batched, leak_check, caplog):
+    df = MultiProcessMapData(bf.DataFromList(list(range(100)), shuffle=False), 2, image_of, buffer_size=8)
+    flow = bf.BatchData(df, 10) if batched else df
+    labels = (lambda out: [int(x) for b in out for x in b[1]]) if batched else (lambda out: [dp[1] for dp in out])
+    with flow:
+        flow.reset_state()
+        first_pids = set(df._pool.pids)
+        it = iter(flow)
+        next(it)
+        df._pool._readers[1] = InterruptAfterRead(df._pool._readers[1])
+        with pytest.raises(KeyboardInterrupt):
+            for _ in it:
+                pass
+        it.close()
+        assert labels(list(flow)) == list(range(100))  # a whole epoch, from new workers
+        assert not first_pids & set(df._pool.pids)
+        assert "interrupted while receiving" in caplog.text
+
+
+def test_runner_warns_when_counts_look_like_tensorpacks_order(caplog):
+    cpus = os.cpu_count() or 1
+    with caplog.at_level("WARNING", logger="bridgeflow"):
+        MultiProcessRunner(bf.DataFromList([[1]]), 2, 16).close()
+        assert "tensorpack" not in caplog.text
+        MultiProcessRunner(bf.DataFromList([[1]]), 4 * cpus + 1, 2).close()  # tensorpack's (ds, 50, 2)
+    assert "pass them by keyword" in caplog.text

@@ -175,6 +175,7 @@ class WorkerPool:
         self._finalizer: weakref.finalize | None = None
         self._started = False
         self._closed = False
+        self.interrupted = False  # an exception cut a receive short: a result may be lost (see get)
         self._reset_counters()
         # statistics
         self.results_received = 0
@@ -385,7 +386,16 @@ class WorkerPool:
         self._ready = {k: v for k, v in self._ready.items() if k >= self._discard_below}
 
     def get(self, timeout: float | None = None) -> tuple[int, Any]:
-        """The next result as ``(worker_id, value)``; raises the worker's exception for a failed task."""
+        """The next result as ``(worker_id, value)``; raises the worker's exception for a failed task.
+
+        An exception that interrupts the wait itself (Ctrl-C, or any raised by a signal handler) may
+        strike between reading a message and filing its results, so the pool marks itself
+        :attr:`interrupted` and every later ``get()`` raises instead of waiting for a result that may
+        never come; the parallel stages then start new workers.
+        """
+        if self.interrupted:
+            raise BridgeflowError(f"{self.name}: an earlier get() was interrupted while receiving, so results "
+                                  "may be lost; close this pool and start a new one")
         if self.outstanding <= 0:
             raise BridgeflowError(f"{self.name}: get() with no task outstanding")
         t0 = time.perf_counter()
@@ -431,6 +441,15 @@ class WorkerPool:
 
     def _receive(self, deadline: float | None, timeout: float | None, worker: int | None = None) -> None:
         """Wait for one message from any worker and file it; raise if a worker died or time ran out."""
+        try:
+            self._receive_and_file(deadline, timeout, worker)
+        except (BridgeflowError, TimeoutError):  # raised on purpose, with nothing half-received
+            raise
+        except BaseException:
+            self.interrupted = True
+            raise
+
+    def _receive_and_file(self, deadline: float | None, timeout: float | None, worker: int | None) -> None:
         while True:
             wait_for = _LIVENESS_INTERVAL
             if deadline is not None:

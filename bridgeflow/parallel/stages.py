@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import logging
+import os
 import pickle
 import random
 import time
@@ -38,6 +40,8 @@ from ..transforms import _DATAPOINT_TYPES, check_datapoint
 from .pool import EXHAUSTED, WorkerContext, WorkerPool, describe_unpicklable
 
 __all__ = ["MultiProcessMapData", "MultiProcessRunner", "MultiThreadMapData", "MultiThreadRunner"]
+
+log = logging.getLogger(__name__)
 
 
 def seed_worker_globals(seed: int) -> None:
@@ -160,6 +164,18 @@ class _ParallelStage(ProxyDataFlow):
     def stats(self) -> dict[str, float]:
         return self._stats.as_dict(self._pool, self._capacity) if hasattr(self, "_stats") else {}
 
+    def _live_pool(self) -> WorkerPool:
+        """The pool to iterate with: a new one when the last iteration was interrupted mid-receive."""
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError(f"{type(self).__name__} is closed; call reset_state() to start it again")
+        if pool.interrupted:
+            log.warning("%s: the last iteration was interrupted while receiving a result; starting new workers",
+                        type(self).__name__)
+            self._close_pool()
+            pool = self._pool = self._new_pool().start()
+        return pool
+
     def _get(self, pool: WorkerPool) -> Any:
         if self._stats.started is None:
             self._stats.started = time.perf_counter()
@@ -211,9 +227,7 @@ class _MapStage(_ParallelStage):
             return None
 
     def __iter__(self) -> Iterator:
-        pool = self._pool
-        if pool is None:
-            raise RuntimeError(f"{type(self).__name__} is closed; call reset_state() to start it again")
+        pool = self._live_pool()
         size = self._epoch_size()
         if size is None:
             yield from self._strict_epoch(pool)
@@ -274,9 +288,7 @@ class _MapStage(_ParallelStage):
         Yields exactly what ``BatchData`` would yield over this stage. A group in which ``map_func``
         dropped a datapoint comes back unstacked and is re-batched here.
         """
-        pool = self._pool
-        if pool is None:
-            raise RuntimeError(f"{type(self).__name__} is closed; call reset_state() to start it again")
+        pool = self._live_pool()
         size = self._epoch_size()
         if size is None:
             source: Iterator = iter(self.ds)
@@ -438,9 +450,7 @@ class _RunnerStage(_ParallelStage):
         return pool
 
     def __iter__(self) -> Iterator:
-        pool = self._pool
-        if pool is None:
-            raise RuntimeError(f"{type(self).__name__} is closed; call reset_state() to start it again")
+        pool = self._live_pool()
         try:
             size: int | None = len(self.ds)
         except LengthUnknownError:
@@ -472,6 +482,11 @@ class MultiProcessRunner(_RunnerStage):
     def __init__(self, ds: DataFlow, num_proc: int, num_prefetch: int = 16, *, start_method: str | None = None,
                  seed: int | None = None) -> None:
         super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed)
+        cpus = os.cpu_count() or 1
+        if self.num_workers > 2 * cpus and self.num_workers > self.num_prefetch:
+            log.warning("MultiProcessRunner(ds, num_proc=%d, num_prefetch=%d) starts %d processes on %d CPUs; "
+                        "tensorpack's order is (ds, num_prefetch, num_proc): pass them by keyword when porting",
+                        self.num_workers, self.num_prefetch, self.num_workers, cpus)
 
 
 class MultiThreadRunner(_RunnerStage):
