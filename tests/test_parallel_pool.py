@@ -312,3 +312,36 @@ def test_a_timeout_does_not_mark_the_pool_interrupted(leak_check):
             pool.get(timeout=0.05)
         assert not pool.interrupted
         assert pool.get(timeout=30) == (0, None)
+
+
+def megabyte_init(ctx):
+    return lambda i: np.full(1 << 20, i % 256, np.uint8)
+
+
+def _slab_mappings() -> int:
+    """Mappings of this process's pools' slabs (unlinked ones too) in this process."""
+    prefix = f"/dev/shm/bf{os.getpid()}_"
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if prefix in line and "ctl" not in line)
+
+
+def _slab_bytes() -> int:
+    return sum(os.path.getsize(f"/dev/shm/{n}") for n in shm_entries() if not n.endswith("ctl"))
+
+
+def test_slabs_held_once_go_back_to_the_system_when_released(leak_check):
+    with WorkerPool(megabyte_init, 1) as pool:
+        pool.start()
+        held = []
+        for i in range(60):  # the consumer holds 60 results: the worker needs 60 slabs
+            pool.put(i, flush=True)
+            held.append(pool.get()[1])
+        assert [int(a[0]) for a in held] == list(range(60))
+        assert _slab_bytes() >= 60 << 20 and _slab_mappings() >= 60
+        del held
+        for i in range(3 * shm_mod.TRIM_EVERY):  # then it streams, holding one result at a time
+            pool.put(i, flush=True)
+            assert int(pool.get()[1][0]) == i % 256
+        assert _slab_bytes() <= 8 << 20, "unused slabs were not unlinked"
+        assert _slab_mappings() <= 8, "the consumer still maps slabs the worker retired"
+        assert pool._readers[0].mapped <= 8

@@ -10,7 +10,10 @@ Lifetime of received arrays: a received array stays valid for as long as you hol
 it). A slab returns to its worker only when every array built from it has been garbage-collected,
 through a one-byte flag in a small control segment per worker. So holding arrays is always safe; it
 only makes the worker allocate more slabs (up to ``max_slabs``, after which results travel in-band
-through the pipe, slower but never blocking).
+through the pipe, slower but never blocking). Slabs are not kept at that high-water mark: every
+``TRIM_EVERY`` messages the writer frees the unused slabs beyond the most it needed at once in that
+window (unlinks them and flags them ``RETIRED``), and the reader drops its mappings of retired slabs, so
+the memory goes back to the system once the consumer lets go of what it held.
 
 Segments are named ``bf<pid>_<pool>_...`` so the pool can sweep everything it created, even slabs of a
 worker that was killed. Without ``/dev/shm`` (not Linux) or when it is full, results travel in-band.
@@ -36,7 +39,8 @@ SHM_DIR = "/dev/shm"
 INBAND_LIMIT = 32 * 1024  # smaller buffers are cheaper to pickle in-band than to place in a slab
 ALIGN = 64
 MIN_SLAB = 256 * 1024
-FREE, IN_USE = 0, 1
+FREE, IN_USE, RETIRED = 0, 1, 2  # a slab's flag; RETIRED: unlinked by the writer, to be unmapped by the reader
+TRIM_EVERY = 64  # messages between two trims of unused slabs
 
 
 def shm_available() -> bool:
@@ -143,16 +147,29 @@ class SlabWriter:
         # a signal handler on the main thread may call close() while that thread holds the lock.
         self._lock = threading.RLock()
         self._closed = False
+        self._acquired = 0  # slabs handed out since the last trim
+        self._peak = 0  # the most slabs in use at once since the last trim
 
     def _acquire(self, nbytes: int) -> int:
         """Index of a free slab of at least ``nbytes``, or -1 when none can be had."""
         flags = self.flags
         best = -1
+        in_use = 0
         for i, (_, size, _) in enumerate(self.slabs):
-            if flags[i] == FREE and size >= nbytes and (best < 0 or size < self.slabs[best][1]):
+            if flags[i] == IN_USE:
+                in_use += 1
+            elif size >= nbytes and (best < 0 or size < self.slabs[best][1]):
                 best = i
+        self._peak = max(self._peak, in_use + 1)
+        self._acquired += 1
+        if self._acquired >= TRIM_EVERY:
+            self._trim(keep=self._peak + 1, spare=best)
+            self._peak = in_use + 1
         if best >= 0:
             return best
+        hole = next((i for i, (_, _, mm) in enumerate(self.slabs) if mm is None and flags[i] != IN_USE), -1)
+        if hole >= 0:  # the index of a retired (or failed) slab is free for a new one
+            return self._create(nbytes, hole)
         if len(self.slabs) >= self.max_slabs:
             # Free the smallest unused slab to make room for a bigger one, if there is one.
             free = [i for i, s in enumerate(self.slabs) if flags[i] == FREE]
@@ -168,6 +185,26 @@ class SlabWriter:
                 unlink_segment(name)
             return self._create(nbytes, i)
         return self._create(nbytes, len(self.slabs))
+
+    def _trim(self, keep: int, spare: int) -> None:
+        """Free unused slabs beyond ``keep`` live ones (never ``spare``, about to be used)."""
+        self._acquired = 0
+        flags = self.flags
+        live = [i for i, (_, _, mm) in enumerate(self.slabs) if mm is not None]
+        for i in reversed(live):
+            if len(live) <= keep:
+                break
+            if i == spare or flags[i] != FREE:
+                continue
+            name, _, mm = self.slabs[i]
+            try:
+                mm.close()
+            except BufferError:  # an array built in place still points into it: keep it
+                continue
+            unlink_segment(name)
+            self.slabs[i] = ("", 0, None)
+            flags[i] = RETIRED  # the reader unmaps its view when it next looks
+            live.remove(i)
 
     def _create(self, nbytes: int, index: int) -> int:
         size = _round_size(nbytes)
@@ -300,11 +337,15 @@ class SlabReader:
     def __init__(self, flags: memoryview | None) -> None:
         self.flags = flags
         self._maps: dict[int, tuple[str, mmap.mmap]] = {}  # slab index -> (name, mapping)
+        self._received = 0
 
     def loads(self, message: bytes) -> Any:
         slab, data = pickle.loads(message)
         if slab is None:
             return pickle.loads(data)
+        self._received += 1
+        if self._received % TRIM_EVERY == 0:
+            self._unmap_retired()
         name, index, offsets = slab
         known = self._maps.get(index)
         if known is None or known[0] != name:  # a new slab, or the worker replaced this one
@@ -313,6 +354,20 @@ class SlabReader:
         lease = np.frombuffer(mm, dtype=np.uint8, count=max(off + n for off, n in offsets))
         weakref.finalize(lease, _release, self.flags, index)
         return pickle.loads(data, buffers=[lease[off:off + n] for off, n in offsets])
+
+    def _unmap_retired(self) -> None:
+        flags = self.flags
+        for index in [i for i in self._maps if flags[i] == RETIRED]:
+            _, mm = self._maps.pop(index)
+            try:
+                mm.close()
+            except BufferError:  # cannot happen for a retired slab (no array of it is alive); be safe
+                pass
+
+    @property
+    def mapped(self) -> int:
+        """How many of the worker's slabs this reader has mapped."""
+        return len(self._maps)
 
     def close(self) -> None:
         # Arrays the consumer still holds keep their slab's mapping alive; drop only our references.
