@@ -675,3 +675,33 @@ def test_runner_warns_when_counts_look_like_tensorpacks_order(caplog):
         assert "tensorpack" not in caplog.text
         MultiProcessRunner(bf.DataFromList([[1]]), 4 * cpus + 1, 2).close()  # tensorpack's (ds, 50, 2)
     assert "pass them by keyword" in caplog.text
+
+
+@pytest.mark.parametrize("remainder", [False, True])
+def test_fused_batching_keeps_the_workers_busy_across_epochs(remainder, leak_check):
+    stage = MultiProcessMapData(bf.DataFromList(list(range(100)), shuffle=False), 2, image_of, buffer_size=64)
+    df = bf.BatchData(stage, 8, remainder=remainder)
+    with df:
+        df.reset_state()
+        for _ in range(3):
+            batches = list(df)
+            assert [len(b[1]) for b in batches] == [8] * 12 + ([4] if remainder else [])
+            labels = [int(x) for b in batches for x in b[1]]
+            assert labels == list(range(len(labels)))  # each epoch is one pass of the source, in order
+            assert np.array_equal(batches[3][0], np.stack([image_of(i)[0] for i in range(24, 32)]))
+            assert stage._pool.outstanding > 0  # the next epoch's groups are being mapped already
+        # Unbatched next: the groups in flight are dropped (their datapoints were drawn from the carried
+        # stream, which goes on), and only plain datapoints come out.
+        out = list(stage)
+        first = out[0][1]
+        assert [dp[1] for dp in out] == [(first + i) % 100 for i in range(100)]
+        assert all(type(dp) is list and dp[0].shape == (3, 16, 16) for dp in out)
+
+
+def test_strict_fused_batching_leaves_nothing_in_flight(leak_check):
+    stage = MultiProcessMapData(bf.DataFromList(list(range(50)), shuffle=False), 2, image_of, strict=True)
+    with bf.BatchData(stage, 8) as df:
+        df.reset_state()
+        for _ in range(2):
+            assert [int(x) for b in df for x in b[1]] == list(range(48))
+            assert stage._pool.outstanding == 0

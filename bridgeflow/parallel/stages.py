@@ -20,6 +20,7 @@ next one continues where it stopped (a source without ``len()`` always runs stri
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import itertools
@@ -204,11 +205,12 @@ class _MapStage(_ParallelStage):
         self.seed = seed
         self._capacity = self.buffer_size
         self._carry: Iterator | None = None
+        self._batched: _BatchPlan | None = None  # fused batching: groups in flight into the next epoch
 
     def _new_pool(self) -> WorkerPool:
         if self._processes and self.start_method not in (None, "fork"):
             _check_picklable(self.map_func, "map_func", type(self).__name__, self.start_method)
-        self._carry = None
+        self._carry = self._batched = None
         return WorkerPool(functools.partial(_map_init, self.map_func), self.num_workers,
                           processes=self._processes, start_method=self.start_method, name=type(self).__name__,
                           base_seed=self.seed, ordered=self.ordered,
@@ -228,6 +230,9 @@ class _MapStage(_ParallelStage):
 
     def __iter__(self) -> Iterator:
         pool = self._live_pool()
+        if self._batched is not None:  # groups of a fused BatchData are in flight: not datapoints
+            self._batched = None
+            pool.discard_outstanding()
         size = self._epoch_size()
         if size is None:
             yield from self._strict_epoch(pool)
@@ -286,36 +291,24 @@ class _MapStage(_ParallelStage):
         """Batches of the mapped datapoints, stacked in the workers; ``BatchData(self, ...)`` calls this.
 
         Yields exactly what ``BatchData`` would yield over this stage. A group in which ``map_func``
-        dropped a datapoint comes back unstacked and is re-batched here.
+        dropped a datapoint comes back unstacked and is re-batched here. Like the unbatched stage, a
+        non-strict one keeps the workers busy across epochs: the groups of the next epoch are already in
+        flight when this one ends, so no worker waits for another's last batch.
         """
         pool = self._live_pool()
         size = self._epoch_size()
-        if size is None:
-            source: Iterator = iter(self.ds)
-        else:
-            if self._carry is None:
-                self._carry = _forever(self.ds, type(self).__name__)
-            carry = self._carry
-            source = (self._next_carried(carry) for _ in range(size))
+        state = self._batched
+        self._batched = None  # this epoch owns the groups in flight until it completes
+        if state is None or not state.continues(pool, batch_size, size, use_list, pad_value):
+            if pool.outstanding:  # left by an unbatched iteration (or another batch size): not ours
+                pool.discard_outstanding()
+            state = _BatchPlan(pool, batch_size, size, use_list, pad_value, self._groups(batch_size, size))
         in_flight = max(2 * self.num_workers, -(-self.buffer_size // batch_size))
         holder: list = []
-        more = True
-
-        def submit() -> None:
-            nonlocal more
-            group = list(itertools.islice(source, batch_size))
-            if len(group) < batch_size:
-                more = False
-            if group:
-                pool.put(_BatchTask(group, batch_size, use_list, pad_value), flush=True)
-
+        complete = False
         try:
-            while more and pool.outstanding < in_flight:
-                submit()
-            while pool.outstanding:
+            while state.next_result(in_flight):
                 out = self._get(pool)
-                if more:
-                    submit()
                 if type(out) is _Stacked and not holder:
                     self._stats.datapoints += batch_size
                     yield out.batch
@@ -328,17 +321,90 @@ class _MapStage(_ParallelStage):
             if remainder and holder:
                 self._stats.datapoints += len(holder)
                 yield batch_datapoints(holder, use_list, pad_value)
+            complete = True
         finally:
-            if pool.outstanding and self._pool is pool:
-                pool.discard_outstanding()
-            if size is None and hasattr(source, "close"):
-                source.close()
+            if complete and size is not None and self._pool is pool:
+                self._batched = state  # the next epoch takes over the groups already in flight
+            else:
+                if pool.outstanding and self._pool is pool:
+                    pool.discard_outstanding()
+                state.groups.close()
+
+    def _groups(self, batch_size: int, size: int | None) -> Iterator:
+        """The groups of source datapoints to map and stack, each epoch followed by ``_EPOCH_END``: one epoch
+        of a fresh ``iter(ds)`` when strict, else epochs of ``size`` from the carried stream, forever."""
+        if size is None:
+            source = iter(self.ds)
+            try:
+                while True:
+                    group = list(itertools.islice(source, batch_size))
+                    if group:
+                        yield group
+                    if len(group) < batch_size:
+                        break
+            finally:
+                if hasattr(source, "close"):
+                    source.close()
+            yield _EPOCH_END
+            return
+        if self._carry is None:
+            self._carry = _forever(self.ds, type(self).__name__)
+        carry = self._carry
+        while True:
+            for start in range(0, size, batch_size):
+                yield [self._next_carried(carry) for _ in range(min(batch_size, size - start))]
+            yield _EPOCH_END
 
     def close(self) -> None:
+        state, self._batched = self._batched, None
+        if state is not None:
+            state.groups.close()
         carry, self._carry = self._carry, None
         if carry is not None:
             carry.close()
         super().close()
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_carry"] = state["_batched"] = None  # generators of this process's iteration
+        return state
+
+
+_EPOCH_END = object()
+
+
+class _BatchPlan:
+    """The groups sent to the workers for fused batching, and how many are in flight per epoch.
+
+    ``pending`` holds one entry per group sent (in order) and ``None`` where an epoch ends, so an epoch
+    knows how many results are its own even when groups of the next one are in flight already.
+    """
+
+    def __init__(self, pool: WorkerPool, batch_size: int, size: int | None, use_list: Any, pad_value: Any,
+                 groups: Iterator) -> None:
+        self.pool, self.batch_size, self.size = pool, batch_size, size
+        self.use_list, self.pad_value = use_list, pad_value
+        self.groups = groups
+        self.pending: collections.deque = collections.deque()
+        self.exhausted = False
+
+    def continues(self, pool: WorkerPool, batch_size: int, size: int | None, use_list: Any, pad_value: Any) -> bool:
+        return (pool is self.pool and batch_size == self.batch_size and size == self.size
+                and use_list is self.use_list and pad_value is self.pad_value)
+
+    def next_result(self, in_flight: int) -> bool:
+        """Send groups until ``in_flight`` are out; True while this epoch has a result still to get."""
+        pool = self.pool
+        while not self.exhausted and pool.outstanding < in_flight:
+            group = next(self.groups, None)
+            if group is None:  # a strict epoch's groups are all sent
+                self.exhausted = True
+            elif group is _EPOCH_END:
+                self.pending.append(None)
+            else:
+                pool.put(_BatchTask(group, self.batch_size, self.use_list, self.pad_value), flush=True)
+                self.pending.append(len(group))
+        return bool(self.pending) and self.pending.popleft() is not None
 
 
 def _unstack(batch: Any) -> list:
