@@ -98,3 +98,20 @@ class InterruptAfterRead:
 
     def close(self) -> None:
         self.reader.close()
+
+
+def results_of_forked_children(target, args: tuple, n: int = 3, timeout: float = 60) -> list:
+    """Run ``target(*args, queue)`` in ``n`` forked children; the value each put on the queue, in the order
+    they came. Every child must exit cleanly."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, q)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=timeout) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0, f"a reader exited with {p.exitcode}"
+    return results

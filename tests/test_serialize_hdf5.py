@@ -11,6 +11,7 @@ import textwrap
 import h5py
 import numpy as np
 import pytest
+from conftest import results_of_forked_children
 
 from bridgeflow import DataFromGenerator, DataFromList
 from bridgeflow.errors import DatapointError
@@ -260,21 +261,11 @@ def _read_all(path, q):
 
 
 def test_readers_in_several_processes_after_fork(tmp_path, leak_check):
-    import multiprocessing as mp
-
     path = save(tmp_path, vlen_rows(40))
     parent = HDF5Data(path, shuffle=False)
     parent.reset_state()  # an open h5py handle in the parent, inherited by the children
     assert parent[7][1] == "text007"
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_read_all, args=(str(path), q)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    results = [q.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    results = results_of_forked_children(_read_all, (str(path),))
     assert results == [[f"text{i:03d}" for i in range(40)]] * 3
     assert_same_datapoints(vlen_rows(40), list(parent))  # the parent's handle still works
     parent.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import struct
 import subprocess
@@ -11,6 +10,7 @@ import sys
 import lmdb
 import numpy as np
 import pytest
+from conftest import results_of_forked_children
 
 from bridgeflow import DataFromGenerator, DataFromList, FakeData
 from bridgeflow.serialize import lmdb_format
@@ -292,15 +292,7 @@ def test_readers_in_several_processes_after_fork(tmp_path, leak_check):
     parent = LMDBData(path, shuffle=False)
     parent.reset_state()  # an open handle in the parent, inherited by the children
     assert parent[7] == [7]
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_read_all, args=(str(path), q)) for _ in range(3)]
-    for p in procs:
-        p.start()
-    results = [q.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
-        assert p.exitcode == 0
+    results = results_of_forked_children(_read_all, (str(path),))
     assert results == [list(range(100))] * 3
     assert [dp[0] for dp in parent] == list(range(100))  # the parent's handle still works
     parent.close()

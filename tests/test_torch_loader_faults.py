@@ -22,16 +22,19 @@ import bridgeflow
 from bridgeflow.adapters.torch import DataLoader
 
 
-class FailingFlow(bridgeflow.DataFlow):
-    """Yields ``[i]`` for ``i < bad``, then raises."""
+def records_then_error(bad: int):
+    """``[i]`` for ``i < bad``, then a ValueError."""
+    for i in range(bad):
+        yield [np.int64(i)]
+    raise ValueError(f"record {bad} is corrupt")
 
+
+class FailingFlow(bridgeflow.DataFlow):
     def __init__(self, bad: int) -> None:
         self.bad = bad
 
     def __iter__(self):
-        for i in range(self.bad):
-            yield [np.int64(i)]
-        raise ValueError(f"record {self.bad} is corrupt")
+        return records_then_error(self.bad)
 
 
 class FailingIterable(tud.IterableDataset):
@@ -41,9 +44,7 @@ class FailingIterable(tud.IterableDataset):
         self.bad = bad
 
     def __iter__(self):
-        for i in range(self.bad):
-            yield [np.int64(i)]
-        raise ValueError(f"record {self.bad} is corrupt")
+        return records_then_error(self.bad)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
