@@ -705,3 +705,9 @@ def test_strict_fused_batching_leaves_nothing_in_flight(leak_check):
         for _ in range(2):
             assert [int(x) for b in df for x in b[1]] == list(range(48))
             assert stage._pool.outstanding == 0
+
+
+def test_fused_batching_of_an_empty_source_gives_empty_epochs(leak_check):
+    with bf.BatchData(MultiProcessMapData(bf.DataFromList([], shuffle=False), 2, image_of), 4) as df:
+        df.reset_state()
+        assert [list(df), list(df)] == [[], []]

@@ -386,6 +386,7 @@ class _BatchPlan:
         self.use_list, self.pad_value = use_list, pad_value
         self.groups = groups
         self.pending: collections.deque = collections.deque()
+        self.ends = 0  # epoch ends in pending: groups are planned at most one epoch ahead
         self.exhausted = False
 
     def continues(self, pool: WorkerPool, batch_size: int, size: int | None, use_list: Any, pad_value: Any) -> bool:
@@ -395,16 +396,22 @@ class _BatchPlan:
     def next_result(self, in_flight: int) -> bool:
         """Send groups until ``in_flight`` are out; True while this epoch has a result still to get."""
         pool = self.pool
-        while not self.exhausted and pool.outstanding < in_flight:
+        while not self.exhausted and pool.outstanding < in_flight and self.ends < 2:
             group = next(self.groups, None)
             if group is None:  # a strict epoch's groups are all sent
                 self.exhausted = True
             elif group is _EPOCH_END:
                 self.pending.append(None)
+                self.ends += 1
             else:
                 pool.put(_BatchTask(group, self.batch_size, self.use_list, self.pad_value), flush=True)
                 self.pending.append(len(group))
-        return bool(self.pending) and self.pending.popleft() is not None
+        if not self.pending:
+            return False
+        if self.pending.popleft() is None:
+            self.ends -= 1
+            return False
+        return True
 
 
 def _unstack(batch: Any) -> list:
