@@ -489,11 +489,7 @@ class WorkerPool:
         for fd, _ in events:
             w, is_conn = self._fd_worker[fd]
             if is_conn:
-                try:
-                    data = conns[w].recv_bytes()
-                except (EOFError, OSError):
-                    self._raise_dead(w)
-                return w, self._readers[w].loads(data)
+                return w, self._read(w)
             dead.append(w)
         for w in dead:  # a sentinel: the process ended; its last results may still be in the pipe
             if not conns[w].poll(0):
@@ -504,12 +500,16 @@ class WorkerPool:
             # its last results, then end-of-file, which raises.
             for w, proc in enumerate(self._res.procs):
                 if proc.exitcode is not None:
-                    try:
-                        data = conns[w].recv_bytes()
-                    except (EOFError, OSError):
-                        self._raise_dead(w)
-                    return w, self._readers[w].loads(data)
+                    return w, self._read(w)
         return None
+
+    def _read(self, worker: int) -> list:
+        """The next message of a process worker whose pipe is readable; end-of-file means it died."""
+        try:
+            data = self._res.result_conns[worker].recv_bytes()
+        except (EOFError, OSError):
+            self._raise_dead(worker)
+        return self._readers[worker].loads(data)
 
     def _where(self, worker: int) -> str:
         if self.processes and worker < len(self._res.procs):

@@ -164,7 +164,7 @@ class SlabWriter:
         self._acquired += 1
         if self._acquired >= TRIM_EVERY:
             self._trim(keep=self._peak + 1, spare=best)
-            self._peak = in_use + 1
+            self._acquired, self._peak = 0, in_use + 1
         if best >= 0:
             return best
         hole = next((i for i, (_, _, mm) in enumerate(self.slabs) if mm is None and flags[i] != IN_USE), -1)
@@ -187,24 +187,22 @@ class SlabWriter:
         return self._create(nbytes, len(self.slabs))
 
     def _trim(self, keep: int, spare: int) -> None:
-        """Free unused slabs beyond ``keep`` live ones (never ``spare``, about to be used)."""
-        self._acquired = 0
-        flags = self.flags
-        live = [i for i, (_, _, mm) in enumerate(self.slabs) if mm is not None]
-        for i in reversed(live):
-            if len(live) <= keep:
+        """Free unused slabs beyond ``keep`` live ones, the last first (never ``spare``, about to be used)."""
+        excess = sum(mm is not None for _, _, mm in self.slabs) - keep
+        for i in reversed(range(len(self.slabs))):
+            if excess <= 0:
                 break
-            if i == spare or flags[i] != FREE:
-                continue
             name, _, mm = self.slabs[i]
+            if mm is None or i == spare or self.flags[i] != FREE:
+                continue
             try:
                 mm.close()
             except BufferError:  # an array built in place still points into it: keep it
                 continue
             unlink_segment(name)
             self.slabs[i] = ("", 0, None)
-            flags[i] = RETIRED  # the reader unmaps its view when it next looks
-            live.remove(i)
+            self.flags[i] = RETIRED  # the reader unmaps its view when it next looks
+            excess -= 1
 
     def _create(self, nbytes: int, index: int) -> int:
         size = _round_size(nbytes)

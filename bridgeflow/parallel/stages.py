@@ -376,7 +376,7 @@ _EPOCH_END = object()
 class _BatchPlan:
     """The groups sent to the workers for fused batching, and how many are in flight per epoch.
 
-    ``pending`` holds one entry per group sent (in order) and ``None`` where an epoch ends, so an epoch
+    ``pending`` holds ``True`` per group sent (in order) and ``None`` where an epoch ends, so an epoch
     knows how many results are its own even when groups of the next one are in flight already.
     """
 
@@ -405,7 +405,7 @@ class _BatchPlan:
                 self.ends += 1
             else:
                 pool.put(_BatchTask(group, self.batch_size, self.use_list, self.pad_value), flush=True)
-                self.pending.append(len(group))
+                self.pending.append(True)
         if not self.pending:
             return False
         if self.pending.popleft() is None:

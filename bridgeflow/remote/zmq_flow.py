@@ -51,8 +51,7 @@ from .._deps import require
 from .._progress import progress_bar
 from ..base import DataFlow
 from ..errors import DataFlowTerminated
-from ..serialize.codec import DEFAULT_CODEC, decode_frames, encode_frames
-from ..serialize.errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
+from ..serialize.codec import DECODE_ERRORS, DEFAULT_CODEC, decode_frames, encode_frames
 from . import _protocol as P
 from .errors import ProducerError, ProducerLostError, RemoteConnectionError
 
@@ -343,7 +342,7 @@ class RemoteDataZMQ(DataFlow):
                 continue
             try:
                 dp = decode_frames([f.buffer for f in frames], allow_pickle=self.allow_pickle)
-            except (CorruptDataError, UnsupportedFormatError, PickleNotAllowedError) as exc:
+            except DECODE_ERRORS as exc:
                 raise type(exc)(f"{type(self).__name__}: bad message from {p.addr}: {exc}") from exc
             self._n += 1
             yield dp

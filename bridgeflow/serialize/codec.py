@@ -54,6 +54,7 @@ from .errors import CorruptDataError, EncodeError, PickleNotAllowedError, Unsupp
 
 __all__ = [
     "CODECS",
+    "DECODE_ERRORS",
     "DEFAULT_CODEC",
     "FORMAT_VERSION",
     "decode",
@@ -231,7 +232,8 @@ def encode_frames(obj: Any, *, codec: str = DEFAULT_CODEC) -> list[bytes | memor
 _plans: dict[bytes, Plan] = {}
 _MAX_PLANS = 1024
 _last: list[Plan] = [compile_plan(b"N", MAX_DEPTH)]  # the plan used last: same-shaped streams hit it
-_OWN_ERRORS = (CorruptDataError, UnsupportedFormatError, PickleNotAllowedError)
+DECODE_ERRORS = (CorruptDataError, UnsupportedFormatError, PickleNotAllowedError)
+"""What decoding raises on purpose: anything else is turned into a ``CorruptDataError``."""
 
 
 def _plan(skeleton: bytes) -> Plan:
@@ -364,7 +366,7 @@ def decode(buf: Any, *, allow_pickle: bool = False) -> Any:
         if len(b) < 32:
             raise CorruptDataError(f"encoded datapoint too short ({len(b)} bytes) for its header")
         return _decode_parts(b, None, allow_pickle)
-    except _OWN_ERRORS:
+    except DECODE_ERRORS:
         raise
     except Exception as exc:  # struct.error, IndexError, UnicodeDecodeError, unhashable keys, ...
         raise CorruptDataError(f"cannot decode datapoint: {type(exc).__name__}: {exc}") from exc
@@ -379,7 +381,7 @@ def decode_frames(frames: Sequence[Any], *, allow_pickle: bool = False) -> Any:
         if len(head) < 32:
             raise CorruptDataError(f"first frame too short ({len(head)} bytes) for a header")
         return _decode_parts(head, frames, allow_pickle)
-    except _OWN_ERRORS:
+    except DECODE_ERRORS:
         raise
     except Exception as exc:
         raise CorruptDataError(f"cannot decode frames: {type(exc).__name__}: {exc}") from exc

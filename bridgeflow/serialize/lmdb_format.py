@@ -40,7 +40,7 @@ from ..base import DataFlow, RNGDataFlow
 from ._common import existing_path, iterate_source, normalize_index
 from ._lmdb_check import check_lmdb_file, tree_pages
 from .atomic import atomic_path
-from .codec import CODECS, DEFAULT_CODEC, FORMAT_VERSION, TOTAL, decode, encode
+from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, TOTAL, decode, encode
 from .errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
 
 __all__ = ["LMDBData", "LMDBSerializer", "read_lmdb_meta"]
@@ -55,7 +55,6 @@ CHECKSUM = b"crc32"
 _INITIAL_MAP = 256 << 20
 _BATCH_BYTES = 64 << 20  # commit at least this often, whatever write_frequency says
 _VERIFY_MAX_PAGES = 65536  # verify=None checks trees of up to this many branch+leaf pages
-_VALUE_ERRORS = (CorruptDataError, UnsupportedFormatError, PickleNotAllowedError)
 
 
 def _key(i: int) -> bytes:
@@ -307,7 +306,7 @@ class LMDBData(RNGDataFlow):
             raise CorruptDataError(f"{self.path}: datapoint {index} is missing (count says {len(self)})")
         try:
             return decode(self._payload(value), allow_pickle=self._unpickle)
-        except _VALUE_ERRORS as exc:
+        except DECODE_ERRORS as exc:
             raise self._damaged(index, exc) from exc
 
     def _payload(self, value: Any) -> bytearray:
@@ -354,21 +353,17 @@ class LMDBData(RNGDataFlow):
                 cursor.first()
                 allow, i, key, payload = self._unpickle, -1, _KEY.pack, self._payload
                 items = cursor.iternext()
+                # Sizes checked against the file and no CRC: a plain copy. Otherwise an unchecked size must
+                # match its header before it is copied, and a CRC must match.
+                copy = bytearray if self.verified and not self._crc else payload
                 try:  # the hot loop: copy once out of the map, decode zero-copy
-                    # keys are checked too: a damaged key would reorder or skip datapoints silently
-                    if self.verified and not self._crc:  # sizes were checked against the file
-                        for i, (k, value) in zip(range(n), items):
-                            if k != key(i):
-                                raise CorruptDataError(f"key {bytes(k)!r} where key {key(i)!r} belongs")
-                            yield decode(bytearray(value), allow_pickle=allow)
-                    else:  # an unchecked size must not be copied before it matches the header; CRCs
-                        for i, (k, value) in zip(range(n), items):
-                            if k != key(i):
-                                raise CorruptDataError(f"key {bytes(k)!r} where key {key(i)!r} belongs")
-                            yield decode(payload(value), allow_pickle=allow)
+                    for i, (k, value) in zip(range(n), items):
+                        if k != key(i):  # a damaged key would reorder or skip datapoints silently
+                            raise CorruptDataError(f"key {bytes(k)!r} where key {key(i)!r} belongs")
+                        yield decode(copy(value), allow_pickle=allow)
                 except struct.error as exc:
                     raise CorruptDataError(f"{self.path}: datapoint {i}: stored value too short") from exc
-                except _VALUE_ERRORS as exc:
+                except DECODE_ERRORS as exc:
                     raise self._damaged(i, exc) from exc
                 if i + 1 != n:
                     raise CorruptDataError(f"{self.path}: {i + 1} datapoints found, its count says {n}")

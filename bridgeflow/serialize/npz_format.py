@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import json
+import math
 import os
 import zipfile
 import zlib
@@ -83,9 +84,7 @@ def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive_size: int) -
             raise ValueError(f"member {name!r}: unknown npy version {version}")
         if dtype.hasobject or dtype.itemsize == 0:
             raise ValueError(f"member {name!r} holds dtype {dtype}, which bridgeflow never writes")
-        count = 1
-        for d in shape:
-            count *= d
+        count = math.prod(shape)
         nbytes = count * dtype.itemsize
         if fh.tell() + nbytes != info.file_size:
             raise ValueError(f"member {name!r}: its header declares shape {shape} of {dtype} ({nbytes} bytes) "
