@@ -45,6 +45,7 @@ from .remote import (
 )
 from .serialize import (
     CorruptDataError,
+    DatasetChangedError,
     DatasetNotFoundError,
     HDF5Data,
     HDF5Serializer,
@@ -87,6 +88,7 @@ __all__ = [
     "DataFromIterable",
     "DataFromList",
     "DatapointError",
+    "DatasetChangedError",
     "DatasetNotFoundError",
     "FakeData",
     "FilterData",

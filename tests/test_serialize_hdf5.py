@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import zlib
 
 import h5py
 import numpy as np
@@ -51,9 +52,21 @@ def test_every_column_kind_roundtrips(tmp_path):
 def test_layout_chunked_datasets_and_attrs(tmp_path):
     path = save(tmp_path, every_kind(10), data_paths=[f"c{i}" for i in range(11)])
     with h5py.File(path, "r") as f:
-        assert f["c0"].shape == (10, 3, 4) and f["c0"].chunks is not None
-        assert f["c4"].dtype.kind == "O" and f["__bf_shapes__/c4"].shape == (10, 1)  # ragged
-        assert f.attrs["bridgeflow_format"] == "bridgeflow-hdf5" and f.attrs["count"] == 10
+        assert f.libver[0] != "earliest"  # checksummed metadata
+        assert f["c0"].shape == (10, 3, 4) and f["c0"].chunks is not None and f["c0"].fletcher32
+        # ragged: the values end to end, row offsets and shapes beside them; nothing variable-length
+        assert f["c4"].dtype == np.int16 and f["c4"].shape == (sum(i % 4 for i in range(10)),)
+        assert f["__bf_offsets__/c4"].shape == (11,) and f["__bf_shapes__/c4"].shape == (10, 1)
+        assert f["c2"].dtype == np.uint8 and bytes(f["c2"][:4]) == "n0é".encode()
+        assert all(f[f"__bf_crc__/c{i}"].shape == (10,) for i in range(11))  # a CRC per row of each
+
+        def no_vlen(name, obj):
+            assert h5py.check_vlen_dtype(obj.dtype) is None and h5py.check_string_dtype(obj.dtype) is None, name
+        f.visititems(lambda name, obj: no_vlen(name, obj) if isinstance(obj, h5py.Dataset) else None)
+        for key in f.attrs:
+            assert f.attrs.get_id(key).dtype.kind in "Si", key  # fixed-length, in the checksummed header
+        assert f.attrs["bridgeflow_format"] == b"bridgeflow-hdf5" and f.attrs["count"] == 10
+        assert f.attrs["bridgeflow_version"] == 2
         kinds = [c["kind"] for c in json.loads(f.attrs["columns"])]
     assert kinds == ["array", "scalar", "str", "bytes", "ragged", "scalar", "scalar", "array", "array",
                      "scalar", "ragged"]
@@ -122,7 +135,7 @@ def test_overwrite(tmp_path):
 
 def test_foreign_hdf5_needs_data_paths(tmp_path):
     path = tmp_path / "foreign.h5"
-    with h5py.File(path, "w") as f:
+    with h5py.File(path, "w", libver="latest") as f:
         f["x"] = np.arange(12).reshape(6, 2)
         f["y"] = np.arange(6)
         f["z"] = np.arange(5)
@@ -133,6 +146,17 @@ def test_foreign_hdf5_needs_data_paths(tmp_path):
     assert len(out) == 6 and out[2][0].tolist() == [4, 5] and out[2][1] == 2
     with pytest.raises(CorruptDataError, match="different lengths"):
         HDF5Data(path, data_paths=["x", "z"])
+
+
+def test_hdf5_original_format_is_refused_unless_trusted(tmp_path):
+    """h5py's default format has no metadata checksums: libhdf5 could loop on a damaged block."""
+    path = tmp_path / "old.h5"
+    with h5py.File(path, "w") as f:  # libver="earliest": superblock version 0
+        f["x"] = np.arange(6)
+    with pytest.raises(CorruptDataError, match=r"old\.h5: written in HDF5's original file format .*verify=False"):
+        HDF5Data(path, data_paths=["x"])
+    with HDF5Serializer.load(path, data_paths=["x"], shuffle=False, verify=False) as ds:
+        assert [dp[0] for dp in ds] == list(range(6))
 
 
 def test_missing_garbage_wrong_format_truncated_and_future_version(tmp_path):
@@ -203,7 +227,6 @@ def vlen_rows(n=12):
 @pytest.mark.parametrize(("needle", "component"), [(b"row007" * 10, "0"), (b"text007", "1"),
                                                      ((np.arange(7, 11, dtype=np.int32) * 1000003).tobytes(), "2")])
 def test_damaged_variable_length_rows_are_detected(tmp_path, needle, component):
-    """HDF5 checksums neither its vlen heap nor strings: the per-row CRC catches a changed byte there."""
     path = save(tmp_path, vlen_rows())
     data = bytearray(path.read_bytes())
     at = data.find(needle)
@@ -212,23 +235,97 @@ def test_damaged_variable_length_rows_are_detected(tmp_path, needle, component):
     path.write_bytes(bytes(data))
     with HDF5Data(path, shuffle=False) as ds:
         ds.reset_state()
-        with pytest.raises(CorruptDataError, match=rf"d\.h5: datapoint 7, component '{component}': checksum"):
+        with pytest.raises(CorruptDataError, match=r"d\.h5: .*(filter|checksum)"):
             list(ds)
-        assert_same_datapoints(vlen_rows()[:7], [ds[i] for i in range(7)])
-        with pytest.raises(CorruptDataError, match="checksum"):
+        with pytest.raises(CorruptDataError, match=r"d\.h5"):
             ds[7]
 
 
-def test_files_without_row_checksums_still_load(tmp_path):
-    path = save(tmp_path, vlen_rows())
-    with h5py.File(path, "a") as f:
-        assert sorted(f["__bf_crc__"]) == ["0", "1", "2"]
-        del f["__bf_crc__"]
+@pytest.mark.parametrize(("column", "first_changed"), [("0", 0), ("1", 1), ("2", 0), ("3", 0)])
+def test_a_chunk_that_passes_fletcher32_fails_the_row_crc(tmp_path, column, first_changed):
+    """fletcher32 takes a chunk zeroed whole, its checksum too, for sound: the per-row CRC does not."""
+    dps = [[np.full(8, 255, np.uint8), i, b"\xff\xff" * 4, np.full(2, -1, np.int32)] for i in range(6)]
+    path = save(tmp_path, dps)
+    with h5py.File(path, "r+") as f:
+        ds = f[column]
+        raw = ds.id.read_direct_chunk((0,) * ds.ndim)[1]
+        ds.id.write_direct_chunk((0,) * ds.ndim, bytes(len(raw)))
+        assert not ds[...].any()  # HDF5 itself reads zeros without complaint
+    with HDF5Data(path, shuffle=False) as ds:
+        ds.reset_state()
+        match = rf"d\.h5: datapoint {first_changed}, component '{column}': checksum"
+        with pytest.raises(CorruptDataError, match=match):
+            list(ds)
+        with pytest.raises(CorruptDataError, match=match):
+            [ds[i] for i in range(len(ds))]
+
+
+def save_v1(path, n=12):
+    """A file laid out as HDF5Serializer wrote them before format version 2: variable-length rows and
+    string attributes (in HDF5's global heaps), a CRC-32 per variable-length row."""
+    rows = vlen_rows(n)
+    with h5py.File(path, "w", libver="latest") as f:
+        b = f.create_dataset("0", (n,), dtype=h5py.vlen_dtype(np.uint8), chunks=(1024,), maxshape=(None,))
+        s = f.create_dataset("1", (n,), dtype=h5py.string_dtype("utf-8"), chunks=(1024,), maxshape=(None,))
+        g = f.create_dataset("2", (n,), dtype=h5py.vlen_dtype(np.int32), chunks=(1024,), maxshape=(None,))
+        for i, (raw, text, arr) in enumerate(rows):
+            b[i], s[i], g[i] = np.frombuffer(raw, np.uint8), text, arr
+        f.create_dataset("__bf_shapes__/2", data=np.array([[len(r[2])] for r in rows]), fletcher32=True,
+                         chunks=(1024, 1), maxshape=(None, 1))
+        for k, crcs in enumerate(([zlib.crc32(r[0]) for r in rows], [zlib.crc32(r[1].encode()) for r in rows],
+                                  [zlib.crc32(r[2].astype("<i4").tobytes()) for r in rows])):
+            f.create_dataset(f"__bf_crc__/{k}", data=np.array(crcs, np.uint32), fletcher32=True, chunks=(4096,),
+                             maxshape=(None,))
+        columns = [{"name": "0", "kind": "bytes"}, {"name": "1", "kind": "str"},
+                   {"name": "2", "kind": "ragged", "dtype": "<i4", "shape": [4]}]
+        f.attrs.update({"bridgeflow_format": "bridgeflow-hdf5", "bridgeflow_version": 1, "count": n,
+                        "structure": "list", "columns": json.dumps(columns)})
+    return path
+
+
+def test_format_version_1_files_still_load(tmp_path):
+    path = save_v1(tmp_path / "v1.h5")
+    with h5py.File(path) as f:  # what made version 1 files hang when damaged
+        assert h5py.check_string_dtype(f.attrs.get_id("columns").dtype) is not None
     assert_same_datapoints(vlen_rows(), check_dataflow(HDF5Data(path, shuffle=False), deterministic=True))
+    with HDF5Data(path, shuffle=True, seed=0) as ds:
+        assert_same_datapoints(vlen_rows(), [ds[i] for i in range(len(ds))])
+
+
+HEAP_SCRIPT = """
+import sys
+from bridgeflow.serialize.hdf5_format import HDF5Data
+try:
+    HDF5Data(sys.argv[1], shuffle=False, verify=sys.argv[2] == "1")
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_damaged_global_heap_is_an_error_not_a_hang(tmp_path):
+    """A zeroed object header inside a global heap collection makes libhdf5 1.14 loop forever; the
+    collections are walked before libhdf5 reads them."""
+    path = save_v1(tmp_path / "v1.h5")
+    data = bytearray(path.read_bytes())
+    at = data.find(b"GCOL\x01")
+    assert at > 0
+    data[at + 16:at + 32] = bytes(16)  # the first object: index 0, size 0
+    path.write_bytes(bytes(data))
+    proc = subprocess.run([sys.executable, "-c", HEAP_SCRIPT, str(path), "1"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.startswith("CorruptDataError"), proc.stdout + proc.stderr[-2000:]
+    assert "v1.h5: damaged global heap collection at byte" in proc.stdout
+    with pytest.raises(subprocess.TimeoutExpired):  # what the check prevents
+        subprocess.run([sys.executable, "-c", HEAP_SCRIPT, str(path), "0"], capture_output=True, timeout=5)
+
+
+def test_nul_characters_in_text_roundtrip(tmp_path):
+    dps = [["a\x00b", b"\x00"], ["", b""]]
+    path = save(tmp_path, dps)
+    assert check_dataflow(HDF5Data(path, shuffle=False), deterministic=True) == dps
 
 
 @pytest.mark.parametrize(("dps", "message"), [
-    ([["a\x00b"]], "component '0' of datapoint 0: HDF5 strings cannot hold NUL"),
     ([["ok"], ["\ud800"]], "component '0' of datapoint 1: .* is not valid UTF-8"),
     ([[2 ** 64]], "component '0' of datapoint 0: the int 18446744073709551616 does not fit in 64 bits"),
     ([{"": 1}], "component '' cannot be stored as HDF5 dataset"),
@@ -243,13 +340,13 @@ def test_what_hdf5_cannot_hold_is_refused_naming_the_component(tmp_path, dps, me
 
 
 def test_encoded_bytes_are_flushed_by_size_not_count(tmp_path):
-    from bridgeflow.serialize import hdf5_format
+    from bridgeflow.serialize import _hdf5_write
 
     with h5py.File(tmp_path / "w.h5", "w") as f:
-        writer = hdf5_format._Writer(f, None)
+        writer = _hdf5_write.HDF5Writer(f, None)
         for i in range(20):  # 20 x 1 MiB "images": flushed before 16 MiB pile up in memory
             writer.add([bytes(1 << 20), i], i)
-            assert writer.pending_bytes < hdf5_format._FLUSH_BYTES + (2 << 20)
+            assert writer.pending_bytes < _hdf5_write._FLUSH_BYTES + (2 << 20)
         assert writer.count > 0
 
 

@@ -4,7 +4,8 @@ LMDB trusts its pages: a damaged page header, node offset or value size makes it
 the file through its memory map, and the process dies of SIGBUS. This walks the main B-tree the way a
 reader would (meta pages, branch and leaf pages; the extent of overflow-page runs, without reading them)
 and checks every offset and size against the page and the file, so such damage becomes a
-:class:`CorruptDataError` naming the path. It reads only the tree's pages, not large values.
+:class:`CorruptDataError` naming the path. It reads only the tree's pages, not large values, and never
+more pages than the file really holds: a count the file claims cannot make it skip or stretch the walk.
 
 Layout facts used (LMDB 0.9, 64-bit): a page starts with a 16-byte header (pgno u64, pad u16, flags u16,
 lower u16, upper u16; overflow pages keep their page count in the lower/upper u32); the meta (pages 0
@@ -19,9 +20,10 @@ import struct
 
 import numpy as np
 
+from ._pinned import PinnedFile
 from .errors import CorruptDataError
 
-__all__ = ["check_lmdb_file", "tree_pages"]
+__all__ = ["check_lmdb_file"]
 
 _MAGIC = 0xBEEFC0DE
 _P_BRANCH, _P_LEAF, _P_OVERFLOW, _P_LEAF2 = 0x01, 0x02, 0x04, 0x20
@@ -45,79 +47,74 @@ def _meta(head: bytes, path: str) -> tuple[int, int, tuple, int]:
     return psize, txnid, main, last_pg
 
 
-def tree_pages(data_file: str) -> int:
-    """Branch + leaf pages of the main tree, from the meta page (the cost of a check, in pages)."""
-    with open(data_file, "rb") as f:
-        head = f.read(160)
-    if len(head) < 160:
-        return 0
-    try:
-        _psize, _txn, main, _last = _meta(head, data_file)
-    except CorruptDataError:
-        return 0
-    return main[3] + main[4]
-
-
 _checked: set[tuple] = set()  # files found sound, by identity: (dev, inode, size, mtime)
+_CHUNK_PAGES = 4096  # pages of one tree level read and checked at a time (16 MiB of 4 KiB pages)
 
 
-def check_lmdb_file(data_file: str, path: str | None = None) -> None:
-    """Raise :class:`CorruptDataError` (naming ``path``) unless every page of the main tree is sound.
+def check_lmdb_file(pin: PinnedFile, name: str) -> None:
+    """Raise :class:`CorruptDataError` (naming ``name``) unless every page of the main tree is sound.
 
-    A file already found sound in this process, unchanged since (same inode, size and mtime), is not
-    walked again.
+    ``pin`` is the open file LMDB will map: its real size (``fstat``), never a count the file claims,
+    bounds the walk, which reads each tree page at most once. A file already found sound in this
+    process, unchanged since (same inode, size and mtime), is not walked again.
     """
-    name = path or data_file
-    st = os.stat(data_file)
+    st = pin.stat()
     identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     if identity in _checked:
         return
-    _walk(data_file, name, st.st_size)
+    _walk(pin, name, st.st_size)
     if len(_checked) > 4096:
         _checked.clear()
     _checked.add(identity)
 
 
-def _walk(data_file: str, name: str, size: int) -> None:
-    with open(data_file, "rb") as f:
-        head = f.read(160)
-        if len(head) < 160:
-            raise CorruptDataError(f"{name}: too short for an LMDB file ({size} bytes)")
-        psize = _meta(head, name)[0]
-        if psize < 512 or psize > 65536 or psize & (psize - 1):
-            raise CorruptDataError(f"{name}: damaged meta page (page size {psize})")
-        f.seek(psize)
-        second = f.read(160)
-        metas = [_meta(head, name)] + ([_meta(second, name)] if len(second) == 160 else [])
-        _psize, _txnid, main, last_pg = max(metas, key=lambda m: m[1])
-        _pad, _flags, depth, _branch, _leaf, _overflow, entries, root = main
-        npages = size // psize
-        if last_pg >= npages or last_pg < 1:
-            raise CorruptDataError(f"{name}: truncated or damaged LMDB file (last page {last_pg}, "
-                                   f"the file holds {npages} pages)")
-        if root == _INVALID:
-            if entries:
-                raise CorruptDataError(f"{name}: damaged meta page (no root but {entries} entries)")
-            return
+def _walk(pin: PinnedFile, name: str, size: int) -> None:
+    head = pin.pread(160, 0)
+    if len(head) < 160:
+        raise CorruptDataError(f"{name}: too short for an LMDB file ({size} bytes)")
+    psize = _meta(head, name)[0]
+    if psize < 512 or psize > 65536 or psize & (psize - 1):
+        raise CorruptDataError(f"{name}: damaged meta page (page size {psize})")
+    second = pin.pread(160, psize)
+    metas = [_meta(head, name)] + ([_meta(second, name)] if len(second) == 160 else [])
+    _psize, _txnid, main, last_pg = max(metas, key=lambda m: m[1])
+    _pad, _flags, depth, _branch, _leaf, _overflow, entries, root = main
+    npages = size // psize
+    if last_pg >= npages or last_pg < 1:
+        raise CorruptDataError(f"{name}: truncated or damaged LMDB file (last page {last_pg}, "
+                               f"the file holds {npages} pages)")
+    if root == _INVALID:
+        if entries:
+            raise CorruptDataError(f"{name}: damaged meta page (no root but {entries} entries)")
+        return
 
-        def page(pgno: int) -> bytes:
+    def pages(pgnos: list[int]) -> np.ndarray:
+        out = np.empty(len(pgnos) * psize, np.uint8)
+        for k, pgno in enumerate(pgnos):
             if not 2 <= pgno <= last_pg:
                 raise CorruptDataError(f"{name}: page number {pgno} outside the file (pages 2..{last_pg})")
-            f.seek(pgno * psize)
-            return f.read(psize)
+            got = os.preadv(pin.ensure(), [memoryview(out)[k * psize:(k + 1) * psize]], pgno * psize)
+            if got != psize:
+                raise CorruptDataError(f"{name}: page {pgno} lies past the end of the file")
+        return out
 
-        seen: set[int] = set()
-        level = [root]
-        found = 0
-        for lvl in range(1, depth + 1):
-            if len(set(level)) != len(level) or seen.intersection(level):
-                raise CorruptDataError(f"{name}: a page is reached twice (damaged tree)")
-            seen.update(level)
-            level, n = _check_level(np.frombuffer(b"".join(page(g) for g in level), np.uint8),
-                                    np.array(level, np.int64), psize, lvl == depth, last_pg, name)
+    seen: set[int] = set()
+    level = [root]
+    found = 0
+    for lvl in range(1, depth + 1):  # each page is read once: the walk ends within the file's pages
+        if len(set(level)) != len(level) or seen.intersection(level):
+            raise CorruptDataError(f"{name}: a page is reached twice (damaged tree)")
+        seen.update(level)
+        children: list[int] = []
+        for at in range(0, len(level), _CHUNK_PAGES):
+            chunk = level[at:at + _CHUNK_PAGES]
+            kids, n = _check_level(pages(chunk), np.array(chunk, np.int64), psize, lvl == depth, last_pg,
+                                   name)
+            children += kids
             found += n
-        if level or found != entries:
-            raise CorruptDataError(f"{name}: the tree holds {found} entries, its meta page says {entries}")
+        level = children
+    if level or found != entries:
+        raise CorruptDataError(f"{name}: the tree holds {found} entries, its meta page says {entries}")
 
 
 def _check_level(raw: np.ndarray, pgnos: np.ndarray, psize: int, leaf: bool, last_pg: int,

@@ -7,6 +7,7 @@ from ..errors import BridgeflowError
 __all__ = [
     "ComponentNotFoundError",
     "CorruptDataError",
+    "DatasetChangedError",
     "DatasetNotFoundError",
     "EncodeError",
     "PickleNotAllowedError",
@@ -45,6 +46,11 @@ class TargetExistsError(SerializationError, FileExistsError):
 
 class DatasetNotFoundError(SerializationError, FileNotFoundError):
     """``load`` of a path that does not exist."""
+
+
+class DatasetChangedError(SerializationError):
+    """A reader used in another process (or after ``close()``) finds another file at its path than the one
+    it was opened on (the file was replaced or removed): load the path again to read the new file."""
 
 
 class ComponentNotFoundError(SerializationError, KeyError):

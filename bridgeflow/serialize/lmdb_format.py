@@ -5,19 +5,26 @@ Layout: a single file (``foo.lmdb``, LMDB's ``subdir=False`` mode; no ``-lock`` 
 with ``__bf__/`` (they sort after every datapoint): ``format``, ``codec``, ``version``, ``count``.
 ``load`` also reads an LMDB *directory* (``data.mdb`` inside) written the same way.
 
-Each value is one :func:`bridgeflow.serialize.codec.encode` buffer (followed by its 4-byte CRC-32 when
-saved with ``checksum=True``; the ``__bf__/checksum`` key says so). Reading checks the value's length
-against the length its header declares, copies it once out of the memory map into a ``bytearray`` and
-decodes zero-copy, so arrays are writable, owned by the datapoint and valid after the file is closed.
+Each value is one :func:`bridgeflow.serialize.codec.encode` buffer followed by its 4-byte CRC-32 (the
+default, ``checksum=True``; the ``__bf__/checksum`` key says so; files saved with ``checksum=False`` or
+before checksums were the default have none and still load). Reading checks the value's length against
+the length its header declares, copies it once out of the memory map into a ``bytearray``, checks the
+CRC on the copy and decodes zero-copy, so arrays are writable, owned by the datapoint and valid after the
+file is closed. The CRC is zlib's, computed by zlib-ng when installed (the ``lmdb`` extra): tens of GB/s,
+a few percent of a read (see :mod:`bridgeflow.serialize._checksum`).
+
+One open per reader: ``LMDBData`` opens the path once, holds that file (see
+:mod:`bridgeflow.serialize._pinned`) and reads its length and every value from it, so a file renamed over
+the path by ``save(overwrite=True)`` is never mixed with the one being read. Readers of one file in one
+process share one LMDB environment (LMDB allows one per file per process), found by the file's inode, not
+its name, and closed with the last reader, or when a reader is dropped without ``close()``.
 
 Damage: truncated files, foreign files, damaged metadata and damaged values raise
 :class:`CorruptDataError` naming the path. LMDB trusts its own B-tree pages (damage there would crash the
 reader with SIGBUS), so ``LMDBData`` first walks the tree with plain reads and checks every page, offset
-and size (``verify=None``: when the tree is at most 256 MiB of pages, i.e. always for datasets of large
-values; ``verify=True`` forces it). The count, the keys and every value's structure are checked on
-read, but LMDB keeps no checksums of its own: without ``checksum=True`` a changed byte inside array data
-or a string reads back as a changed value. ``checksum=True`` makes such damage an error too, at the cost
-of a CRC-32 over every value read (about 4 GB/s: for large arrays it costs more than the read itself).
+and size against the file's real size (``verify=None`` or ``True``; ``verify=False`` skips it). The
+count, the keys and every value's structure and CRC are checked on read. Without a checksum, a changed
+byte inside array data or a string reads back as a changed value.
 
 Example:
     >>> LMDBSerializer.save(df, "train.lmdb")                      # doctest: +SKIP
@@ -31,14 +38,16 @@ import logging
 import os
 import struct
 import threading
-import zlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from .._deps import require
 from ..base import DataFlow, RNGDataFlow
+from ._checksum import crc32
 from ._common import existing_path, iterate_source, normalize_index
-from ._lmdb_check import check_lmdb_file, tree_pages
+from ._lmdb_check import check_lmdb_file
+from ._pinned import PinnedFile
 from .atomic import atomic_path
 from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, TOTAL, decode, encode
 from .errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
@@ -54,7 +63,6 @@ _CRC = struct.Struct("<I")
 CHECKSUM = b"crc32"
 _INITIAL_MAP = 256 << 20
 _BATCH_BYTES = 64 << 20  # commit at least this often, whatever write_frequency says
-_VERIFY_MAX_PAGES = 65536  # verify=None checks trees of up to this many branch+leaf pages
 
 
 def _key(i: int) -> bytes:
@@ -72,13 +80,14 @@ class LMDBSerializer:
     @staticmethod
     def save(df: DataFlow, path: str | os.PathLike, write_frequency: int = 5000, *,
              codec: str = DEFAULT_CODEC, overwrite: bool = False, progress: bool = True,
-             checksum: bool = False) -> int:
+             checksum: bool = True) -> int:
         """Encode every datapoint of ``df`` into the single-file LMDB ``path``; returns the count.
 
         Commits every ``write_frequency`` datapoints (or 64 MiB, whichever comes first). The map grows
         as needed. Written to a temporary file beside ``path`` and renamed at the end: an error or Ctrl-C
         leaves nothing behind. ``codec="pickle"`` stores any picklable object (readers must opt in).
-        ``checksum=True`` stores a CRC-32 with every value, checked on every read (see the module doc).
+        ``checksum=True`` (the default) stores a CRC-32 with every value, checked on every read (see the
+        module doc); ``checksum=False`` writes files without, as older versions did.
         """
         lmdb = require("lmdb", "LMDBSerializer")
         if int(write_frequency) < 1:
@@ -121,10 +130,11 @@ def _write_all(lmdb: Any, env: Any, df: DataFlow, codec: str, every: int, progre
                checksum: bool) -> int:
     pending: list[tuple[bytes, bytes]] = []
     size = count = 0
+    crc = crc32()
     for dp in iterate_source(df, progress=progress, desc=f"LMDB {os.path.basename(name)}"):
         value = encode(dp, codec=codec)
         if checksum:
-            value += _CRC.pack(zlib.crc32(value))
+            value += _CRC.pack(crc(value))
         pending.append((_key(count), value))
         count += 1
         size += len(value)
@@ -141,31 +151,31 @@ def _write_all(lmdb: Any, env: Any, df: DataFlow, codec: str, every: int, progre
     return count
 
 
-def _open_env(path: str, readahead: bool = False) -> Any:
+def _open_env(pin: PinnedFile, path: str, readahead: bool = False) -> Any:
+    """An LMDB environment on the pinned file (opened through its descriptor, never the path again)."""
     lmdb = require("lmdb", "LMDBSerializer")
-    subdir = os.path.isdir(path)
     try:
-        env = lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=readahead, meminit=False,
+        env = lmdb.open(pin.name(), subdir=False, readonly=True, lock=False, readahead=readahead, meminit=False,
                         max_readers=2048)
     except lmdb.Error as exc:
         raise _wrap(path, exc, "opening") from exc
-    # A truncated file would make LMDB touch pages past its end (SIGBUS): check the size first.
-    data = os.path.join(path, "data.mdb") if subdir else path
+    # A truncated file would make LMDB touch pages past its end (SIGBUS): check the real size first.
     need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    have = os.path.getsize(data)
+    have = pin.size()
     if have < need:
         env.close()
         raise CorruptDataError(f"{path}: truncated LMDB file ({have} bytes, its pages need {need})")
     return env
 
 
-# LMDB allows one open handle per file per process: flows reading one file share it, counted.
-_envs: dict[str, list] = {}  # realpath -> [env, users]
+# LMDB allows one environment per file per process: readers of one file share it, counted, keyed by the
+# file's (device, inode): a file renamed over the path is another key, never the old handle.
+_envs: dict[tuple[int, int], list] = {}  # (dev, inode) -> [env, users]
 _envs_pid = os.getpid()
 _envs_lock = threading.Lock()
 
 
-def _acquire_env(path: str, readahead: bool) -> Any:
+def _acquire_env(pin: PinnedFile, path: str, readahead: bool) -> Any:
     global _envs_pid
     with _envs_lock:
         if _envs_pid != os.getpid():
@@ -176,23 +186,52 @@ def _acquire_env(path: str, readahead: bool) -> Any:
                 env.close()
             _envs.clear()
             _envs_pid = os.getpid()
-        key = os.path.realpath(path)
-        entry = _envs.get(key)
+        pin.ensure()
+        entry = _envs.get(pin.ident)  # type: ignore[arg-type]
         if entry is None:
-            entry = _envs[key] = [_open_env(path, readahead), 0]
+            entry = _envs[pin.ident] = [_open_env(pin, path, readahead), 0]  # type: ignore[index]
         entry[1] += 1
         return entry[0]
 
 
-def _release_env(path: str, env: Any) -> None:
+def _release_env(key: Any, env: Any) -> None:
     with _envs_lock:
-        entry = _envs.get(os.path.realpath(path))
+        entry = _envs.get(key)
         if _envs_pid != os.getpid() or entry is None or entry[0] is not env:
             return
         entry[1] -= 1
         if entry[1] <= 0:
-            del _envs[os.path.realpath(path)]
+            del _envs[key]
             env.close()
+
+
+class _Held:
+    """What one reader holds in one process: its pinned file and its share of the environment. Released
+    by ``close()`` or, for a reader dropped without it, by a finalizer (it holds no reference to the
+    reader)."""
+
+    __slots__ = ("pin", "env", "pid")
+
+    def __init__(self, pin: PinnedFile) -> None:
+        self.pin, self.env, self.pid = pin, None, None
+
+    def environment(self, path: str, readahead: bool) -> Any:
+        if self.env is None or self.pid != os.getpid():
+            self.env = _acquire_env(self.pin, path, readahead)
+            self.pid = os.getpid()
+        return self.env
+
+    def release(self) -> None:
+        env, self.env = self.env, None
+        if env is not None and self.pid == os.getpid():
+            _release_env(self.pin.ident, env)
+        self.pin.close()
+
+    def __getstate__(self) -> dict:
+        return {"pin": self.pin}
+
+    def __setstate__(self, state: dict) -> None:
+        self.pin, self.env, self.pid = state["pin"], None, None
 
 
 def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
@@ -200,8 +239,14 @@ def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
     read (``checksum`` is ``"crc32"`` or ``None``)."""
     p = existing_path(path, "LMDB dataset")
     lmdb = require("lmdb", "LMDBSerializer")
-    own = env is None
-    env = _acquire_env(p, False) if own else env
+    held = None
+    if env is None:  # one open of the file, released below
+        held = _Held(PinnedFile(os.path.join(p, "data.mdb") if os.path.isdir(p) else p, "LMDB dataset"))
+        try:
+            env = held.environment(p, False)
+        except BaseException:
+            held.release()
+            raise
     try:
         with env.begin(buffers=True) as txn:
             raw = {}
@@ -213,8 +258,8 @@ def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
     except lmdb.Error as exc:
         raise _wrap(p, exc, "reading metadata") from exc
     finally:
-        if own:
-            _release_env(p, env)
+        if held is not None:
+            held.release()
     if raw[b"format"] != FORMAT_NAME:
         raise CorruptDataError(f"{p}: an LMDB file, but not one written by LMDBSerializer "
                                f"(no {(META + b'format').decode()} key)")
@@ -256,16 +301,21 @@ class LMDBData(RNGDataFlow):
     """Datapoints of an LMDB dataset: ``len()``, ``ds[i]``, and iteration in order or shuffled.
 
     Sequential epochs are one cursor pass; shuffled epochs read keys in a permutation drawn from
-    ``seed`` each epoch. The file is opened lazily, in ``reset_state()`` or on first access, and again
-    in any process that finds a handle inherited through ``fork`` (LMDB handles must not cross fork),
-    so many processes can read one file. Read-only, no lock file, readahead off when shuffled.
+    ``seed`` each epoch. The path is opened once, here, and that file is read for the reader's lifetime
+    (see the module doc); a process that finds the environment inherited through ``fork`` opens the same
+    file again through the inherited descriptor (LMDB handles must not cross fork), so many processes can
+    read one file. A copy sent to another process by pickling, or a reader used after ``close()``, opens
+    the path again and raises :class:`DatasetChangedError` if another file lies there now. Read-only, no
+    lock file, readahead off when shuffled.
 
     Args:
         path: a single-file LMDB (``foo.lmdb``) or an LMDB directory.
         shuffle: a new random order every epoch.
         seed: makes the shuffled orders reproducible.
         allow_pickle: needed to read files saved with ``codec="pickle"`` (unpickling can run code).
-        verify: check the file's pages before mapping it (see the module doc); ``None`` = when cheap.
+        verify: check the file's pages before mapping it (see the module doc); ``None`` (the default) and
+            ``True`` check, within the file's real size; ``False`` skips the check (a damaged page may
+            then crash the process).
     """
 
     def __init__(self, path: str | os.PathLike, shuffle: bool = True, seed: int | None = None, *,
@@ -275,27 +325,29 @@ class LMDBData(RNGDataFlow):
         self.seed = seed
         self.allow_pickle = allow_pickle
         data = os.path.join(self.path, "data.mdb") if os.path.isdir(self.path) else self.path
-        self.verified = bool(verify or (verify is None and tree_pages(data) <= _VERIFY_MAX_PAGES))
-        if self.verified:  # every value size now lies inside the file: copying a value cannot fault
-            check_lmdb_file(data, self.path)
-        self.meta = read_lmdb_meta(self.path)
+        self._held = _Held(PinnedFile(data, "LMDBData"))  # the one open of the path
+        self._finalizer = weakref.finalize(self, self._held.release)  # a reader dropped without close()
+        self.verified = verify is not False
+        try:
+            if self.verified:  # every value size now lies inside the file: copying a value cannot fault
+                check_lmdb_file(self._held.pin, self.path)
+            self.meta = read_lmdb_meta(self.path, env=self._environment())
+        except BaseException:
+            self._held.release()
+            raise
         if self.meta["codec"] == "pickle" and not allow_pickle:
+            self._held.release()
             raise PickleNotAllowedError(f"{self.path} was saved with codec='pickle'; pass allow_pickle=True "
                                         "to load it, only if you trust the file (unpickling can run code)")
         # a value of a bridgeflow-codec file that claims to be a pickle is damage, never unpickled
         self._unpickle = allow_pickle and self.meta["codec"] == "pickle"
         self._crc = self.meta["checksum"] is not None
-        self._env: Any = None
-        self._pid: int | None = None
 
     def __len__(self) -> int:
         return self.meta["count"]
 
     def _environment(self) -> Any:
-        if self._env is None or self._pid != os.getpid():
-            self._env = _acquire_env(self.path, readahead=not self.shuffle)
-            self._pid = os.getpid()
-        return self._env
+        return self._held.environment(self.path, not self.shuffle)
 
     def reset_state(self) -> None:
         super().reset_state()
@@ -320,7 +372,7 @@ class LMDBData(RNGDataFlow):
         if n < 0:
             raise CorruptDataError(f"stored value of {len(value)} bytes is too short for its checksum")
         data = bytearray(value[:n])
-        if zlib.crc32(data) != _CRC.unpack_from(value, n)[0]:
+        if crc32()(data) != _CRC.unpack_from(value, n)[0]:
             raise CorruptDataError("checksum mismatch: the stored value is damaged")
         return data
 
@@ -371,16 +423,17 @@ class LMDBData(RNGDataFlow):
             raise _wrap(self.path, exc, "reading") from exc
 
     def close(self) -> None:
-        env, self._env = self._env, None
-        if env is not None and self._pid == os.getpid():
-            _release_env(self.path, env)
+        self._held.release()
         super().close()
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        state["_env"] = None
-        state["_pid"] = None
+        state.pop("_finalizer", None)  # the copy's handles are opened, and released, in its own process
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._finalizer = weakref.finalize(self, self._held.release)
 
     def __repr__(self) -> str:
         return f"LMDBData({self.path!r}, shuffle={self.shuffle}, n={len(self)})"

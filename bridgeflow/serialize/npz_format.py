@@ -103,9 +103,11 @@ def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive_size: int) -
 
 
 def _read_npz(path: str) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file, by name (without ``.npy``); see :func:`_read_member`."""
-    size = os.path.getsize(path)
-    with zipfile.ZipFile(path) as z:
+    """Every array of an ``.npz`` file, by name (without ``.npy``); see :func:`_read_member`. The path is
+    opened once and everything, its size included, comes from that open file: a file renamed over the
+    path meanwhile is never mixed in."""
+    with open(path, "rb") as fh, zipfile.ZipFile(fh) as z:
+        size = os.fstat(fh.fileno()).st_size
         out = {}
         for info in z.infolist():
             if not info.filename.endswith(".npy"):

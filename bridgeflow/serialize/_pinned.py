@@ -1,0 +1,166 @@
+"""One file per reader: a descriptor held on the file a reader opened, for as long as it reads.
+
+``save(overwrite=True)`` renames a new file over the path while readers may still be reading the old
+one. A reader that opened the path twice (once for its length, once for its data), or re-opened it
+later, would mix the two versions: a prefix of the old, or false damage. So a reader opens the path
+once, here, and everything it reads goes through that one open file: its size comes from ``fstat`` of
+the descriptor, and libraries that open files by name (LMDB) are handed ``/proc/self/fd/N``, which opens
+the very same file whatever now lies at the path, or read it through a file object made of positioned
+reads on the descriptor (h5py's ``fileobj`` driver: libhdf5 resolves ``/proc/self/fd/N`` to a path, which
+fails once the file was replaced).
+
+A process started by ``fork`` inherits the descriptor and keeps reading the same file. A reader sent to
+another process by pickling (``spawn``), or used again after ``close()``, opens the path again and
+checks it is still the same file (device and inode); if it was replaced meanwhile,
+:class:`DatasetChangedError` says so instead of reading a file of another length.
+
+Example:
+    >>> pin = PinnedFile("train.lmdb")                     # doctest: +SKIP
+    >>> env = lmdb.open(pin.name(), subdir=False, ...)    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any
+
+from .errors import DatasetChangedError, DatasetNotFoundError
+
+__all__ = ["PinnedFile", "PinnedReader"]
+
+_FD_DIRS = ("/proc/self/fd", "/dev/fd")
+
+
+def _fd_dir() -> str | None:
+    for d in _FD_DIRS:
+        if os.path.isdir(d):
+            return d
+    return None
+
+
+class PinnedFile:
+    """A read-only descriptor on ``path`` as it was when opened; see the module doc."""
+
+    __slots__ = ("path", "what", "fd", "ident", "pid")
+
+    def __init__(self, path: str, what: str = "dataset") -> None:
+        self.path = path
+        self.what = what
+        self.fd: int | None = None
+        self.pid: int | None = None
+        self.ident: tuple[int, int] | None = None
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            if self.ident is None:
+                raise DatasetNotFoundError(f"{self.what}: no such file: {self.path}") from None
+            raise DatasetChangedError(f"{self.path} was removed after this reader opened it; load it "
+                                      "again") from None
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
+        if self.ident is not None and ident != self.ident:
+            os.close(fd)
+            raise DatasetChangedError(f"{self.path} was replaced after this reader opened it (another file "
+                                      "now lies at that path); load it again to read the new one")
+        self.fd, self.ident, self.pid = fd, ident, os.getpid()
+
+    def ensure(self) -> int:
+        """The descriptor, valid in this process: inherited through ``fork`` if it still names this file,
+        else the path opened again (it must still be the same file)."""
+        if self.fd is not None and self.pid == os.getpid():
+            return self.fd
+        if self.fd is not None:  # inherited through fork: same descriptor table entry, same file
+            try:
+                st = os.fstat(self.fd)
+                if (st.st_dev, st.st_ino) == self.ident:
+                    self.pid = os.getpid()
+                    return self.fd
+            except OSError:
+                pass
+            self.fd = None  # not ours to close: it names something else in this process
+        self._open()
+        return self.fd  # type: ignore[return-value]
+
+    def size(self) -> int:
+        """The file's real size now (``fstat`` of the descriptor, never a new look at the path)."""
+        return os.fstat(self.ensure()).st_size
+
+    def stat(self) -> os.stat_result:
+        return os.fstat(self.ensure())
+
+    def name(self) -> str:
+        """A name that opens this very file, for libraries that open files by name."""
+        fd = self.ensure()
+        d = _fd_dir()
+        if d is not None:
+            return f"{d}/{fd}"
+        st = os.stat(self.path)  # no descriptor directory: the path, if it still is this file
+        if (st.st_dev, st.st_ino) != self.ident:
+            raise DatasetChangedError(f"{self.path} was replaced after this reader opened it; load it again")
+        return self.path
+
+    def pread(self, n: int, offset: int) -> bytes:
+        return os.pread(self.ensure(), n, offset)
+
+    def fileobj(self) -> PinnedReader:
+        """A read-only binary file object on this very file, made of positioned reads (no descriptor
+        offset is shared with forked processes)."""
+        return PinnedReader(self)
+
+    def close(self) -> None:
+        """Close the descriptor (in the process that holds it); a later :meth:`ensure` re-opens the path
+        and checks it is still the same file."""
+        fd, self.fd = self.fd, None
+        if fd is not None and self.pid == os.getpid():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a descriptor number means nothing in another process: the copy re-opens and checks the path
+        return {"path": self.path, "what": self.what, "ident": self.ident}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self.what, self.ident = state["path"], state["what"], state["ident"]
+        self.fd = self.pid = None
+
+    def __repr__(self) -> str:
+        return f"PinnedFile({self.path!r}, fd={self.fd})"
+
+
+class PinnedReader(io.RawIOBase):
+    """A read-only, seekable file object over a :class:`PinnedFile`, reading with ``pread``."""
+
+    def __init__(self, pin: PinnedFile) -> None:
+        super().__init__()
+        self.pin = pin
+        self.pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_CUR:
+            offset += self.pos
+        elif whence == os.SEEK_END:
+            offset += self.pin.size()
+        if offset < 0:
+            raise OSError(f"negative seek position {offset}")
+        self.pos = offset
+        return offset
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = os.preadv(self.pin.ensure(), [buffer], self.pos)
+        self.pos += n
+        return n
