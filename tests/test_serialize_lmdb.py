@@ -400,3 +400,92 @@ def test_unknown_checksum_kind_is_clear(tmp_path):
     _rewrite(path, puts=[(b"__bf__/checksum", b"sha3")])
     with pytest.raises(UnsupportedFormatError, match="sha3"):
         LMDBSerializer.load(path)
+
+
+def _overflow_nodes(data: bytes, psize: int = 4096) -> list[int]:
+    """Byte offsets of the headers of leaf nodes whose value lives in overflow pages, in every leaf page
+    (the live ones and the stale copies LMDB leaves behind)."""
+    nodes = []
+    for pgno in range(2, len(data) // psize):
+        page = pgno * psize
+        flags, lower = struct.unpack_from("<HH", data, page + 10)
+        if flags & 0x02:  # a leaf page
+            for k in range((lower - 16) // 2):
+                node = page + struct.unpack_from("<H", data, page + 16 + 2 * k)[0]
+                if struct.unpack_from("<H", data, node + 4)[0] & 0x01:  # F_BIGDATA
+                    nodes.append(node)
+    assert nodes, "no overflow value in the file"
+    return nodes
+
+
+CRAFTED_SCRIPT = """
+import sys
+from bridgeflow.serialize.lmdb_format import LMDBSerializer
+try:
+    ds = LMDBSerializer.load(sys.argv[1], shuffle=False)
+    print("loaded", len(list(ds)))
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_claim_inside_the_file_cannot_switch_the_page_check_off(tmp_path):
+    """Meta pages claiming 2^40 leaf pages (the old default skipped the check above 65,536) plus an
+    overflow value claiming 1 GiB: an error naming the file, not a SIGBUS."""
+    path = save(tmp_path, [[np.zeros(3000, np.uint8) + i] for i in range(20)])
+    data = bytearray(path.read_bytes())
+    for meta in (0, 4096):
+        struct.pack_into("<Q", data, meta + 104, 1 << 40)  # the main DB's leaf-page count
+    for node in _overflow_nodes(bytes(data)):
+        struct.pack_into("<HH", data, node, 0, 1 << 14)  # a value's size: 1 GiB, far past the file
+    path.write_bytes(bytes(data))
+    proc = subprocess.run([sys.executable, "-c", CRAFTED_SCRIPT, str(path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, f"the reader died (code {proc.returncode}): {proc.stderr[-2000:]}"
+    assert proc.stdout.startswith("CorruptDataError") and "d.lmdb" in proc.stdout, proc.stdout
+    assert "overflow pages lie outside the file" in proc.stdout, proc.stdout
+
+
+def test_a_file_cut_in_place_while_open_is_an_error_not_a_crash(tmp_path):
+    path = save(tmp_path, [[np.zeros(3000, np.uint8) + i] for i in range(50)])
+    script = f"""
+import os
+from bridgeflow.serialize.lmdb_format import LMDBSerializer
+ds = LMDBSerializer.load({str(path)!r}, shuffle=False)
+assert len(list(ds)) == 50
+os.truncate({str(path)!r}, 8192)  # the same file, shorter: its map now runs past the end
+try:
+    list(ds)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"the reader died (code {proc.returncode}): {proc.stderr[-2000:]}"
+    assert proc.stdout.startswith("CorruptDataError") and "was cut to 8192 bytes" in proc.stdout, proc.stdout
+
+
+def test_checksums_are_on_by_default_and_old_files_without_them_load(tmp_path):
+    dps = [[np.arange(50, dtype=np.int32) + i, f"s{i}"] for i in range(8)]
+    default = save(tmp_path, dps, name="default.lmdb")
+    assert read_lmdb_meta(default)["checksum"] == "crc32"
+    old = save(tmp_path, dps, name="old.lmdb", checksum=False)  # as files were written before
+    assert read_lmdb_meta(old)["checksum"] is None
+    for path in (default, old):
+        assert_same_datapoints(dps, check_dataflow(LMDBData(path, shuffle=False), deterministic=True))
+    # the one byte that differs between two values, changed: an error with the checksum, silent without
+    for path, caught in ((default, True), (old, False)):
+        data = bytearray(path.read_bytes())
+        needle = (np.arange(50, dtype=np.int32) + 3).tobytes()
+        at = data.find(needle)
+        assert at > 0
+        while at >= 0:  # every copy: the live value and stale copies in freed pages
+            data[at + 40] ^= 0x10
+            at = data.find(needle, at + 1)
+        path.write_bytes(bytes(data))
+        with LMDBData(path, shuffle=False) as ds:
+            ds.reset_state()
+            if caught:
+                with pytest.raises(CorruptDataError, match=r"default\.lmdb: datapoint 3: checksum mismatch"):
+                    list(ds)
+            else:
+                assert not np.array_equal(list(ds)[3][0], dps[3][0])

@@ -390,9 +390,19 @@ class LMDBData(RNGDataFlow):
         except lmdb.Error as exc:
             raise _wrap(self.path, exc, f"reading datapoint {i}") from exc
 
+    def _check_size(self, env: Any) -> None:
+        """The pinned file still holds every page the map will touch: a file cut short in place (not
+        replaced) since it was opened would otherwise crash this process with SIGBUS."""
+        need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        have = self._held.pin.size()
+        if have < need:
+            raise CorruptDataError(f"{self.path}: the file was cut to {have} bytes while open (its pages need "
+                                   f"{need}); it is no longer readable")
+
     def __iter__(self) -> Iterator[Any]:
         lmdb = require("lmdb", "LMDBData")
         env = self._environment()
+        self._check_size(env)  # once an epoch: one fstat
         n = len(self)
         try:
             with env.begin(buffers=True) as txn:

@@ -175,7 +175,7 @@ def run(fmt: str, mutations: int, seed: int, timeout: float, folder: str,
     """Mutate one format's file ``mutations`` times; the counts of outcomes (and of mutation kinds)."""
     own = reader is None
     reader = reader or Reader()
-    original = os.path.join(folder, "original" + SUFFIX[fmt])
+    original = os.path.join(folder, f"original-{fmt}{SUFFIX[fmt]}")
     write(fmt, original)
     with open(original, "rb") as f:
         data = f.read()
