@@ -9,6 +9,9 @@ ratios (mean case rate / mean anchor rate):
 - ``lmdb_seq``: ``LMDBSerializer.load(shuffle=False)`` vs a raw lmdb cursor loop calling np.frombuffer
   (target >= 0.9);
 - ``lmdb_shuffled``: shuffled reads vs raw ``txn.get`` in the same random order + np.frombuffer;
+- ``lmdb_seq`` / ``lmdb_shuffled`` vs ``*_nocrc``: the cost of the CRC-32 every value carries by default,
+  against the same data saved with ``checksum=False`` (target >= 0.95); ``--crc zlib`` measures the
+  standard library's CRC instead of zlib-ng's;
 - ``hdf5_seq``: ``HDF5Serializer.load(shuffle=False)`` vs raw h5py reads of the same items, one by one
   (target >= 0.8); a chunk-blocked raw h5py loop is reported too;
 - ``hdf5_shuffled``: shuffled reads vs raw h5py item reads in the same order;
@@ -65,7 +68,7 @@ def timed(fn) -> float:
     return count / (time.perf_counter() - t0)
 
 
-def make_cases(lmdb_path: str, h5_path: str, n: int, order: list[int]) -> dict:
+def make_cases(lmdb_path: str, h5_path: str, n: int, order: list[int], nocrc_path: str) -> dict:
     def raw_lmdb_seq() -> int:
         env = lmdb.open(lmdb_path, subdir=False, readonly=True, lock=False, readahead=True)
         try:
@@ -121,6 +124,8 @@ def make_cases(lmdb_path: str, h5_path: str, n: int, order: list[int]) -> dict:
         "lmdb_seq": lambda: flow(LMDBSerializer.load(lmdb_path, shuffle=False)),
         "raw_lmdb_shuffled": raw_lmdb_shuffled,
         "lmdb_shuffled": lambda: flow(LMDBSerializer.load(lmdb_path, shuffle=True, seed=0)),
+        "lmdb_seq_nocrc": lambda: flow(LMDBSerializer.load(nocrc_path, shuffle=False)),
+        "lmdb_shuffled_nocrc": lambda: flow(LMDBSerializer.load(nocrc_path, shuffle=True, seed=0)),
         "raw_h5_seq": lambda: raw_h5_items(range(n)),
         "raw_h5_blocks": raw_h5_blocks,
         "hdf5_seq": lambda: flow(HDF5Serializer.load(h5_path, shuffle=False)),
@@ -141,7 +146,19 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (>= 5 for the report)")
     p.add_argument("--quick", action="store_true", help="N=1000 smoke run")
     p.add_argument("--dir", default=None, help="where to put the temporary folder")
+    p.add_argument("--crc", choices=("auto", "zlib"), default="auto",
+                   help="zlib: checksums by the standard library's zlib.crc32 instead of zlib-ng's")
     args = p.parse_args(argv)
+    if args.crc == "zlib":
+        import zlib
+
+        from bridgeflow.serialize import _checksum
+
+        _checksum._pick.cache_clear()
+        _checksum._pick = lambda: ("zlib", zlib.crc32)  # type: ignore[assignment]
+    from bridgeflow.serialize._checksum import crc32_implementation
+
+    crc_impl = crc32_implementation()
     n = 1000 if args.quick else args.n
     work = tempfile.mkdtemp(prefix="bench_serialize_", dir=args.dir)
     try:
@@ -157,11 +174,14 @@ def main(argv=None) -> int:
             emit(bench="serialize", case=name, n=n, item_bytes=ITEM, unit="datapoints/s",
                  median=round(statistics.median(rates), 1), reps=[round(r, 1) for r in rates])
 
+        nocrc_path = os.path.join(work, "nocrc.lmdb")
+        LMDBSerializer.save(PoolData(n), nocrc_path, progress=False, checksum=False)
         order = np.random.default_rng(1).permutation(n).tolist()
-        cases = make_cases(lmdb_path, h5_path, n, order)
+        cases = make_cases(lmdb_path, h5_path, n, order, nocrc_path)
         for fn in cases.values():  # warm the OS cache and every code path
             fn()
         pairs = [("lmdb_seq", "raw_lmdb_seq", 0.9), ("lmdb_shuffled", "raw_lmdb_shuffled", None),
+                 ("lmdb_seq", "lmdb_seq_nocrc", 0.95), ("lmdb_shuffled", "lmdb_shuffled_nocrc", 0.95),
                  ("hdf5_seq", "raw_h5_seq", 0.8), ("hdf5_seq", "raw_h5_blocks", None),
                  ("hdf5_shuffled", "raw_h5_shuffled", None)]
         rates: dict[str, list[float]] = {k: [] for k in cases}
@@ -177,7 +197,7 @@ def main(argv=None) -> int:
 
         for case, anchor, target in pairs:
             med = statistics.median(ratios[(case, anchor)])
-            emit(bench="serialize", case=case, anchor=anchor, n=n, item_bytes=ITEM, unit="datapoints/s",
+            emit(bench="serialize", case=case, anchor=anchor, n=n, item_bytes=ITEM, unit="datapoints/s", crc=crc_impl,
                  median=round(statistics.median(rates[case]), 1),
                  anchor_median=round(statistics.median(rates[anchor]), 1),
                  ratio=round(med, 3), ratio_reps=[round(r, 3) for r in ratios[(case, anchor)]], target=target,

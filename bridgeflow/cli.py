@@ -1,7 +1,9 @@
 """The ``bridgeflow`` command line: ``demo``, ``bench``, and the commands other modules register.
 
-Each command prints to stdout; progress bars go to stderr.
+Each command prints to stdout; progress bars go to stderr. An error prints one line naming the problem
+(and where in the user's code it arose), exit code 1; ``--traceback`` prints the whole traceback instead.
 """
+
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import inspect
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,7 +24,10 @@ from . import __version__
 from .base import DataFlow, as_dataflow
 from .errors import BridgeflowError
 
-__all__ = ["load_object", "main", "parse_shapes"]
+__all__ = ["describe_error", "load_object", "main", "parse_shapes", "run_command"]
+
+DESCRIPTION = ("bridgeflow: build, serialize and measure data pipelines that feed TensorFlow and PyTorch. "
+               "Run 'bridgeflow COMMAND --help' for a command's options.")
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +169,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bridgeflow", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="bridgeflow", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"bridgeflow {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--traceback", action="store_true",
+                        help="on an error, print the full traceback (default: one line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     bench = sub.add_parser("bench", help="measure how fast a flow or dataset file produces datapoints")
@@ -180,6 +188,8 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--size", type=_int_at_least(1), default=2000, help="datapoints to time (default 2000)")
     bench.add_argument("--warmup", type=_int_at_least(0), default=50, help="datapoints to skip before timing")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    bench.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                       help="on an error, print the full traceback (default: one line)")
     bench.set_defaults(func=_cmd_bench)
 
     demo = sub.add_parser("demo", help="build, serialize and measure a pipeline on built-in fake data")
@@ -196,6 +206,45 @@ def _build_parser() -> argparse.ArgumentParser:
 _COMMAND_MODULES: tuple[str, ...] = ("bridgeflow.serialize.cli", "bridgeflow.remote.cli")
 
 
+def describe_error(exc: BaseException) -> str:
+    """One line for an error: its message, with its type and the place in the user's code it came from
+    when it did not come from bridgeflow itself."""
+    text = str(exc) or type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    package = os.path.dirname(os.path.abspath(__file__))
+    outside = [f for f in frames if not os.path.abspath(f.filename).startswith(package + os.sep)]
+    if isinstance(exc, (BridgeflowError, OSError)) and not isinstance(exc, ImportError) or not outside:
+        return text.splitlines()[0] if text else type(exc).__name__
+    last = frames[-1]
+    if os.path.abspath(last.filename).startswith(package + os.sep) and not isinstance(exc, ImportError):
+        return f"{type(exc).__name__}: {text}".splitlines()[0]
+    where = outside[-1]
+    return (f"{type(exc).__name__}: {text} (in {os.path.basename(where.filename)}:{where.lineno}, "
+            f"{where.name})").splitlines()[0]
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``args.func(args)``: errors as one line on stderr (exit 1), Ctrl-C 130, SIGTERM 143;
+    ``args.traceback`` lets the error propagate with its full traceback."""
+    from .serialize.cli import Terminated
+
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"bridgeflow {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        print(f"bridgeflow {args.command}: terminated (SIGTERM); nothing half-written was left",
+              file=sys.stderr)
+        return 143
+    except Exception as exc:
+        if getattr(args, "traceback", False):
+            raise
+        print(f"bridgeflow {args.command}: error: {describe_error(exc)} (--traceback shows where)",
+              file=sys.stderr)
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
@@ -205,14 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     np.set_printoptions(precision=4, suppress=True)
-    try:
-        return int(args.func(args) or 0)
-    except (BridgeflowError, FileNotFoundError, ValueError, AttributeError, ImportError) as exc:
-        print(f"bridgeflow {args.command}: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"bridgeflow {args.command}: interrupted", file=sys.stderr)
-        return 130
+    return run_command(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

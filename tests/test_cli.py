@@ -152,3 +152,9 @@ def test_bad_arguments(tmp_path, args, message):
     assert out.returncode != 0
     assert message in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_top_level_help_is_plain_text():
+    proc = run([*bridgeflow_exe(), "--help"])
+    assert proc.returncode == 0 and "serialize" in proc.stdout and "--traceback" in proc.stdout
+    assert "``" not in proc.stdout, proc.stdout

@@ -139,12 +139,15 @@ def test_inspect_and_bench(tmp_path, capsys):
                         path, progress=False)
     code, cap = run(["inspect", path, "--num", "1"], capsys)
     assert code == 0
-    assert "count:   30" in cap.out and "codec:   bridgeflow" in cap.out and "checksum: none" in cap.out
+    assert "count:   30" in cap.out and "codec:   bridgeflow" in cap.out
+    assert "checksum: crc32 per value, checked on every read" in cap.out
     assert "shape=(4, 5)" in cap.out and "float32" in cap.out and "datapoint 1" not in cap.out
     args = argparse.Namespace(size=50, warmup=5, quiet=True, batch=0)
     assert bench_file(str(path), args) == 0
     out = capsys.readouterr().out
     assert "sequential read" in out and "shuffled read" in out and out.count("datapoints/s") == 2
+    # 30 datapoints timed 50 times after 5 untimed: it says it read the file more than once
+    assert out.count("timing 50 datapoints after 5 untimed: 1.8 passes over the file (pass --size") == 2
 
 
 def test_errors_name_the_problem(tmp_path, capsys):
@@ -160,7 +163,7 @@ def test_errors_name_the_problem(tmp_path, capsys):
     assert code == 1 and "nothing_here" in cap.err
     code, cap = run(["inspect", tmp_path / "exists.lmdb"], capsys)
     assert code == 1 and "exists.lmdb" in cap.err
-    (folder / "broken.png").write_bytes(b"\x89PNG not really")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     code, cap = run(["serialize", tmp_path / "imgs", tmp_path / "o.h5", "--decode", "--quiet"], capsys)
     assert code == 1 and "broken.png" in cap.err
     assert not (tmp_path / "o.h5").exists() and not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
@@ -218,8 +221,10 @@ SLOW_FLOW = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "npz"])
-def test_ctrl_c_during_serialize_leaves_the_folder_as_it_was(tmp_path, fmt):
-    """SIGINT to a real ``bridgeflow serialize`` mid-write: exit 130, no output, no temporary file."""
+@pytest.mark.parametrize(("sig", "code", "said"), [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_ctrl_c_or_sigterm_during_serialize_leaves_the_folder_as_it_was(tmp_path, fmt, sig, code, said):
+    """SIGINT (Ctrl-C) or SIGTERM (timeout, Slurm, kill) to a real ``bridgeflow serialize`` mid-write:
+    exit 130 / 143, no output, no temporary file."""
     import signal
     import time
 
@@ -238,13 +243,129 @@ def test_ctrl_c_during_serialize_leaves_the_folder_as_it_was(tmp_path, fmt):
             time.sleep(0.05)
         time.sleep(1.0)
         assert proc.poll() is None, proc.communicate()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 130, err[-1000:]
-    assert "interrupted" in err
+    assert proc.returncode == code, err[-1000:]
+    assert said in err and "Traceback" not in err
     assert os.listdir(out_dir) == ["keep.txt"]
+
+
+STALE_HOLDER = """
+import fcntl, os, sys, time
+path = os.path.join(sys.argv[1], ".data.lmdb.tmp-%d-cafebabe" % os.getpid())
+fd = os.open(path, os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print(path, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_rerun_removes_temporary_files_of_dead_writers_only(tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = out_dir / f".data.lmdb.tmp-{dead}-deadbeef"  # a writer killed by SIGKILL left it
+    stale.write_bytes(b"x" * 4096)
+    (out_dir / f".data.lmdb.tmp-{dead}-deadbeef-lock").write_bytes(b"")
+    other = out_dir / f".other.lmdb.tmp-{dead}-deadbeef"  # another target's: not this save's business
+    other.write_bytes(b"x")
+    live = subprocess.Popen([sys.executable, "-c", STALE_HOLDER, str(out_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        held = live.stdout.readline().strip()  # a live writer, holding its lock
+        unlocked = out_dir / f".data.lmdb.tmp-{live.pid}-0badf00d"  # a live pid, no lock: kept too
+        unlocked.write_bytes(b"")
+        (tmp_path / "flows.py").write_text("def flow():\n    return [[1], [2]]\n")
+        code = main(["serialize", str(tmp_path / "flows.py") + ":flow", str(out_dir / "data.lmdb"), "--quiet"])
+        assert code == 0
+        assert sorted(os.listdir(out_dir)) == sorted(["data.lmdb", os.path.basename(held), unlocked.name,
+                                                      other.name])
+    finally:
+        live.kill()
+        live.wait()
+
+
+@pytest.fixture
+def split_folder(tmp_path):
+    root = tmp_path / "photos"
+    for split in ("train", "val"):
+        for name in ("cat", "dog"):
+            (root / split / name).mkdir(parents=True)
+            Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(root / split / name / "a.png")
+    return root
+
+
+def test_a_folder_of_splits_is_refused_naming_split(split_folder, tmp_path, capsys):
+    code, cap = run(["serialize", split_folder, tmp_path / "x.lmdb", "--quiet"], capsys)
+    assert code == 1 and "holds only train, val: dataset splits, not classes" in cap.err
+    assert "--split train" in cap.err and os.path.join(str(split_folder), "train") in cap.err
+    assert not (tmp_path / "x.lmdb").exists()
+    code, cap = run(["serialize", split_folder, tmp_path / "x.lmdb", "--quiet", "--split", "train"], capsys)
+    assert code == 0 and LMDBData(tmp_path / "x.lmdb").classes == ["cat", "dog"]
+    assert len(ImageFolderData(split_folder, split="val")) == 2
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "h5", "npz"])
+def test_class_names_are_stored_in_the_file_and_shown_by_inspect(image_folder, tmp_path, capsys, fmt):
+    root, _ = image_folder
+    out = tmp_path / f"x.{fmt}"
+    assert run(["serialize", root, out, "--quiet"], capsys)[0] == 0
+    from bridgeflow.serialize import load_dataset
+
+    with load_dataset(out) as ds:
+        assert ds.classes == ["cat", "dog", "zebra"]
+    code, cap = run(["inspect", out], capsys)
+    assert code == 0 and "classes: 3 (0=cat, 1=dog, 2=zebra)" in cap.out
+    converted = tmp_path / "converted.npz"  # a conversion keeps them
+    assert run(["serialize", out, converted, "--quiet"], capsys)[0] == 0
+    assert NumpyData(converted).classes == ["cat", "dog", "zebra"]
+
+
+def test_non_image_files_are_skipped_with_a_count_or_refused(image_folder, tmp_path, capsys):
+    root, _ = image_folder
+    (root / "cat" / "fake.jpg").write_text("a text file named like an image")  # besides dog/notes.txt
+    code, cap = run(["serialize", root, tmp_path / "x.lmdb", "--quiet"], capsys)
+    assert code == 0 and "wrote 11 datapoints" in cap.out and "skipped 2 files that are not images" in cap.out
+    code, cap = run(["serialize", root, tmp_path / "y.lmdb", "--quiet", "--non-images", "error"], capsys)
+    assert code == 1 and "fake.jpg is not an image file (by its content)" in cap.err
+    assert not (tmp_path / "y.lmdb").exists()
+
+
+USER_CODE = """
+import numpy as np
+from bridgeflow import DataFromGenerator
+
+def broken():
+    return 1 / 0
+
+def fails_midway():
+    def gen():
+        for i in range(10):
+            if i == 5:
+                raise RuntimeError("sensor 5 unreadable")
+            yield [np.zeros(3), i]
+    return DataFromGenerator(gen)
+"""
+
+
+@pytest.mark.parametrize(("function", "line"), [
+    ("broken", r"ZeroDivisionError: division by zero \(in userflows.py:6, broken\)"),
+    ("fails_midway", r"RuntimeError: sensor 5 unreadable \(in userflows.py:12, gen\)"),
+])
+def test_errors_in_user_code_are_one_line_unless_traceback(tmp_path, function, line):
+    (tmp_path / "userflows.py").write_text(USER_CODE)
+    argv = [sys.executable, "-m", "bridgeflow.cli", "serialize", f"userflows.py:{function}", "o.lmdb", "--quiet"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(line, lines[0]) and "--traceback" in lines[0], proc.stderr
+    proc = subprocess.run([*argv, "--traceback"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+    assert f"userflows.py\", line {6 if function == 'broken' else 12}" in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["__pycache__", "userflows.py"] or \
+        sorted(os.listdir(tmp_path)) == ["userflows.py"]
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .._progress import progress_bar
 from ..base import DataFlow
-from .errors import DatasetNotFoundError
+from .errors import CorruptDataError, DatasetNotFoundError
 
-__all__ = ["existing_path", "iterate_source", "normalize_index", "source_length"]
+__all__ = ["classes_json", "existing_path", "iterate_source", "normalize_index", "parse_classes",
+           "source_length"]
+
+
+def classes_json(classes: Sequence[str]) -> str:
+    """The names of a dataset's labels as the JSON list the formats store."""
+    if isinstance(classes, str):
+        raise TypeError("classes must be a sequence of names, not one string")
+    return json.dumps([str(c) for c in classes])
+
+
+def parse_classes(raw: str | bytes | None, path: str) -> list[str] | None:
+    """The label names stored by :func:`classes_json`, or :class:`CorruptDataError` naming ``path``."""
+    if raw is None:
+        return None
+    try:
+        classes = json.loads(raw)
+    except ValueError:
+        classes = None
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise CorruptDataError(f"{path}: damaged class names in its metadata")
+    return classes
 
 
 def existing_path(path: str | os.PathLike, what: str) -> str:

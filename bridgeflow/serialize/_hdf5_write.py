@@ -198,11 +198,14 @@ class HDF5Writer:
         self.pending = [[] for _ in self.columns]
         self.pending_bytes = 0
 
-    def finish(self) -> None:
-        """Write what is buffered and the file's description, as fixed-length attributes."""
+    def finish(self, classes: str | None = None) -> None:
+        """Write what is buffered and the file's description, as fixed-length attributes (``classes``:
+        the JSON list of label names, if any)."""
         self.flush()
         attrs = {"bridgeflow_format": FORMAT_NAME, "structure": self.structure or "list",
                  "columns": json.dumps([c.to_json() for c in self.columns])}
+        if classes is not None:
+            attrs["classes"] = classes
         for key, value in attrs.items():
             self.f.attrs[key] = np.bytes_(value.encode("utf-8"))
         self.f.attrs["bridgeflow_version"] = np.int64(FORMAT_VERSION)

@@ -17,17 +17,50 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ..base import DataFlow
-from ..errors import BridgeflowError
 from .formats import EXTENSIONS, FORMATS, detect_format, load_dataset
 
-__all__ = ["bench_file", "main", "open_source", "register"]
+__all__ = ["Terminated", "bench_file", "main", "open_source", "register"]
 
 log = logging.getLogger(__name__)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (``timeout``, Slurm, ``kill``): unwinds like Ctrl-C, so that nothing half-written
+    stays behind. A ``BaseException``, so that no ``except Exception`` on the way swallows it."""
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While the block runs, SIGTERM in this process raises :class:`Terminated` (worker processes forked
+    meanwhile keep the default: they just end)."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:  # someone else's handler: leave it
+        yield
+        return
+    owner = os.getpid()
+
+    def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated(signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 def _parallel_map(df: DataFlow, workers: int) -> DataFlow:
     """Run the outermost ``MapData`` of ``df`` in ``workers`` processes, order kept."""
@@ -44,19 +77,34 @@ def _parallel_map(df: DataFlow, workers: int) -> DataFlow:
     return MultiProcessMapData(df.ds, workers, df.func, buffer_size=max(16, 8 * workers), ordered=True)
 
 
-def open_source(spec: str, *, decode: bool = False, workers: int = 0, allow_pickle: bool = False) -> DataFlow:
+def open_source(spec: str, *, decode: bool = False, workers: int = 0, allow_pickle: bool = False,
+                split: str | None = None, non_images: str = "skip") -> DataFlow:
     """The flow ``bridgeflow serialize`` reads: an image folder, a dataset file, or ``module:function``."""
+    return _open_source(spec, decode=decode, workers=workers, allow_pickle=allow_pickle, split=split,
+                        non_images=non_images)[0]
+
+
+def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, split: str | None,
+                 non_images: str) -> tuple[DataFlow, list[str] | None, list[str]]:
+    """(flow, class names to store or None, files skipped as not images)."""
     from ..cli import load_object
 
+    if split is not None and not (os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "data.mdb"))):
+        raise ValueError("--split applies to image folders only")
+    classes: list[str] | None = None
+    skipped: list[str] = []
     if os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "data.mdb")):
         from .images import ImageFolderData
 
-        df: DataFlow = ImageFolderData(spec, decode=decode)
-        log.info("image folder %s: %d images in classes %s", spec, len(df), df.classes)
+        images = ImageFolderData(spec, decode=decode, split=split, non_images=non_images)
+        df: DataFlow = images
+        classes, skipped = images.classes, images.skipped
+        log.info("image folder %s: %d images in classes %s", images.root, len(df), images.classes)
     elif os.path.exists(spec):
         if decode:
             raise ValueError("--decode applies to image folders only")
         df = load_dataset(spec, allow_pickle=allow_pickle)
+        classes = getattr(df, "classes", None)  # a conversion keeps the label names
         if workers:
             log.warning("--workers ignored: reading %s has no map stage to parallelize", spec)
             workers = 0
@@ -70,7 +118,7 @@ def open_source(spec: str, *, decode: bool = False, workers: int = 0, allow_pick
             df = DataFromIterable(df)
     else:
         raise FileNotFoundError(f"source {spec!r} is neither an existing folder/file nor MODULE:FUNCTION")
-    return _parallel_map(df, workers) if workers else df
+    return (_parallel_map(df, workers) if workers else df), classes, skipped
 
 
 def _cmd_serialize(args: argparse.Namespace) -> int:
@@ -79,27 +127,34 @@ def _cmd_serialize(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot tell the format from {args.output!r}; pass --format {'|'.join(FORMATS)}")
     if args.workers < 0:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
-    df = open_source(args.source, decode=args.decode, workers=args.workers, allow_pickle=args.allow_pickle)
-    if args.limit:
-        from ..transforms import FixedSizeData
+    with sigterm_unwinds():  # SIGTERM (timeout, Slurm) cleans up like Ctrl-C
+        df, classes, skipped = _open_source(args.source, decode=args.decode, workers=args.workers,
+                                            allow_pickle=args.allow_pickle, split=args.split,
+                                            non_images=args.non_images)
+        if args.limit:
+            from ..transforms import FixedSizeData
 
-        df = FixedSizeData(df, args.limit)
-    progress = not args.quiet
-    with df:
-        if fmt == "lmdb":
-            from .lmdb_format import LMDBSerializer
+            df = FixedSizeData(df, args.limit)
+        progress = not args.quiet
+        with df:
+            if fmt == "lmdb":
+                from .lmdb_format import LMDBSerializer
 
-            n = LMDBSerializer.save(df, args.output, write_frequency=args.write_frequency, codec=args.codec,
-                                    overwrite=args.overwrite, progress=progress, checksum=args.checksum)
-        elif fmt == "hdf5":
-            from .hdf5_format import HDF5Serializer
+                n = LMDBSerializer.save(df, args.output, write_frequency=args.write_frequency, codec=args.codec,
+                                        overwrite=args.overwrite, progress=progress, checksum=args.checksum,
+                                        classes=classes)
+            elif fmt == "hdf5":
+                from .hdf5_format import HDF5Serializer
 
-            n = HDF5Serializer.save(df, args.output, overwrite=args.overwrite, progress=progress)
-        else:
-            from .npz_format import NumpySerializer
+                n = HDF5Serializer.save(df, args.output, overwrite=args.overwrite, progress=progress,
+                                        classes=classes)
+            else:
+                from .npz_format import NumpySerializer
 
-            n = NumpySerializer.save(df, args.output, overwrite=args.overwrite, progress=progress)
-    print(f"wrote {n} datapoints to {args.output} ({fmt}, {_size(args.output)})")
+                n = NumpySerializer.save(df, args.output, overwrite=args.overwrite, progress=progress,
+                                         classes=classes)
+    extra = f"; skipped {len(skipped)} files that are not images" if skipped else ""
+    print(f"wrote {n} datapoints to {args.output} ({fmt}, {_size(args.output)}){extra}")
     return 0
 
 
@@ -115,6 +170,24 @@ def _size(path: str) -> str:
     return ""  # pragma: no cover
 
 
+def _checksums(fmt: str, ds: Any) -> str:
+    """What checks the file's data on read, in words."""
+    if fmt == "lmdb":
+        if ds.meta.get("checksum"):
+            return f"{ds.meta['checksum']} per value, checked on every read"
+        return ("none: saved with checksum=False or by an older bridgeflow; damage inside values reads back "
+                "as other values (save it again to add them)")
+    if fmt == "npz":
+        return "zip CRC-32 per member, checked on load"
+    version = getattr(ds, "version", 0)
+    if version >= 2:
+        return "HDF5 metadata checksums, fletcher32 per chunk and a CRC-32 per row of every component"
+    if version == 1:
+        return ("HDF5 metadata checksums, fletcher32 on fixed-size components, a CRC-32 per variable-length "
+                "row (format version 1: save it again for a CRC on every row)")
+    return "HDF5's own, if the writer enabled them (a file not written by bridgeflow)"
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from ..transforms import describe_datapoint
 
@@ -128,7 +201,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     meta = getattr(ds, "meta", None)
     if meta:
         print(f"codec:   {meta['codec']} (format version {meta['version']})")
-        print(f"checksum: {meta.get('checksum') or 'none (damage inside values reads back as other values)'}")
+    print(f"checksum: {_checksums(fmt, ds)}")
+    classes = getattr(ds, "classes", None)
+    if classes is not None:
+        shown = ", ".join(f"{i}={name}" for i, name in enumerate(classes[:20]))
+        print(f"classes: {len(classes)} ({shown}{', ...' if len(classes) > 20 else ''})")
     columns = getattr(ds, "columns", None)
     if columns:
         print("columns:")
@@ -156,7 +233,10 @@ def bench_file(path: str, args: argparse.Namespace) -> int:
             return 0
         size = int(getattr(args, "size", 2000))
         warmup = int(getattr(args, "warmup", 0))
-        print(f"{path}: {'shuffled' if shuffle else 'sequential'} read, {len(ds)} datapoints")
+        passes = (size + warmup) / len(ds)
+        print(f"{path}: {'shuffled' if shuffle else 'sequential'} read, {len(ds)} datapoints; timing {size} "
+              f"datapoints after {warmup} untimed: {passes:.1f} passes over the file"
+              + (" (pass --size to change)" if passes > 1.5 else ""))
         with ds:
             TestDataSpeed(ds, size=size, warmup=warmup, progress=not quiet).start()
     return 0
@@ -173,6 +253,11 @@ def register(subparsers: Any) -> None:
     ser.add_argument("--format", choices=FORMATS, help="output format (default: from OUTPUT's extension)")
     ser.add_argument("--decode", action="store_true", help="image folders: store decoded uint8 arrays "
                      "instead of the encoded file bytes (needs Pillow)")
+    ser.add_argument("--split", metavar="NAME", help="image folders: read SOURCE/NAME (e.g. train), for a "
+                     "folder of split folders holding class folders")
+    ser.add_argument("--non-images", choices=("skip", "error"), default="skip",
+                     help="image folders: files that are not images (by extension or content) are skipped and "
+                     "counted (default), or refused")
     ser.add_argument("--workers", type=int, default=0, help="run the source's map stage (image reading/"
                      "decoding, or the outermost MapData) in N processes, order kept")
     ser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
@@ -180,16 +265,22 @@ def register(subparsers: Any) -> None:
                      help="LMDB value codec (pickle stores any object; readers must pass --allow-pickle)")
     ser.add_argument("--allow-pickle", action="store_true", help="read a pickle-codec LMDB source")
     ser.add_argument("--write-frequency", type=int, default=5000, help="LMDB: datapoints per commit")
-    ser.add_argument("--checksum", action="store_true", help="LMDB: store a CRC-32 with every value, checked on "
-                     "every read (slower reads of large values; HDF5 and npz files always carry checksums)")
+    ser.add_argument("--no-checksum", dest="checksum", action="store_false", help="LMDB: store no CRC-32 with "
+                     "each value (by default every value carries one, checked on every read; HDF5 and npz "
+                     "files always carry checksums)")
+    ser.add_argument("--checksum", dest="checksum", action="store_true", help=argparse.SUPPRESS)  # the default
     ser.add_argument("--limit", type=int, default=0, help="write only the first N datapoints")
     ser.add_argument("--quiet", action="store_true", help="no progress bar")
+    ser.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                     help="on an error, print the full traceback (default: one line)")
     ser.set_defaults(func=_cmd_serialize)
 
     ins = subparsers.add_parser("inspect", help="show count, codec, schema and size of a dataset file")
     ins.add_argument("path", help="an LMDB, HDF5 or npz dataset")
     ins.add_argument("--num", type=int, default=2, help="datapoints to describe (default 2)")
     ins.add_argument("--allow-pickle", action="store_true", help="describe a pickle-codec LMDB")
+    ins.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                     help="on an error, print the full traceback (default: one line)")
     ins.set_defaults(func=_cmd_inspect)
 
 
@@ -209,14 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
-        return int(args.func(args) or 0)
-    except (BridgeflowError, FileNotFoundError, ValueError, KeyError, ImportError) as exc:
-        print(f"bridgeflow {args.command}: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"bridgeflow {args.command}: interrupted", file=sys.stderr)
-        return 130
+    from ..cli import run_command
+
+    return run_command(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

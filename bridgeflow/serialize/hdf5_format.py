@@ -41,7 +41,7 @@ from .._deps import require
 from ..base import DataFlow, RNGDataFlow
 from ..errors import BridgeflowError
 from ._columns import Column, assemble
-from ._common import existing_path, iterate_source, normalize_index, source_length
+from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes, source_length
 from ._hdf5_check import check_global_heaps, check_superblock, is_variable_length
 from ._hdf5_write import CRC, FLAT, FORMAT_NAME, FORMAT_VERSION, OFFSETS, SHAPES, HDF5Writer, row_crc, rows_crc
 from ._pinned import PinnedFile
@@ -65,21 +65,22 @@ class HDF5Serializer:
 
     @staticmethod
     def save(df: DataFlow, path: str | os.PathLike, data_paths: Sequence[str] | None = None, *,
-             overwrite: bool = False, progress: bool = True) -> int:
+             overwrite: bool = False, progress: bool = True, classes: Sequence[str] | None = None) -> int:
         """Write every datapoint of ``df`` to ``path``; returns the count.
 
         ``data_paths`` names the datasets of list/tuple components (default ``"0"``, ``"1"``, ...) or
         picks and orders the keys of dict datapoints. Written to a temporary file and renamed at the end.
+        ``classes`` (the names of the labels) is stored in the file and comes back as ``.classes``.
         """
         h5py = _h5py()
         names = None if data_paths is None else [str(p) for p in data_paths]
         with atomic_path(path, overwrite=overwrite, sidecars=()) as tmp:
-            with h5py.File(tmp, "w", libver="latest") as f:
+            with h5py.File(tmp, "w", libver="latest", locking=False) as f:
                 writer = HDF5Writer(f, names, source_length(df))
                 desc = f"HDF5 {os.path.basename(os.fspath(path))}"
                 for i, dp in enumerate(iterate_source(df, progress=progress, desc=desc)):
                     writer.add(dp, i)
-                writer.finish()
+                writer.finish(None if classes is None else classes_json(classes))
         return writer.count
 
     @staticmethod
@@ -120,19 +121,25 @@ class _Held:
         self.pin, self.file, self.pid = state["pin"], None, None
 
 
+def _attr(f: Any, name: str, vlen_ok: Any) -> Any:
+    """A file attribute's value (text decoded), or None; ``vlen_ok()`` runs first if it is
+    variable-length (format version 1 files), since reading it parses a global heap."""
+    attrs = f.attrs
+    if name not in attrs:
+        return None
+    if is_variable_length(attrs.get_id(name).get_type()):
+        vlen_ok()
+    value = attrs[name]
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
 def _describe(f: Any, path: str, data_paths: list[str] | None,
               vlen_ok: Any) -> tuple[str, list[Column], int, int]:
     """(structure, columns, count, format version; 0 for foreign files) from our attributes, or from
     ``data_paths`` for foreign files. ``vlen_ok()`` runs before anything variable-length is read."""
-    attrs = f.attrs
 
     def attr(name: str) -> Any:
-        if name not in attrs:
-            return None
-        if is_variable_length(attrs.get_id(name).get_type()):
-            vlen_ok()
-        value = attrs[name]
-        return value.decode("utf-8") if isinstance(value, bytes) else value
+        return _attr(f, name, vlen_ok)
 
     if attr("bridgeflow_format") == FORMAT_NAME:
         version = int(attr("bridgeflow_version") or -1)
@@ -197,6 +204,8 @@ class HDF5Data(RNGDataFlow):
                 self.structure, self.columns, self._len, self.version = _describe(f, self.path, paths,
                                                                                   self._check_heaps)
                 self._check_lengths(f)
+                self.classes: list[str] | None = parse_classes(_attr(f, "classes", self._check_heaps)
+                                                               if self.version else None, self.path)
             except BridgeflowError:
                 raise
             except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:  # damaged HDF5 metadata

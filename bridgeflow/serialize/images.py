@@ -1,8 +1,12 @@
 """A folder of images in class subfolders as a flow: ``root/<class>/<image>`` -> ``[image, label]``.
 
-Labels are indices into the sorted class folder names. Images are the file's encoded bytes (store them as
-they are: smallest on disk, decode at training time), or, with ``decode=True``, a ``uint8`` array decoded
-by Pillow (``HxWx3`` RGB by default; ``mode=`` picks another Pillow mode). The flow is a
+Labels are indices into the sorted class folder names (``.classes``; the serializers store them in the
+file). Images are the file's encoded bytes (store them as they are: smallest on disk, decode at training
+time), or, with ``decode=True``, a ``uint8`` array decoded by Pillow (``HxWx3`` RGB by default; ``mode=``
+picks another Pillow mode). Files are recognised as images by their first bytes (JPEG, PNG, GIF, BMP,
+TIFF, WebP, PPM/PGM), not only their extension: others are skipped and counted (``.skipped``), or refused
+with ``non_images="error"``. A root holding only ``train``/``val``/``test`` folders is refused: those are
+splits, not classes (pass ``split="train"``, or the split's folder). The flow is a
 :class:`~bridgeflow.MapData` over the list of ``[path, label]``, so the reading/decoding stage can be run
 in parallel by replacing it with
 ``MultiProcessMapData(flow.ds, n, flow.func)`` (what ``bridgeflow serialize --workers N`` does).
@@ -16,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
@@ -26,28 +31,74 @@ from ..sources import DataFromList
 from ..transforms import MapData
 from .errors import CorruptDataError, DatasetNotFoundError
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageFolderData", "image_folder", "list_image_folder", "read_image"]
+__all__ = ["IMAGE_EXTENSIONS", "ImageFolderData", "image_folder", "is_image_file", "list_image_folder",
+           "read_image"]
+
+log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing"})
+_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
 
 
-def list_image_folder(root: str | os.PathLike,
-                      extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> tuple[list[str], list[list]]:
-    """``(classes, [[path, label], ...])`` in a stable order (sorted classes, then sorted file names)."""
+def is_image_file(path: str) -> bool:
+    """Whether the file starts like an image of one of :data:`IMAGE_EXTENSIONS`' formats."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return False
+    if head.startswith(_MAGIC):
+        return True
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return True
+    return len(head) >= 3 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3].isspace()
+
+
+def list_image_folder(root: str | os.PathLike, extensions: tuple[str, ...] = IMAGE_EXTENSIONS, *,
+                      non_images: str = "skip", split: str | None = None,
+                      skipped: list[str] | None = None) -> tuple[list[str], list[list]]:
+    """``(classes, [[path, label], ...])`` in a stable order (sorted classes, then sorted file names).
+
+    Files that are not images (by extension, then by their first bytes) are left out and appended to
+    ``skipped``, or raise ``ValueError`` naming the first with ``non_images="error"``. ``split`` reads
+    ``root/split``.
+    """
+    if non_images not in ("skip", "error"):
+        raise ValueError(f"non_images must be 'skip' or 'error', got {non_images!r}")
     root = os.fspath(root)
+    if split is not None:
+        root = os.path.join(root, split)
     if not os.path.isdir(root):
         raise DatasetNotFoundError(f"image folder {root} does not exist or is not a folder")
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     if not classes:
         raise ValueError(f"image folder {root} has no class subfolders (expected {root}/<class>/<image>)")
+    if set(classes) <= SPLIT_NAMES:
+        raise ValueError(f"image folder {root} holds only {', '.join(classes)}: dataset splits, not classes; "
+                         f"serialize one split at a time: give {os.path.join(root, classes[0])} as the "
+                         f"folder, or pass --split {classes[0]} (split={classes[0]!r})")
+    skipped = [] if skipped is None else skipped
     items: list[list] = []
     for label, name in enumerate(classes):
         folder = os.path.join(root, name)
         for dirpath, dirnames, filenames in os.walk(folder):
             dirnames.sort()
             for fn in sorted(filenames):
-                if fn.lower().endswith(extensions) and not fn.startswith("."):
-                    items.append([os.path.join(dirpath, fn), label])
+                if fn.startswith("."):
+                    continue
+                path = os.path.join(dirpath, fn)
+                if fn.lower().endswith(extensions) and is_image_file(path):
+                    items.append([path, label])
+                elif non_images == "error":
+                    by = "content" if fn.lower().endswith(extensions) else "extension"
+                    raise ValueError(f"{path} is not an image file (by its {by}); remove it, or skip such "
+                                     "files (--non-images skip)")
+                else:
+                    skipped.append(path)
+    if skipped:
+        log.warning("image folder %s: skipped %d files that are not images (first: %s)", root, len(skipped),
+                    skipped[0])
     if not items:
         raise ValueError(f"image folder {root} has class folders {classes} but no image files "
                          f"(extensions {', '.join(extensions)})")
@@ -86,9 +137,11 @@ class ImageFolderData(MapData):
 
     def __init__(self, root: str | os.PathLike, decode: bool = False, shuffle: bool = False,
                  seed: int | None = None, extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
-                 mode: str | None = "RGB") -> None:
-        self.root = os.fspath(root)
-        self.classes, self.files = list_image_folder(self.root, extensions)
+                 mode: str | None = "RGB", *, non_images: str = "skip", split: str | None = None) -> None:
+        self.root = os.fspath(root) if split is None else os.path.join(os.fspath(root), split)
+        self.skipped: list[str] = []
+        self.classes, self.files = list_image_folder(self.root, extensions, non_images=non_images,
+                                                     skipped=self.skipped)
         self.decode = decode
         super().__init__(DataFromList(self.files, shuffle=shuffle, seed=seed),
                          functools.partial(read_image_datapoint, decode=decode, mode=mode))

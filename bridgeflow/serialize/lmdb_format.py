@@ -39,13 +39,13 @@ import os
 import struct
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .._deps import require
 from ..base import DataFlow, RNGDataFlow
 from ._checksum import crc32
-from ._common import existing_path, iterate_source, normalize_index
+from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes
 from ._lmdb_check import check_lmdb_file
 from ._pinned import PinnedFile
 from .atomic import atomic_path
@@ -63,6 +63,7 @@ _CRC = struct.Struct("<I")
 CHECKSUM = b"crc32"
 _INITIAL_MAP = 256 << 20
 _BATCH_BYTES = 64 << 20  # commit at least this often, whatever write_frequency says
+_CLASSES_MAX = 16 << 20
 
 
 def _key(i: int) -> bytes:
@@ -80,14 +81,15 @@ class LMDBSerializer:
     @staticmethod
     def save(df: DataFlow, path: str | os.PathLike, write_frequency: int = 5000, *,
              codec: str = DEFAULT_CODEC, overwrite: bool = False, progress: bool = True,
-             checksum: bool = True) -> int:
+             checksum: bool = True, classes: Sequence[str] | None = None) -> int:
         """Encode every datapoint of ``df`` into the single-file LMDB ``path``; returns the count.
 
         Commits every ``write_frequency`` datapoints (or 64 MiB, whichever comes first). The map grows
         as needed. Written to a temporary file beside ``path`` and renamed at the end: an error or Ctrl-C
         leaves nothing behind. ``codec="pickle"`` stores any picklable object (readers must opt in).
         ``checksum=True`` (the default) stores a CRC-32 with every value, checked on every read (see the
-        module doc); ``checksum=False`` writes files without, as older versions did.
+        module doc); ``checksum=False`` writes files without, as older versions did. ``classes`` (the names
+        of the labels) is stored in the file and comes back as the reader's ``.classes``.
         """
         lmdb = require("lmdb", "LMDBSerializer")
         if int(write_frequency) < 1:
@@ -99,7 +101,7 @@ class LMDBSerializer:
                             meminit=False, map_async=True)
             try:
                 count = _write_all(lmdb, env, df, codec, int(write_frequency), progress, os.fspath(path),
-                                   bool(checksum))
+                                   bool(checksum), _classes_json(classes))
                 env.sync(True)
             finally:
                 env.close()
@@ -126,8 +128,12 @@ def _commit(lmdb: Any, env: Any, items: list[tuple[bytes, bytes]], append: bool)
             env.set_mapsize(new)
 
 
+def _classes_json(classes: Sequence[str] | None) -> bytes | None:
+    return None if classes is None else classes_json(classes).encode("utf-8")
+
+
 def _write_all(lmdb: Any, env: Any, df: DataFlow, codec: str, every: int, progress: bool, name: str,
-               checksum: bool) -> int:
+               checksum: bool, classes: bytes | None = None) -> int:
     pending: list[tuple[bytes, bytes]] = []
     size = count = 0
     crc = crc32()
@@ -147,6 +153,8 @@ def _write_all(lmdb: Any, env: Any, df: DataFlow, codec: str, every: int, progre
             b"count": b"%d" % count}
     if checksum:
         meta[b"checksum"] = CHECKSUM
+    if classes is not None:
+        meta[b"classes"] = classes
     _commit(lmdb, env, [(META + k, v) for k, v in meta.items()], append=False)
     return count
 
@@ -235,8 +243,9 @@ class _Held:
 
 
 def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
-    """``{"format", "codec", "version", "count", "checksum"}`` of an LMDB dataset; checks they are ones we
-    read (``checksum`` is ``"crc32"`` or ``None``)."""
+    """``{"format", "codec", "version", "count", "checksum", "classes"}`` of an LMDB dataset; checks they
+    are ones we read (``checksum`` is ``"crc32"`` or ``None``; ``classes`` a list of label names or
+    ``None``)."""
     p = existing_path(path, "LMDB dataset")
     lmdb = require("lmdb", "LMDBSerializer")
     held = None
@@ -250,9 +259,10 @@ def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
     try:
         with env.begin(buffers=True) as txn:
             raw = {}
-            for k in (b"format", b"codec", b"version", b"count", b"checksum"):
+            for k in (b"format", b"codec", b"version", b"count", b"checksum", b"classes"):
                 v = txn.get(META + k)
-                raw[k] = None if v is None or len(v) > 64 else bytes(v)  # a damaged size: never copy it
+                limit = _CLASSES_MAX if k == b"classes" else 64
+                raw[k] = None if v is None or len(v) > limit else bytes(v)  # a damaged size: never copy it
             entries = txn.stat(env.open_db())["entries"]
             meta_keys = _count_meta_keys(txn)
     except lmdb.Error as exc:
@@ -281,8 +291,11 @@ def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
     if count + meta_keys != entries:  # a damaged count would silently read a prefix, or run past the end
         raise CorruptDataError(f"{p}: its metadata counts {count} datapoints but the file holds "
                                f"{entries - meta_keys}")
+    classes = None
+    if raw[b"classes"] is not None:
+        classes = parse_classes(raw[b"classes"], p)
     return {"format": FORMAT_NAME.decode(), "codec": codec, "version": version, "count": count,
-            "checksum": None if raw[b"checksum"] is None else CHECKSUM.decode()}
+            "checksum": None if raw[b"checksum"] is None else CHECKSUM.decode(), "classes": classes}
 
 
 def _count_meta_keys(txn: Any) -> int:
@@ -342,6 +355,7 @@ class LMDBData(RNGDataFlow):
         # a value of a bridgeflow-codec file that claims to be a pickle is damage, never unpickled
         self._unpickle = allow_pickle and self.meta["codec"] == "pickle"
         self._crc = self.meta["checksum"] is not None
+        self.classes: list[str] | None = self.meta["classes"]
 
     def __len__(self) -> int:
         return self.meta["count"]
@@ -379,6 +393,11 @@ class LMDBData(RNGDataFlow):
     def _damaged(self, index: int, exc: Exception) -> CorruptDataError:
         """A stored value that does not decode: the file's metadata names its codec and version, so a
         value claiming another (or a pickle in a bridgeflow-codec file) is damage too."""
+        if isinstance(exc, PickleNotAllowedError):  # "pass allow_pickle=True" would be no help here
+            return CorruptDataError(f"{self.path}: datapoint {index} is a pickle, but the file's metadata says "
+                                    f"codec={self.meta['codec']}: the file is damaged or was tampered with; "
+                                    "it is not unpickled" + (" (even with allow_pickle=True)" if self.allow_pickle
+                                                             else ""))
         return CorruptDataError(f"{self.path}: datapoint {index}: {exc}")
 
     def __getitem__(self, index: int) -> Any:

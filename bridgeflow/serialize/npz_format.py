@@ -27,7 +27,7 @@ import numpy as np
 from ..base import DataFlow, RNGDataFlow
 from ..errors import DatapointError
 from ._columns import Column, assemble, classify, split_datapoint
-from ._common import existing_path, iterate_source, normalize_index
+from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes
 from .atomic import atomic_path, check_target
 from .errors import CorruptDataError, UnsupportedFormatError
 
@@ -121,8 +121,9 @@ class NumpySerializer:
 
     @staticmethod
     def save(df: DataFlow, path: str | os.PathLike, data_paths: Sequence[str] | None = None, *,
-             overwrite: bool = False, progress: bool = True) -> int:
-        """Collect every datapoint of ``df`` into columns and write them to ``path``; returns the count."""
+             overwrite: bool = False, progress: bool = True, classes: Sequence[str] | None = None) -> int:
+        """Collect every datapoint of ``df`` into columns and write them to ``path``; returns the count.
+        ``classes`` (the names of the labels) is stored in the file and comes back as ``.classes``."""
         names_given = None if data_paths is None else [str(p) for p in data_paths]
         columns: list[Column] = []
         values: list[list] = []
@@ -150,6 +151,8 @@ class NumpySerializer:
             arrays.update(_column_arrays(k, col, vals))
         meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "count": count, "structure": structure,
                 "columns": [c.to_json() for c in columns]}
+        if classes is not None:
+            meta["classes"] = json.loads(classes_json(classes))
         arrays[META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
         with atomic_path(target, overwrite=overwrite, sidecars=()) as tmp, open(tmp, "wb") as fh:
             np.savez(fh, **arrays)
@@ -190,6 +193,8 @@ class NumpyData(RNGDataFlow):
             self.structure = str(meta["structure"])
             self.columns = [Column.from_json(c) for c in meta["columns"]]
             self._len = int(meta["count"])
+            self.classes: list[str] | None = parse_classes(None if meta.get("classes") is None
+                                                           else json.dumps(meta["classes"]), self.path)
             self._cells = [self._unpack(k, c, arrays) for k, c in enumerate(self.columns)]
         except (CorruptDataError, UnsupportedFormatError):
             raise
