@@ -88,7 +88,7 @@ def test_dict_datapoints_and_empty_flow(tmp_path):
 def test_metadata_and_key_order(tmp_path):
     path = save(tmp_path, [[i] for i in range(300)])
     assert read_lmdb_meta(path) == {"format": "bridgeflow-lmdb", "codec": "bridgeflow", "version": 1,
-                                    "count": 300, "checksum": "crc32"}
+                                    "count": 300, "checksum": "crc32", "classes": None}
     env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
     with env.begin() as txn:
         keys = [k for k, _ in txn.cursor()]

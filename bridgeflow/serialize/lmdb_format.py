@@ -10,8 +10,8 @@ default, ``checksum=True``; the ``__bf__/checksum`` key says so; files saved wit
 before checksums were the default have none and still load). Reading checks the value's length against
 the length its header declares, copies it once out of the memory map into a ``bytearray``, checks the
 CRC on the copy and decodes zero-copy, so arrays are writable, owned by the datapoint and valid after the
-file is closed. The CRC is zlib's, computed by zlib-ng when installed (the ``lmdb`` extra): tens of GB/s,
-a few percent of a read (see :mod:`bridgeflow.serialize._checksum`).
+file is closed. The CRC is zlib's, computed by zlib-ng when installed (the ``lmdb`` extra): ~70 GB/s,
+about 15% of a read of large values from the page cache (see :mod:`bridgeflow.serialize._checksum`).
 
 One open per reader: ``LMDBData`` opens the path once, holds that file (see
 :mod:`bridgeflow.serialize._pinned`) and reads its length and every value from it, so a file renamed over
