@@ -15,6 +15,11 @@ The consumer waits on those pipes *and* on the processes' sentinels, so a worker
 ``os._exit``, OOM killer) becomes a :class:`~bridgeflow.WorkerError` at once instead of a hang. Each
 process worker also watches its parent and exits when the parent is gone, even if killed with SIGKILL.
 
+A worker that is alive but returns nothing (a deadlock, a stuck read, SIGSTOP) is found out too: after
+``stall_warning`` seconds without the result it waits for, ``get()`` logs which worker holds the oldest
+task, its state and its Python stack (:mod:`bridgeflow.parallel.forensics`), and with ``timeout`` it
+raises :class:`~bridgeflow.WorkerTimeoutError` naming that worker.
+
 Example:
     >>> def init(ctx):
     ...     return lambda x: x * 10
@@ -44,11 +49,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import BridgeflowError, DataFlowTerminated, WorkerError
-from . import shm
+from ..errors import BridgeflowError, DataFlowTerminated, WorkerError, WorkerTimeoutError
+from . import forensics, shm
+from .mapping import MappingHooks, MappingHookSet
 from .worker import (
     _CTL_STRIDE,
     _EXHAUSTED,
+    _FATAL,
     _INIT,
     _LIVENESS_INTERVAL,
     _MAX_SLABS,
@@ -58,6 +65,7 @@ from .worker import (
     RemoteError,
     RemoteTraceback,
     WorkerContext,
+    ctl_base,
     pack_exception,
     process_main,
     unpack_exception,
@@ -66,7 +74,7 @@ from .worker import (
 
 # The worker's side lives in .worker; its public names stay importable from here.
 __all__ = [
-    "EXHAUSTED", "RemoteError", "RemoteTraceback", "WorkerContext", "WorkerPool", "pack_exception",
+    "EXHAUSTED", "MappingHooks", "RemoteError", "RemoteTraceback", "WorkerContext", "WorkerPool", "pack_exception",
     "unpack_exception", "worker_loop",
 ]
 
@@ -85,7 +93,8 @@ class _PoolResources:
         self.result_conns: list[Any] = []
         self.task_queues: list[queue.SimpleQueue] = []
         self.stop = threading.Event()  # thread workers: stop before the next chunk, not after the backlog
-        self.ctl: Any = None
+        self.ctl: shm.ControlSegment | None = None
+        self.dump_conns: list[Any] = []  # per process worker: where its stack arrives when asked for
         self.prefix = ""
         self.writers: list[shm.SlabWriter] = []
         self.owner_pid = os.getpid()
@@ -94,10 +103,13 @@ class _PoolResources:
         if os.getpid() != self.owner_pid:
             # A forked copy (a flow that runs in another pool's worker): the workers and the shared memory
             # belong to the process that started them. Close our copies of the pipes and forget the rest.
-            for conn in self.task_conns + self.result_conns:
+            for conn in self.task_conns + self.result_conns + self.dump_conns:
                 conn.close()
             self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
-            self.task_queues, self.threads, self.prefix = [], [], ""
+            self.task_queues, self.threads, self.prefix, self.dump_conns = [], [], "", []
+            if self.ctl is not None:  # our copy of the lock's descriptor; the owner keeps the lock
+                self.ctl.close()
+                self.ctl = None
             return
         for conn in self.task_conns:
             try:
@@ -124,14 +136,17 @@ class _PoolResources:
                 p.join(1.0)
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        for conn in self.task_conns + self.result_conns:
+        for conn in self.task_conns + self.result_conns + self.dump_conns:
             conn.close()
         for w in self.writers:
             w.close()
         if self.prefix:
             shm.sweep_segments(self.prefix)
+        if self.ctl is not None:  # unlocked only now that every segment of the pool is gone
+            self.ctl.close()
+            self.ctl = None
         self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
-        self.task_queues, self.threads = [], []
+        self.task_queues, self.threads, self.dump_conns = [], [], []
 
 
 class WorkerPool:
@@ -149,11 +164,21 @@ class WorkerPool:
         chunk_size: tasks travel to a worker in chunks of this many, and their results come back
             together. Chunks amortize the per-message cost for small tasks; a partial chunk is sent as
             soon as the consumer waits for one of its results.
+        timeout: seconds ``get()`` waits for a result before raising :class:`~bridgeflow.WorkerTimeoutError`
+            naming the worker that holds the oldest task (``None``: wait as long as the workers live).
+            The pool stays usable: a later ``get()`` returns that result if it comes.
+        stall_warning: after this many seconds without the result ``get()`` waits for, log a warning
+            with that worker's pid, state and Python stack, then again at twice the wait, and so on
+            (``None``: never).
+        mapping_hooks: told when a slab mapping of this pool opens and before it closes; see
+            :meth:`set_mapping_hooks`.
     """
 
     def __init__(self, init_fn: Callable[[WorkerContext], Callable[[Any], Any]], num_workers: int, *,
                  processes: bool = True, start_method: str | None = None, name: str = "WorkerPool",
-                 base_seed: int | None = None, ordered: bool = True, chunk_size: int = 1) -> None:
+                 base_seed: int | None = None, ordered: bool = True, chunk_size: int = 1,
+                 timeout: float | None = None, stall_warning: float | None = 60.0,
+                 mapping_hooks: MappingHooks | None = None) -> None:
         if not callable(init_fn):
             raise TypeError(f"{name}: init_fn must be callable, got {init_fn!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers <= 0:
@@ -171,6 +196,11 @@ class WorkerPool:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
             raise ValueError(f"{name}: chunk_size must be a positive integer, got {chunk_size!r}")
         self.chunk_size = chunk_size
+        self.timeout = check_seconds(timeout, "timeout", name)
+        self.stall_warning = check_seconds(stall_warning, "stall_warning", name)
+        self._hooks = MappingHookSet(name)
+        if mapping_hooks is not None:
+            self._hooks.set(mapping_hooks)
         self._res = _PoolResources()
         self._finalizer: weakref.finalize | None = None
         self._started = False
@@ -245,41 +275,47 @@ class WorkerPool:
                     f"{self.name}: {describe_unpicklable(self.init_fn)} cannot be pickled, which the "
                     f"{context.get_start_method()!r} start method needs ({exc}); use a module-level function, "
                     "or start_method='fork'") from exc
+        shm.raise_fd_limit()
         res.prefix = f"bf{os.getpid()}_{next(_pool_ids)}{os.urandom(2).hex()}_"
         ctl_name = ""
         if shm.shm_available():
             if shm.sweep_orphans():
-                log.info("%s: removed shared memory left by bridgeflow processes that no longer run", self.name)
+                log.info("%s: removed shared memory left by bridgeflow pools that no longer run", self.name)
             ctl_name = res.prefix + "ctl"
             try:
-                res.ctl = shm.create_segment(ctl_name, _CTL_STRIDE * self.num_workers)
+                res.ctl = shm.ControlSegment.create(ctl_name, _CTL_STRIDE * self.num_workers)
             except OSError as exc:
                 log.warning("%s: no shared memory (%s); results travel through pipes", self.name, exc)
                 ctl_name = ""
-        view = memoryview(res.ctl) if res.ctl is not None else None
+        view = res.ctl.view if res.ctl is not None else None
         self._readers = []
         for ctx in contexts:
-            base = ctx.worker_id * _CTL_STRIDE
+            base = ctl_base(ctx.worker_id)
             task_r, task_w = context.Pipe(duplex=False)
             result_r, result_w = context.Pipe(duplex=False)
+            dump_r, dump_w = context.Pipe(duplex=False)
             proc = context.Process(target=process_main, name=f"{self.name}-worker-{ctx.worker_id}",
-                                   args=(ctx, self.init_fn, task_r, result_w, ctl_name, res.prefix, os.getpid()),
+                                   args=(ctx, self.init_fn, task_r, result_w, ctl_name, res.prefix, os.getpid(),
+                                         dump_w),
                                    daemon=True)
             try:
                 proc.start()
             except Exception:
-                task_r.close(), task_w.close(), result_r.close(), result_w.close()
+                for conn in (task_r, task_w, result_r, result_w, dump_r, dump_w):
+                    conn.close()
                 self.close()
                 raise
             task_r.close()
             result_w.close()
+            dump_w.close()
             res.procs.append(proc)
             res.task_conns.append(task_w)
             res.result_conns.append(result_r)
-            self._readers.append(shm.SlabReader(view[base:base + _MAX_SLABS] if view else None))
+            res.dump_conns.append(dump_r)
+            self._readers.append(shm.SlabReader(view[base:base + _MAX_SLABS] if view else None, self._hooks))
             res.writers.append(shm.SlabWriter(
                 f"{res.prefix}t{ctx.worker_id}_",
-                view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None, _MAX_SLABS))
+                view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None, _MAX_SLABS, self.num_workers))
         # Persistent pollers (one per worker, one for all): waiting costs one system call, and a
         # process sentinel in the same poll turns a worker's death into an error at once.
         self._fd_worker: dict[int, tuple[int, bool]] = {}
@@ -304,13 +340,6 @@ class WorkerPool:
             self._finalizer()
         else:
             self._res.shutdown()
-        res = self._res
-        if res.ctl is not None:
-            try:
-                res.ctl.close()
-            except BufferError:  # flags still referenced by live leases; unmapped when they go
-                pass
-            res.ctl = None
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -384,12 +413,15 @@ class WorkerPool:
         self._discard_below = self._next_task
         self._next_result = self._next_task
         self._ready = {k: v for k, v in self._ready.items() if k >= self._discard_below}
+        self._owner = {k: v for k, v in self._owner.items() if k >= self._discard_below}
 
     def get(self, timeout: float | None = None) -> tuple[int, Any]:
         """The next result as ``(worker_id, value)``; raises the worker's exception for a failed task.
 
-        An exception that interrupts the wait itself (Ctrl-C, or any raised by a signal handler) may
-        strike between reading a message and filing its results, so the pool marks itself
+        ``timeout`` (seconds, default the pool's ``timeout``) raises :class:`~bridgeflow.WorkerTimeoutError`
+        naming the worker that holds the oldest task; nothing is lost, a later ``get()`` may still
+        return it. An exception that interrupts the wait itself (Ctrl-C, or any raised by a signal
+        handler) may strike between reading a message and filing its results, so the pool marks itself
         :attr:`interrupted` and every later ``get()`` raises instead of waiting for a result that may
         never come; the parallel stages then start new workers.
         """
@@ -402,7 +434,7 @@ class WorkerPool:
         if not self.results_returned & 7:  # sample the buffer fill on every 8th call: it is only an average
             self._fill_sum += self._ready_count()
             self._fill_samples += 1
-        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = _Wait(time.monotonic(), self.timeout if timeout is None else timeout, self.stall_warning)
         if self.ordered:
             want = self._next_result
             if want not in self._ready:
@@ -410,7 +442,7 @@ class WorkerPool:
                 if self._pending[owner] and self._pending[owner][0][0] <= want:
                     self._flush(owner)
                 while want not in self._ready:
-                    self._receive(deadline, timeout, owner)
+                    self._receive(wait, owner)
             worker, kind, value = self._ready.pop(want)
             self._next_result += 1
         else:
@@ -418,7 +450,7 @@ class WorkerPool:
                 if sum(self._per_worker) == sum(map(len, self._pending)):
                     for w in range(self.num_workers):  # nothing in flight but unsent chunks: send them
                         self._flush(w)
-                self._receive(deadline, timeout)
+                self._receive(wait)
             want = next(iter(self._ready))
             worker, kind, value = self._ready.pop(want)
         self._owner.pop(want, None)
@@ -432,30 +464,35 @@ class WorkerPool:
 
     def _ready_count(self) -> int:
         if self.processes and self._res.ctl is not None:
-            done = sum(struct.unpack_from("<Q", self._res.ctl, w * _CTL_STRIDE + 2 * _MAX_SLABS)[0]
+            view = self._res.ctl.view
+            done = sum(struct.unpack_from("<Q", view, ctl_base(w) + 2 * _MAX_SLABS)[0]
                        for w in range(self.num_workers))
             return max(0, done - self.results_received) + len(self._ready)
         if self._results_queue is not None:
             return self._results_queue.qsize() + len(self._ready)
         return len(self._ready)
 
-    def _receive(self, deadline: float | None, timeout: float | None, worker: int | None = None) -> None:
+    def _receive(self, wait: _Wait, worker: int | None = None) -> None:
         """Wait for one message from any worker and file it; raise if a worker died or time ran out."""
         try:
-            self._receive_and_file(deadline, timeout, worker)
+            self._receive_and_file(wait, worker)
         except (BridgeflowError, TimeoutError):  # raised on purpose, with nothing half-received
             raise
         except BaseException:
             self.interrupted = True
             raise
 
-    def _receive_and_file(self, deadline: float | None, timeout: float | None, worker: int | None) -> None:
+    def _receive_and_file(self, wait: _Wait, worker: int | None) -> None:
         while True:
             wait_for = _LIVENESS_INTERVAL
-            if deadline is not None:
-                left = deadline - time.monotonic()
+            now = time.monotonic()
+            if wait.stall_at is not None and now >= wait.stall_at:
+                self._log_stall(now - wait.started)
+                wait.stall_at = wait.started + 2 * (now - wait.started)
+            if wait.limit is not None:
+                left = wait.started + wait.limit - now
                 if left <= 0:
-                    raise TimeoutError(f"{self.name}: no result from the workers after {timeout} s")
+                    self._raise_timeout(wait.limit)
                 wait_for = min(wait_for, left)
             msg = self._receive_one(wait_for, worker)
             if msg is not None:
@@ -466,6 +503,10 @@ class WorkerPool:
         for kind, task_id, value in results:
             if task_id == _INIT:
                 raise unpack_exception(value, self._where(worker) + " while starting")
+            if task_id == _FATAL:  # the worker cannot go on and exits; its tasks in flight are lost
+                self.interrupted = True
+                raise WorkerError(f"{self._where(worker)} stopped: {value[2]}", stage=self.name, worker=worker,
+                                  pid=self._pid(worker)) from RemoteTraceback(value[3])
             self._per_worker[worker] -= 1
             if task_id >= discard_below:
                 ready[task_id] = (worker, kind, value)
@@ -509,7 +550,88 @@ class WorkerPool:
             data = self._res.result_conns[worker].recv_bytes()
         except (EOFError, OSError):
             self._raise_dead(worker)
-        return self._readers[worker].loads(data)
+        try:
+            return self._readers[worker].loads(data)
+        except shm.SegmentVanishedError as exc:  # this message's results cannot be read: they are lost
+            self.interrupted = True
+            raise WorkerError(f"cannot read a result of {self._where(worker)}: {exc}", stage=self.name,
+                              worker=worker, pid=self._pid(worker)) from exc
+
+    # --- hang forensics ---------------------------------------------------------------------------
+
+    def _pid(self, worker: int) -> int | None:
+        procs = self._res.procs
+        return procs[worker].pid if self.processes and worker < len(procs) else None
+
+    def _oldest_task(self) -> tuple[int, int] | None:
+        """``(task id, worker)`` of the oldest task whose result has not arrived."""
+        if self.ordered:
+            want = self._next_result
+            return (want, self._owner[want]) if want in self._owner else None
+        waiting = [t for t in self._owner if t >= self._discard_below and t not in self._ready]
+        return (min(waiting), self._owner[min(waiting)]) if waiting else None
+
+    def _inspect(self, worker: int, wait: float = 1.0) -> tuple[str, str]:
+        """``(state, stack)`` of a worker: ``"sleeping"``, ``"stopped (SIGSTOP?)"``..., and its Python stack."""
+        res = self._res
+        if not self.processes:
+            thread = res.threads[worker]
+            return ("running" if thread.is_alive() else "finished"), forensics.describe_thread(thread)
+        fd = res.dump_conns[worker].fileno() if worker < len(res.dump_conns) else None
+        return forensics.describe_worker(res.procs[worker].pid, fd, wait)
+
+    def _log_stall(self, waited: float) -> None:
+        oldest = self._oldest_task()
+        if oldest is None:
+            return
+        task, worker = oldest
+        state, stack = self._inspect(worker)
+        if stack:
+            how = f"Its stack, most recent call first:\n{stack}"
+        elif state.startswith(("stopped", "in uninterruptible")):
+            how = "A process in this state cannot dump its stack."
+        else:
+            how = f"It did not answer the request for its stack ({forensics.DUMP_SIGNAL.name})."
+        pid = self._pid(worker)
+        who = f"worker {worker}" + (f" (pid {pid})" if pid is not None else " (a thread)")
+        log.warning("%s: no result for %.0f s: %s holds the oldest task (#%d) and is %s. %s", self.name, waited,
+                    who, task, state, how)
+
+    def _raise_timeout(self, limit: float) -> None:
+        oldest = self._oldest_task()
+        if oldest is None:
+            raise WorkerTimeoutError(f"{self.name}: no result from the workers after {limit:g} s", stage=self.name)
+        task, worker = oldest
+        state, stack = self._inspect(worker, wait=0.5 if limit >= 1 else 0.0)
+        frame = forensics.innermost(stack)
+        raise WorkerTimeoutError(
+            f"{self._where(worker)} has not returned task #{task} after {limit:g} s (timeout); it is {state}"
+            + (f", in {frame}" if frame else ""), stage=self.name, worker=worker, pid=self._pid(worker))
+
+    # --- mapping hooks ----------------------------------------------------------------------------
+
+    def set_mapping_hooks(self, hooks: MappingHooks | None) -> None:
+        """Tell ``hooks`` about every slab mapping this pool's consumer side opens and closes.
+
+        ``hooks.opened(mapping, address, nbytes)`` is called once after a slab is mapped (at once for
+        the mappings already open), ``hooks.closing(mapping, address, nbytes)`` once before it is unmapped,
+        never after: when the worker retires the slab, the pool closes, or the hooks are replaced
+        (``None`` removes them). The address is stable while the mapping lives. A mapping whose arrays
+        the consumer still holds stays mapped after the pool closes and is closed when they go. A hook
+        that raises is logged once and dropped; the pipeline goes on. Thread workers use no slabs.
+        See :class:`~bridgeflow.parallel.mapping.MappingHooks`.
+
+        Example:
+            >>> class Pin:   # e.g. page-lock each slab for fast CUDA copies
+            ...     def opened(self, mapping, address, nbytes): register(address, nbytes)
+            ...     def closing(self, mapping, address, nbytes): unregister(address)
+            >>> pool.set_mapping_hooks(Pin())  # doctest: +SKIP
+        """
+        self._hooks.set(hooks)
+
+    @property
+    def mapping_hooks(self) -> MappingHooks | None:
+        return self._hooks.hooks
 
     def _where(self, worker: int) -> str:
         if self.processes and worker < len(self._res.procs):
@@ -542,6 +664,25 @@ class WorkerPool:
     def fill_average(self) -> float:
         """Average number of finished results waiting when the consumer asked for one."""
         return self._fill_sum / self._fill_samples if self._fill_samples else 0.0
+
+
+class _Wait:
+    """One ``get()``'s wait: when it started, its time limit and when to report a stall next."""
+
+    __slots__ = ("started", "limit", "stall_at")
+
+    def __init__(self, started: float, limit: float | None, stall_warning: float | None) -> None:
+        self.started, self.limit = started, limit
+        self.stall_at = None if stall_warning is None else started + stall_warning
+
+
+def check_seconds(value: Any, what: str, who: str) -> float | None:
+    """A positive number of seconds, or ``None`` for never (``0`` too, as torch's ``timeout=0``)."""
+    if value is None or (value == 0 and not isinstance(value, bool)):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{who}: {what} must be a positive number of seconds or None, got {value!r}")
+    return float(value)
 
 
 def _picklable(obj: Any) -> bool:
