@@ -23,6 +23,7 @@ import logging
 import mmap
 import os
 import threading
+import traceback
 import weakref
 from typing import Any, Protocol
 
@@ -134,9 +135,10 @@ class MappingHookSet:
             self._hooks = None  # no new mappings for it; those it opened still get closing()
         if not self._warned:
             self._warned = True
+            # The traceback as text: a record holding the exception would keep the mapping alive.
             log.warning("%s: the mapping hook %r raised in %s(%s); it is not called for new mappings any "
-                        "more, and the pipeline goes on without it", self.owner, hooks, what, name,
-                        exc_info=True)
+                        "more, and the pipeline goes on without it\n%s", self.owner, hooks, what, name,
+                        traceback.format_exc().rstrip())
 
 
 def _unmap(hookset: MappingHookSet | None, name: str, address: int, nbytes: int, unmap: bool) -> None:
