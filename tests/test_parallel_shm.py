@@ -17,7 +17,7 @@ import pytest
 from conftest import shm_entries, wait_for
 
 from bridgeflow.errors import WorkerError
-from bridgeflow.parallel import WorkerPool
+from bridgeflow.parallel import WorkerPool, segments
 from bridgeflow.parallel import shm as shm_mod
 
 FORK = mp.get_context("fork")
@@ -135,8 +135,8 @@ def test_a_sweep_spares_segments_whose_owner_holds_the_lock_whatever_its_pid(lea
     prefix = f"bf{dead}_7{os.urandom(2).hex()}_"
     slab = shm_mod.SHM_DIR + f"/{prefix}r0_0_abcdef"
     unlinked: list[str] = []
-    unlink = shm_mod.unlink_segment
-    monkeypatch.setattr(shm_mod, "unlink_segment", lambda name: (unlinked.append(name), unlink(name)))
+    unlink = segments.unlink_segment
+    monkeypatch.setattr(segments, "unlink_segment", lambda name: (unlinked.append(name), unlink(name)))
     ready, release = FORK.Event(), FORK.Event()
     holder = FORK.Process(target=_hold_control, args=(prefix + "ctl", ready, release), daemon=True)
     holder.start()
@@ -146,7 +146,7 @@ def test_a_sweep_spares_segments_whose_owner_holds_the_lock_whatever_its_pid(lea
             f.write(b"x" * 4096)
         with pytest.raises(ProcessLookupError):
             os.kill(dead, 0)  # what the sweep used to rely on
-        assert shm_mod._owner_state(prefix + "ctl") == "alive"
+        assert segments._owner_state(prefix + "ctl") == "alive"
         for _ in range(3):
             shm_mod.sweep_orphans()
         with WorkerPool(quarter_mb_init, 1) as pool:  # a start sweeps too
@@ -154,7 +154,7 @@ def test_a_sweep_spares_segments_whose_owner_holds_the_lock_whatever_its_pid(lea
         assert not [n for n in unlinked if n.startswith(prefix)]
         release.set()
         holder.join(10)
-        assert shm_mod._owner_state(prefix + "ctl") == "dead"
+        assert segments._owner_state(prefix + "ctl") == "dead"
         shm_mod.sweep_orphans()
         assert {prefix + "ctl", prefix + "r0_0_abcdef"} <= set(unlinked)
         assert not os.path.exists(slab) and not os.path.exists(shm_mod.SHM_DIR + f"/{prefix}ctl")
@@ -260,7 +260,7 @@ def test_pools_in_separate_pid_namespaces_share_dev_shm(leak_check, tmp_path):
         assert wait_for(lambda: any(n.startswith(prefix + "r") for n in shm_entries(mine_only=False)), 10)
         proc.kill()  # unshare dies; its child, the namespace's init, gets SIGKILL and the namespace with it
         proc.wait(10)
-        assert wait_for(lambda: shm_mod._owner_state(prefix + "ctl") == "dead", 5)  # its lock went with it
+        assert wait_for(lambda: segments._owner_state(prefix + "ctl") == "dead", 5)  # its lock went with it
         assert {n for n in shm_entries(mine_only=False) if n.startswith(prefix)}  # nobody could clean up
         os.kill(here, 0)  # the pid in the names is alive here
         with WorkerPool(quarter_mb_init, 1) as pool:

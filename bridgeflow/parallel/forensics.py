@@ -19,7 +19,10 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["DUMP_SIGNAL", "describe_thread", "describe_worker", "innermost", "install_stack_dumps", "process_state"]
+__all__ = [
+    "DUMP_SIGNAL", "Wait", "check_seconds", "describe_thread", "describe_worker", "innermost", "install_stack_dumps",
+    "process_state", "stall_text",
+]
 
 DUMP_SIGNAL = signal.SIGUSR1
 
@@ -134,3 +137,34 @@ def describe_thread(thread: threading.Thread) -> str:
         lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
         frame = frame.f_back
     return _down_to_worker_loop(lines) if len(lines) > 1 else ""
+
+
+def stall_text(stage: str, waited: float, worker: int, pid: int | None, task: int, state: str, stack: str) -> str:
+    """The stall warning: who holds the oldest task, in what state, and where it is."""
+    if stack:
+        how = f"Its stack, most recent call first:\n{stack}"
+    elif state.startswith(("stopped", "in uninterruptible")):
+        how = "A process in this state cannot dump its stack."
+    else:
+        how = f"It did not answer the request for its stack ({DUMP_SIGNAL.name})."
+    who = f"worker {worker}" + (f" (pid {pid})" if pid is not None else " (a thread)")
+    return f"{stage}: no result for {waited:.0f} s: {who} holds the oldest task (#{task}) and is {state}. {how}"
+
+
+class Wait:
+    """One ``get()``'s wait: when it started, its time limit and when to report a stall next."""
+
+    __slots__ = ("started", "limit", "stall_at")
+
+    def __init__(self, started: float, limit: float | None, stall_warning: float | None) -> None:
+        self.started, self.limit = started, limit
+        self.stall_at = None if stall_warning is None else started + stall_warning
+
+
+def check_seconds(value: Any, what: str, who: str) -> float | None:
+    """A positive number of seconds, or ``None`` for never (``0`` too, as torch's ``timeout=0``)."""
+    if value is None or (value == 0 and not isinstance(value, bool)):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{who}: {what} must be a positive number of seconds or None, got {value!r}")
+    return float(value)

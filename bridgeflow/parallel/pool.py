@@ -32,7 +32,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import multiprocessing as mp
@@ -44,14 +43,16 @@ import signal
 import struct
 import threading
 import time
-import types
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import BridgeflowError, DataFlowTerminated, WorkerError, WorkerTimeoutError
 from . import forensics, shm
+from .forensics import Wait, check_seconds
 from .mapping import MappingHooks, MappingHookSet
+from .pickling import describe_unpicklable
+from .resources import PoolResources
 from .worker import (
     _CTL_STRIDE,
     _EXHAUSTED,
@@ -60,7 +61,6 @@ from .worker import (
     _LIVENESS_INTERVAL,
     _MAX_SLABS,
     _OK,
-    _STOP,
     EXHAUSTED,
     RemoteError,
     RemoteTraceback,
@@ -74,79 +74,13 @@ from .worker import (
 
 # The worker's side lives in .worker; its public names stay importable from here.
 __all__ = [
-    "EXHAUSTED", "MappingHooks", "RemoteError", "RemoteTraceback", "WorkerContext", "WorkerPool", "pack_exception",
-    "unpack_exception", "worker_loop",
+    "EXHAUSTED", "MappingHooks", "RemoteError", "RemoteTraceback", "WorkerContext", "WorkerPool", "check_seconds",
+    "describe_unpicklable", "pack_exception", "unpack_exception", "worker_loop",
 ]
 
 log = logging.getLogger(__name__)
 
 _pool_ids = itertools.count()
-
-
-class _PoolResources:
-    """Everything the pool must release; kept apart from the pool so ``weakref.finalize`` can close it."""
-
-    def __init__(self) -> None:
-        self.procs: list[Any] = []
-        self.threads: list[threading.Thread] = []
-        self.task_conns: list[Any] = []
-        self.result_conns: list[Any] = []
-        self.task_queues: list[queue.SimpleQueue] = []
-        self.stop = threading.Event()  # thread workers: stop before the next chunk, not after the backlog
-        self.ctl: shm.ControlSegment | None = None
-        self.dump_conns: list[Any] = []  # per process worker: where its stack arrives when asked for
-        self.prefix = ""
-        self.writers: list[shm.SlabWriter] = []
-        self.owner_pid = os.getpid()
-
-    def shutdown(self) -> None:
-        if os.getpid() != self.owner_pid:
-            # A forked copy (a flow that runs in another pool's worker): the workers and the shared memory
-            # belong to the process that started them. Close our copies of the pipes and forget the rest.
-            for conn in self.task_conns + self.result_conns + self.dump_conns:
-                conn.close()
-            self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
-            self.task_queues, self.threads, self.prefix, self.dump_conns = [], [], "", []
-            if self.ctl is not None:  # our copy of the lock's descriptor; the owner keeps the lock
-                self.ctl.close()
-                self.ctl = None
-            return
-        for conn in self.task_conns:
-            try:
-                # Never block here: a worker that reads no more (stopped, stuck) is terminated below.
-                os.set_blocking(conn.fileno(), False)
-                conn.send_bytes(_STOP)
-            except (OSError, ValueError):
-                pass
-        for conn in self.result_conns:  # a worker blocked writing results gets EPIPE and exits at once
-            conn.close()
-        self.stop.set()
-        for q in self.task_queues:
-            q.put(None)
-        deadline = time.monotonic() + 1.0
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.exitcode is None:
-                p.terminate()
-        for p in self.procs:
-            p.join(0.5)
-            if p.exitcode is None:
-                p.kill()
-                p.join(1.0)
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        for conn in self.task_conns + self.result_conns + self.dump_conns:
-            conn.close()
-        for w in self.writers:
-            w.close()
-        if self.prefix:
-            shm.sweep_segments(self.prefix)
-        if self.ctl is not None:  # unlocked only now that every segment of the pool is gone
-            self.ctl.close()
-            self.ctl = None
-        self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
-        self.task_queues, self.threads, self.dump_conns = [], [], []
 
 
 class WorkerPool:
@@ -201,7 +135,7 @@ class WorkerPool:
         self._hooks = MappingHookSet(name)
         if mapping_hooks is not None:
             self._hooks.set(mapping_hooks)
-        self._res = _PoolResources()
+        self._res = PoolResources()
         self._finalizer: weakref.finalize | None = None
         self._started = False
         self._closed = False
@@ -434,7 +368,7 @@ class WorkerPool:
         if not self.results_returned & 7:  # sample the buffer fill on every 8th call: it is only an average
             self._fill_sum += self._ready_count()
             self._fill_samples += 1
-        wait = _Wait(time.monotonic(), self.timeout if timeout is None else timeout, self.stall_warning)
+        wait = Wait(time.monotonic(), self.timeout if timeout is None else timeout, self.stall_warning)
         if self.ordered:
             want = self._next_result
             if want not in self._ready:
@@ -472,7 +406,7 @@ class WorkerPool:
             return self._results_queue.qsize() + len(self._ready)
         return len(self._ready)
 
-    def _receive(self, wait: _Wait, worker: int | None = None) -> None:
+    def _receive(self, wait: Wait, worker: int | None = None) -> None:
         """Wait for one message from any worker and file it; raise if a worker died or time ran out."""
         try:
             self._receive_and_file(wait, worker)
@@ -482,7 +416,7 @@ class WorkerPool:
             self.interrupted = True
             raise
 
-    def _receive_and_file(self, wait: _Wait, worker: int | None) -> None:
+    def _receive_and_file(self, wait: Wait, worker: int | None) -> None:
         while True:
             wait_for = _LIVENESS_INTERVAL
             now = time.monotonic()
@@ -582,20 +516,10 @@ class WorkerPool:
 
     def _log_stall(self, waited: float) -> None:
         oldest = self._oldest_task()
-        if oldest is None:
-            return
-        task, worker = oldest
-        state, stack = self._inspect(worker)
-        if stack:
-            how = f"Its stack, most recent call first:\n{stack}"
-        elif state.startswith(("stopped", "in uninterruptible")):
-            how = "A process in this state cannot dump its stack."
-        else:
-            how = f"It did not answer the request for its stack ({forensics.DUMP_SIGNAL.name})."
-        pid = self._pid(worker)
-        who = f"worker {worker}" + (f" (pid {pid})" if pid is not None else " (a thread)")
-        log.warning("%s: no result for %.0f s: %s holds the oldest task (#%d) and is %s. %s", self.name, waited,
-                    who, task, state, how)
+        if oldest is not None:
+            task, worker = oldest
+            state, stack = self._inspect(worker)
+            log.warning("%s", forensics.stall_text(self.name, waited, worker, self._pid(worker), task, state, stack))
 
     def _raise_timeout(self, limit: float) -> None:
         oldest = self._oldest_task()
@@ -664,65 +588,3 @@ class WorkerPool:
     def fill_average(self) -> float:
         """Average number of finished results waiting when the consumer asked for one."""
         return self._fill_sum / self._fill_samples if self._fill_samples else 0.0
-
-
-class _Wait:
-    """One ``get()``'s wait: when it started, its time limit and when to report a stall next."""
-
-    __slots__ = ("started", "limit", "stall_at")
-
-    def __init__(self, started: float, limit: float | None, stall_warning: float | None) -> None:
-        self.started, self.limit = started, limit
-        self.stall_at = None if stall_warning is None else started + stall_warning
-
-
-def check_seconds(value: Any, what: str, who: str) -> float | None:
-    """A positive number of seconds, or ``None`` for never (``0`` too, as torch's ``timeout=0``)."""
-    if value is None or (value == 0 and not isinstance(value, bool)):
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{who}: {what} must be a positive number of seconds or None, got {value!r}")
-    return float(value)
-
-
-def _picklable(obj: Any) -> bool:
-    try:
-        pickle.dumps(obj)
-    except Exception:
-        return False
-    return True
-
-
-def _name(obj: Any) -> str:
-    code = getattr(obj, "__code__", None)
-    qualname = getattr(obj, "__qualname__", None)
-    if code is not None and qualname:
-        return f"{qualname!r} ({os.path.basename(code.co_filename)}, line {code.co_firstlineno})"
-    if qualname:
-        return repr(qualname)
-    cls = type(obj)
-    module = "" if cls.__module__ in ("builtins", "__main__") else cls.__module__ + "."
-    return f"an instance of {module}{cls.__qualname__}"
-
-
-def describe_unpicklable(obj: Any, _depth: int = 0) -> str:
-    """Name what in ``obj`` cannot be pickled: a function by name and place, a ``functools.partial`` or an
-    object by the argument or attribute at fault (``"'f' (x.py, line 3) in functools.partial, whose
-    argument 0 (an instance of _thread.lock)"``)."""
-    if _depth < 3:
-        if isinstance(obj, functools.partial):
-            parts = [*enumerate(obj.args), *((f"{k}=", v) for k, v in obj.keywords.items())]
-            for key, arg in parts:
-                if not _picklable(arg):
-                    return (f"{_name(obj.func)} in functools.partial, whose argument {key} "
-                            f"({describe_unpicklable(arg, _depth + 1)})")
-            return describe_unpicklable(obj.func, _depth + 1)
-        owner = getattr(obj, "__self__", None)  # a bound method
-        if owner is not None and not isinstance(owner, types.ModuleType) and not _picklable(owner):
-            return f"{_name(obj)}, bound to {describe_unpicklable(owner, _depth + 1)}"
-        if getattr(obj, "__code__", None) is None and isinstance(getattr(obj, "__dict__", None), dict):
-            for key, value in vars(obj).items():
-                if not _picklable(value):
-                    return (f"{_name(obj)}, whose attribute {key!r} "
-                            f"({describe_unpicklable(value, _depth + 1)})")
-    return _name(obj)
