@@ -87,6 +87,7 @@ class SlabWriter:
         self.flags = flags
         self.max_slabs = max_slabs if flags is not None else 0
         self.slabs: list[tuple[str, int, SharedMapping | None]] = []
+        self._views: list[memoryview | None] = []  # a byte view of each slab, to copy into at once
         self._arena: list[int] | None = None  # [slab index, bytes used] while a message is being built
         self._warned = False
         # close() may run on the worker's parent-watch thread while the main thread is making a slab: the
@@ -136,6 +137,7 @@ class SlabWriter:
         name = self.slabs[index][0]
         unlink_segment(name)
         self.slabs[index] = ("", 0, None)
+        self._views[index] = None
         self.flags[index] = RETIRED
         self._retired.append(name)
 
@@ -166,11 +168,14 @@ class SlabWriter:
                 self._warned = True
             if index < len(self.slabs):
                 self.slabs[index] = ("", 0, None)  # a hole: keeps the indices of the other slabs
+                self._views[index] = None
             return -1
         if index == len(self.slabs):
             self.slabs.append((name, size, m))
+            self._views.append(memoryview(m.array()))
         else:
             self.slabs[index] = (name, size, m)
+            self._views[index] = memoryview(m.array())
         return index
 
     def reserve(self, nbytes: int) -> None:
@@ -192,10 +197,10 @@ class SlabWriter:
         arena = self._arena
         if arena is not None and nbytes >= INBAND_LIMIT:
             index, used = arena
-            _, size, m = self.slabs[index]
+            size = self.slabs[index][1]
             if used + nbytes <= size:
                 arena[1] = used + -(-nbytes // ALIGN) * ALIGN
-                return m.array(used, nbytes).view(dtype).reshape(shape)
+                return np.frombuffer(self._views[index], dtype, nbytes // dtype.itemsize, used).reshape(shape)
         return np.empty(shape, dtype)
 
     def _message(self, slab: Any, data: bytes) -> bytes:
@@ -237,20 +242,16 @@ class SlabWriter:
             if index < 0:  # no shared memory to be had: pickle the bytes in-band
                 return self._inband(obj)
         name, size, m = self.slabs[index]
-        base = m.address
+        base, view = m.address, self._views[index]
         offsets = []
-        whole = None
         for r in raws:
-            src = np.frombuffer(r, np.uint8)
-            off = src.__array_interface__["data"][0] - base
+            off = np.frombuffer(r, np.uint8).__array_interface__["data"][0] - base
             if not 0 <= off <= size - r.nbytes:  # not built in place: copy it in
                 off = used
                 if off + r.nbytes > size:
                     self.flags[index] = FREE
                     return self._inband(obj)
-                if whole is None:
-                    whole = m.array()
-                whole[off:off + r.nbytes] = src
+                view[off:off + r.nbytes] = r
                 used += -(-r.nbytes // ALIGN) * ALIGN
             offsets.append((off, r.nbytes))
         self.flags[index] = IN_USE
@@ -263,6 +264,7 @@ class SlabWriter:
             if m is not None:  # arrays built in place that are still alive keep their mapping
                 unlink_segment(name)
         self.slabs = []
+        self._views = []
 
 
 def _release(flags: memoryview, index: int) -> None:
@@ -281,7 +283,7 @@ class SlabReader:
     def __init__(self, flags: memoryview | None, hooks: MappingHookSet | None = None) -> None:
         self.flags = flags
         self.hooks = hooks
-        self._maps: dict[int, tuple[str, SharedMapping]] = {}  # slab index -> (name, mapping)
+        self._maps: dict[int, tuple[str, memoryview]] = {}  # slab index -> (name, byte view of its mapping)
 
     def loads(self, message: bytes) -> Any:
         slab, data, retired = pickle.loads(message)
@@ -292,8 +294,9 @@ class SlabReader:
         name, index, offsets = slab
         known = self._maps.get(index)
         if known is None or known[0] != name:  # a new slab, or the worker replaced this one
-            known = self._maps[index] = (name, open_segment(name, self.hooks))
-        lease = known[1].array(0, max(off + n for off, n in offsets))
+            known = self._maps[index] = (name, memoryview(open_segment(name, self.hooks).array()))
+        # A new array on the mapping's view: views of it point to it, so it goes only when they all have.
+        lease = np.frombuffer(known[1], np.uint8, max(off + n for off, n in offsets))
         weakref.finalize(lease, _release, self.flags, index)
         return pickle.loads(data, buffers=[lease[off:off + n] for off, n in offsets])
 
