@@ -47,10 +47,13 @@ _FD_SCRIPT = textwrap.dedent("""
                     hogged.append(os.open(os.devnull, os.O_RDONLY))
             except OSError:
                 pass
-        return lambda i: np.full(1 << 18, i % 251, np.uint8)
+        return lambda i: np.full(1 << 18 if i >= 0 else 1, i % 251, np.uint8)
 
     with WorkerPool(hog_then_arrays, 2) as pool:
         pool.start()
+        for w in range(2):  # both workers started and sent one (small) result
+            pool.put(-1, worker=w, flush=True)
+            pool.get()
         fds0, workers0 = fds(), [fds(p) for p in pool.pids]
         held = []
         for i in range({hold}):
