@@ -5,7 +5,9 @@ a pipe whose other end the consumer holds. When the consumer has waited ``stall_
 result, :func:`describe_worker` signals the worker that holds the oldest task and reads its Python stack
 back (a thread worker's comes from ``sys._current_frames()``), together with its state from
 ``/proc/PID/stat``: a stopped process (SIGSTOP, a debugger) or one in uninterruptible sleep (a stuck disk
-or NFS read) cannot dump its stack, and the state says so instead.
+or NFS read) cannot dump its stack, and the state says so instead. ``SIGUSR1`` is the workers' for
+this: a map function that installs its own handler for it takes the request instead (and no stack
+comes back).
 """
 
 from __future__ import annotations
