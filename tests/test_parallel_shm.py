@@ -315,3 +315,6 @@ def test_a_task_whose_segment_vanished_stops_the_worker_saying_so(leak_check):
         with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) of Stage stopped: the shared-memory segment "
                                               r".*t0_.* vanished"):
             pool.get(timeout=10)
+        pool._res.procs[0].join(5)
+        # the worker left the rest of the pool's shared memory to the pool, which is alive
+        assert os.path.exists(os.path.join(shm_mod.SHM_DIR, pool._res.prefix + "ctl"))

@@ -506,12 +506,13 @@ class WorkerPool:
         return (min(waiting), self._owner[min(waiting)]) if waiting else None
 
     def _inspect(self, worker: int, wait: float = 1.0) -> tuple[str, str]:
-        """``(state, stack)`` of a worker: ``"sleeping"``, ``"stopped (SIGSTOP?)"``..., and its Python stack."""
+        """``(state, stack)`` of a worker: ``"sleeping"``, ``"stopped (SIGSTOP?)"``..., and its Python stack
+        (a process worker is asked for it only with ``wait`` > 0, the seconds its answer may take)."""
         res = self._res
         if not self.processes:
             thread = res.threads[worker]
             return ("running" if thread.is_alive() else "finished"), forensics.describe_thread(thread)
-        fd = res.dump_conns[worker].fileno() if worker < len(res.dump_conns) else None
+        fd = res.dump_conns[worker].fileno() if wait > 0 and worker < len(res.dump_conns) else None
         return forensics.describe_worker(res.procs[worker].pid, fd, wait)
 
     def _log_stall(self, waited: float) -> None:

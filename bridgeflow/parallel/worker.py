@@ -240,6 +240,7 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
             return reader.loads(data)
         except shm.SegmentVanishedError as exc:  # the tasks cannot be read: say why, and stop
             send([(_ERROR, _FATAL, pack_exception(exc, True))])
+            stopped = True  # the consumer is alive and cleans up: do not sweep its other workers' memory
             return None
 
     def send(msg: list) -> None:
