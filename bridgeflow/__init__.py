@@ -19,6 +19,7 @@ from .errors import (
     LengthUnknownError,
     MissingDependencyError,
     WorkerError,
+    WorkerTimeoutError,
 )
 from .parallel import (
     MultiProcessMapAndBatchData,
@@ -36,6 +37,7 @@ from .parallel import (
     WorkerPool,
 )
 from .remote import (
+    MessageTooLargeError,
     ProducerError,
     ProducerLostError,
     RayMapData,
@@ -102,6 +104,7 @@ __all__ = [
     "LocallyShuffleData",
     "MapData",
     "MapDataComponent",
+    "MessageTooLargeError",
     "MissingDependencyError",
     "MultiProcessMapAndBatchData",
     "MultiProcessMapAndBatchDataZMQ",
@@ -136,6 +139,7 @@ __all__ = [
     "UnbatchData",
     "WorkerError",
     "WorkerPool",
+    "WorkerTimeoutError",
     "__version__",
     "as_dataflow",
     "batch_datapoints",

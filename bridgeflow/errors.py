@@ -16,6 +16,7 @@ __all__ = [
     "LengthUnknownError",
     "MissingDependencyError",
     "WorkerError",
+    "WorkerTimeoutError",
 ]
 
 
@@ -56,6 +57,11 @@ class WorkerError(BridgeflowError, RuntimeError):
         self.worker = worker
         self.pid = pid
         self.exitcode = exitcode
+
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """A worker returned no result within the stage's ``timeout``; names the stage, worker, pid and the
+    worker's state (running, stopped...). Catch it as ``TimeoutError`` or as ``WorkerError``."""
 
 
 class MissingDependencyError(BridgeflowError, ImportError):

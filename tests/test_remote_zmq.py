@@ -18,6 +18,7 @@ from conftest import wait_for
 
 from bridgeflow import DataFromGenerator, DataFromList
 from bridgeflow.remote import (
+    MessageTooLargeError,
     ProducerError,
     ProducerLostError,
     RemoteConnectionError,
@@ -25,6 +26,7 @@ from bridgeflow.remote import (
     send_dataflow_zmq,
 )
 from bridgeflow.remote.zmq_flow import _QUEUE_DEPTH
+from bridgeflow.serialize.codec import encode_frames
 from bridgeflow.serialize.errors import PickleNotAllowedError
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 
@@ -360,3 +362,169 @@ def test_the_last_end_marker_is_also_the_goodbye(leak_check, producers):
     assert data == 3 and controls == [P.LAST]
     proc.join(10)
     assert proc.exitcode == 0
+
+
+# --- large datapoints: liveness over a slow link, and the size limit ---------------------------------
+
+class ThrottledProxy:
+    """A TCP proxy that forwards the producer's bytes to the consumer at ``rate`` bytes/s (the other way
+    unthrottled): a slow link between hosts. ``addr`` is where the consumer connects."""
+
+    def __init__(self, upstream: str, rate: float) -> None:
+        self.upstream = upstream.removeprefix("tcp://").rsplit(":", 1)
+        self.rate = rate
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen()
+        self.addr = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.stop = threading.Event()
+        self.forwarded = 0
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self) -> None:
+        self.listener.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                continue
+            try:
+                up = socket.create_connection((self.upstream[0], int(self.upstream[1])))
+            except OSError:  # the producer is not bound yet: ZeroMQ connects again in a moment
+                down.close()
+                continue
+            for src, dst, rate in ((up, down, self.rate), (down, up, None)):
+                t = threading.Thread(target=self._pump, args=(src, dst, rate), daemon=True)
+                self.threads.append(t)
+                t.start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, rate: float | None) -> None:
+        src.settimeout(0.1)
+        chunk = 16384
+        try:
+            while not self.stop.is_set():
+                try:
+                    data = src.recv(chunk)
+                except TimeoutError:
+                    continue
+                if not data:
+                    break
+                dst.sendall(data)
+                if rate is not None:
+                    self.forwarded += len(data)
+                    time.sleep(len(data) / rate)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(5)
+        self.listener.close()
+
+
+def _produce_big(addr, sizes, whole=False):
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    if whole:  # the transport as it was: every datapoint as one ZeroMQ message
+        from bridgeflow.remote import _protocol as P
+
+        P.FRAGMENT_BYTES = 1 << 40
+    data = [[np.full(n, i + 1, np.uint8), i] for i, n in enumerate(sizes)]
+    send_dataflow_zmq(DataFromList(data, shuffle=False), addr, epochs=1, heartbeat_s=0.2)
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_large_datapoint_over_a_slow_link_is_not_a_lost_producer(whole, leak_check):
+    """6 MB through a 2 MB/s link with timeout=1 s: 3 s for one datapoint, and bytes arrive all along.
+    Sent whole (as before), it reached the consumer only once complete, which took it for dead."""
+    addr = free_tcp()
+    producer = FORK.Process(target=_produce_big, args=(addr, [1000, 6_000_000, 1000], whole), daemon=True)
+    producer.start()
+    proxy = ThrottledProxy(addr, rate=2_000_000)
+    try:
+        with RemoteDataZMQ(proxy.addr, timeout=1.0) as df:
+            df.reset_state()
+            if whole:
+                with pytest.raises(ProducerLostError, match="sent nothing"):
+                    list(df)
+                assert proxy.forwarded > 1_000_000  # while a live producer's bytes were arriving
+                return
+            t0 = time.monotonic()
+            got = list(df)
+            assert time.monotonic() - t0 > 2.5  # it did take the link's time
+        assert [dp[1] for dp in got] == [0, 1, 2]
+        assert [dp[0].nbytes for dp in got] == [1000, 6_000_000, 1000]
+        for i, (arr, _) in enumerate(got):
+            assert (arr == i + 1).all()
+        assert got[1][0].flags.writeable
+    finally:
+        proxy.close()
+        producer.kill()
+        producer.join(5)
+
+
+def test_a_datapoint_over_max_message_bytes_is_refused_before_it_arrives(leak_check):
+    """Announced at 3 MB against a 1 MB limit, over a 1 MB/s link: refused at the header (no 3 s wait,
+    no 3 MB buffer), naming the producer; the datapoint before it was delivered."""
+    addr = free_tcp()
+    producer = FORK.Process(target=_produce_big, args=(addr, [1000, 3_000_000]), daemon=True)
+    producer.start()
+    proxy = ThrottledProxy(addr, rate=1_000_000)
+    try:
+        with RemoteDataZMQ(proxy.addr, timeout=5.0, max_message_bytes=1_000_000) as df:
+            df.reset_state()
+            it = iter(df)
+            assert next(it)[1] == 0
+            t0 = time.monotonic()
+            with pytest.raises(MessageTooLargeError) as info:
+                next(it)
+            assert time.monotonic() - t0 < 1.5
+            assert df.stats()["producers_lost"] == 1
+        err = info.value
+        assert err.addr == proxy.addr and err.nbytes > 3_000_000 and err.limit == 1_000_000
+        assert proxy.addr in str(err) and "max_message_bytes=1,000,000" in str(err)
+    finally:
+        proxy.close()
+        producer.kill()
+        producer.join(5)
+
+
+def test_a_raw_message_over_max_message_bytes_is_refused(leak_check):
+    """A peer that does not announce sizes: frames each under the limit but 2.5 MB together are refused
+    with the producer's name; a single frame over it never reaches the consumer at all (ZeroMQ drops the
+    connection), so nothing is allocated for it and the producer counts as silent."""
+    import zmq
+
+    addr = free_tcp()
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.bind(addr)
+    try:
+        frames = encode_frames([np.ones(1_250_000, np.uint8), np.ones(1_250_000, np.uint8)])
+        with RemoteDataZMQ(addr, timeout=10, max_message_bytes=2_000_000) as df:
+            df.reset_state()
+            push.send_multipart(frames)
+            with pytest.raises(MessageTooLargeError, match=f"producer {addr} sent a datapoint of 2,500,"):
+                list(df)
+        with RemoteDataZMQ(addr, timeout=1.5, max_message_bytes=2_000_000) as df:
+            df.reset_state()
+            push.send_multipart(encode_frames([np.ones(3_000_000, np.uint8)]))
+            with pytest.raises(ProducerLostError):
+                list(df)
+    finally:
+        push.close(0)
+        ctx.term()
+
+
+def test_max_message_bytes_is_validated():
+    for bad in (0, -1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="max_message_bytes"):
+            RemoteDataZMQ("tcp://127.0.0.1:1", max_message_bytes=bad)

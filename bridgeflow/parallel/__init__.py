@@ -10,11 +10,13 @@ from .compat import (
     PrefetchDataZMQ,
     ThreadedMapData,
 )
+from .mapping import MappingHooks
 from .pool import EXHAUSTED, RemoteError, WorkerContext, WorkerPool
 from .stages import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData, MultiThreadRunner
 
 __all__ = [
     "EXHAUSTED",
+    "MappingHooks",
     "MultiProcessMapAndBatchData",
     "MultiProcessMapAndBatchDataZMQ",
     "MultiProcessMapData",

@@ -15,6 +15,11 @@ The consumer waits on those pipes *and* on the processes' sentinels, so a worker
 ``os._exit``, OOM killer) becomes a :class:`~bridgeflow.WorkerError` at once instead of a hang. Each
 process worker also watches its parent and exits when the parent is gone, even if killed with SIGKILL.
 
+A worker that is alive but returns nothing (a deadlock, a stuck read, SIGSTOP) is found out too: after
+``stall_warning`` seconds without the result it waits for, ``get()`` logs which worker holds the oldest
+task, its state and its Python stack (:mod:`bridgeflow.parallel.forensics`), and with ``timeout`` it
+raises :class:`~bridgeflow.WorkerTimeoutError` naming that worker.
+
 Example:
     >>> def init(ctx):
     ...     return lambda x: x * 10
@@ -27,7 +32,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import multiprocessing as mp
@@ -39,25 +43,29 @@ import signal
 import struct
 import threading
 import time
-import types
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import BridgeflowError, DataFlowTerminated, WorkerError
-from . import shm
+from ..errors import BridgeflowError, DataFlowTerminated, WorkerError, WorkerTimeoutError
+from . import forensics, shm
+from .forensics import Wait, check_seconds
+from .mapping import MappingHooks, MappingHookSet
+from .pickling import describe_unpicklable
+from .resources import PoolResources
 from .worker import (
     _CTL_STRIDE,
     _EXHAUSTED,
+    _FATAL,
     _INIT,
     _LIVENESS_INTERVAL,
     _MAX_SLABS,
     _OK,
-    _STOP,
     EXHAUSTED,
     RemoteError,
     RemoteTraceback,
     WorkerContext,
+    ctl_base,
     pack_exception,
     process_main,
     unpack_exception,
@@ -66,72 +74,13 @@ from .worker import (
 
 # The worker's side lives in .worker; its public names stay importable from here.
 __all__ = [
-    "EXHAUSTED", "RemoteError", "RemoteTraceback", "WorkerContext", "WorkerPool", "pack_exception",
-    "unpack_exception", "worker_loop",
+    "EXHAUSTED", "MappingHooks", "RemoteError", "RemoteTraceback", "WorkerContext", "WorkerPool", "check_seconds",
+    "describe_unpicklable", "pack_exception", "unpack_exception", "worker_loop",
 ]
 
 log = logging.getLogger(__name__)
 
 _pool_ids = itertools.count()
-
-
-class _PoolResources:
-    """Everything the pool must release; kept apart from the pool so ``weakref.finalize`` can close it."""
-
-    def __init__(self) -> None:
-        self.procs: list[Any] = []
-        self.threads: list[threading.Thread] = []
-        self.task_conns: list[Any] = []
-        self.result_conns: list[Any] = []
-        self.task_queues: list[queue.SimpleQueue] = []
-        self.stop = threading.Event()  # thread workers: stop before the next chunk, not after the backlog
-        self.ctl: Any = None
-        self.prefix = ""
-        self.writers: list[shm.SlabWriter] = []
-        self.owner_pid = os.getpid()
-
-    def shutdown(self) -> None:
-        if os.getpid() != self.owner_pid:
-            # A forked copy (a flow that runs in another pool's worker): the workers and the shared memory
-            # belong to the process that started them. Close our copies of the pipes and forget the rest.
-            for conn in self.task_conns + self.result_conns:
-                conn.close()
-            self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
-            self.task_queues, self.threads, self.prefix = [], [], ""
-            return
-        for conn in self.task_conns:
-            try:
-                # Never block here: a worker that reads no more (stopped, stuck) is terminated below.
-                os.set_blocking(conn.fileno(), False)
-                conn.send_bytes(_STOP)
-            except (OSError, ValueError):
-                pass
-        for conn in self.result_conns:  # a worker blocked writing results gets EPIPE and exits at once
-            conn.close()
-        self.stop.set()
-        for q in self.task_queues:
-            q.put(None)
-        deadline = time.monotonic() + 1.0
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.exitcode is None:
-                p.terminate()
-        for p in self.procs:
-            p.join(0.5)
-            if p.exitcode is None:
-                p.kill()
-                p.join(1.0)
-        for t in self.threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        for conn in self.task_conns + self.result_conns:
-            conn.close()
-        for w in self.writers:
-            w.close()
-        if self.prefix:
-            shm.sweep_segments(self.prefix)
-        self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
-        self.task_queues, self.threads = [], []
 
 
 class WorkerPool:
@@ -149,11 +98,21 @@ class WorkerPool:
         chunk_size: tasks travel to a worker in chunks of this many, and their results come back
             together. Chunks amortize the per-message cost for small tasks; a partial chunk is sent as
             soon as the consumer waits for one of its results.
+        timeout: seconds ``get()`` waits for a result before raising :class:`~bridgeflow.WorkerTimeoutError`
+            naming the worker that holds the oldest task (``None``: wait as long as the workers live).
+            The pool stays usable: a later ``get()`` returns that result if it comes.
+        stall_warning: after this many seconds without the result ``get()`` waits for, log a warning
+            with that worker's pid, state and Python stack, then again at twice the wait, and so on
+            (``None``: never).
+        mapping_hooks: told when a slab mapping of this pool opens and before it closes; see
+            :meth:`set_mapping_hooks`.
     """
 
     def __init__(self, init_fn: Callable[[WorkerContext], Callable[[Any], Any]], num_workers: int, *,
                  processes: bool = True, start_method: str | None = None, name: str = "WorkerPool",
-                 base_seed: int | None = None, ordered: bool = True, chunk_size: int = 1) -> None:
+                 base_seed: int | None = None, ordered: bool = True, chunk_size: int = 1,
+                 timeout: float | None = None, stall_warning: float | None = 60.0,
+                 mapping_hooks: MappingHooks | None = None) -> None:
         if not callable(init_fn):
             raise TypeError(f"{name}: init_fn must be callable, got {init_fn!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers <= 0:
@@ -171,7 +130,12 @@ class WorkerPool:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
             raise ValueError(f"{name}: chunk_size must be a positive integer, got {chunk_size!r}")
         self.chunk_size = chunk_size
-        self._res = _PoolResources()
+        self.timeout = check_seconds(timeout, "timeout", name)
+        self.stall_warning = check_seconds(stall_warning, "stall_warning", name)
+        self._hooks = MappingHookSet(name)
+        if mapping_hooks is not None:
+            self._hooks.set(mapping_hooks)
+        self._res = PoolResources()
         self._finalizer: weakref.finalize | None = None
         self._started = False
         self._closed = False
@@ -245,41 +209,47 @@ class WorkerPool:
                     f"{self.name}: {describe_unpicklable(self.init_fn)} cannot be pickled, which the "
                     f"{context.get_start_method()!r} start method needs ({exc}); use a module-level function, "
                     "or start_method='fork'") from exc
+        shm.raise_fd_limit()
         res.prefix = f"bf{os.getpid()}_{next(_pool_ids)}{os.urandom(2).hex()}_"
         ctl_name = ""
         if shm.shm_available():
             if shm.sweep_orphans():
-                log.info("%s: removed shared memory left by bridgeflow processes that no longer run", self.name)
+                log.info("%s: removed shared memory left by bridgeflow pools that no longer run", self.name)
             ctl_name = res.prefix + "ctl"
             try:
-                res.ctl = shm.create_segment(ctl_name, _CTL_STRIDE * self.num_workers)
+                res.ctl = shm.ControlSegment.create(ctl_name, _CTL_STRIDE * self.num_workers)
             except OSError as exc:
                 log.warning("%s: no shared memory (%s); results travel through pipes", self.name, exc)
                 ctl_name = ""
-        view = memoryview(res.ctl) if res.ctl is not None else None
+        view = res.ctl.view if res.ctl is not None else None
         self._readers = []
         for ctx in contexts:
-            base = ctx.worker_id * _CTL_STRIDE
+            base = ctl_base(ctx.worker_id)
             task_r, task_w = context.Pipe(duplex=False)
             result_r, result_w = context.Pipe(duplex=False)
+            dump_r, dump_w = context.Pipe(duplex=False)
             proc = context.Process(target=process_main, name=f"{self.name}-worker-{ctx.worker_id}",
-                                   args=(ctx, self.init_fn, task_r, result_w, ctl_name, res.prefix, os.getpid()),
+                                   args=(ctx, self.init_fn, task_r, result_w, ctl_name, res.prefix, os.getpid(),
+                                         dump_w),
                                    daemon=True)
             try:
                 proc.start()
             except Exception:
-                task_r.close(), task_w.close(), result_r.close(), result_w.close()
+                for conn in (task_r, task_w, result_r, result_w, dump_r, dump_w):
+                    conn.close()
                 self.close()
                 raise
             task_r.close()
             result_w.close()
+            dump_w.close()
             res.procs.append(proc)
             res.task_conns.append(task_w)
             res.result_conns.append(result_r)
-            self._readers.append(shm.SlabReader(view[base:base + _MAX_SLABS] if view else None))
+            res.dump_conns.append(dump_r)
+            self._readers.append(shm.SlabReader(view[base:base + _MAX_SLABS] if view else None, self._hooks))
             res.writers.append(shm.SlabWriter(
                 f"{res.prefix}t{ctx.worker_id}_",
-                view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None, _MAX_SLABS))
+                view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None, _MAX_SLABS, self.num_workers))
         # Persistent pollers (one per worker, one for all): waiting costs one system call, and a
         # process sentinel in the same poll turns a worker's death into an error at once.
         self._fd_worker: dict[int, tuple[int, bool]] = {}
@@ -304,13 +274,6 @@ class WorkerPool:
             self._finalizer()
         else:
             self._res.shutdown()
-        res = self._res
-        if res.ctl is not None:
-            try:
-                res.ctl.close()
-            except BufferError:  # flags still referenced by live leases; unmapped when they go
-                pass
-            res.ctl = None
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -384,12 +347,15 @@ class WorkerPool:
         self._discard_below = self._next_task
         self._next_result = self._next_task
         self._ready = {k: v for k, v in self._ready.items() if k >= self._discard_below}
+        self._owner = {k: v for k, v in self._owner.items() if k >= self._discard_below}
 
     def get(self, timeout: float | None = None) -> tuple[int, Any]:
         """The next result as ``(worker_id, value)``; raises the worker's exception for a failed task.
 
-        An exception that interrupts the wait itself (Ctrl-C, or any raised by a signal handler) may
-        strike between reading a message and filing its results, so the pool marks itself
+        ``timeout`` (seconds, default the pool's ``timeout``) raises :class:`~bridgeflow.WorkerTimeoutError`
+        naming the worker that holds the oldest task; nothing is lost, a later ``get()`` may still
+        return it. An exception that interrupts the wait itself (Ctrl-C, or any raised by a signal
+        handler) may strike between reading a message and filing its results, so the pool marks itself
         :attr:`interrupted` and every later ``get()`` raises instead of waiting for a result that may
         never come; the parallel stages then start new workers.
         """
@@ -402,7 +368,7 @@ class WorkerPool:
         if not self.results_returned & 7:  # sample the buffer fill on every 8th call: it is only an average
             self._fill_sum += self._ready_count()
             self._fill_samples += 1
-        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = Wait(time.monotonic(), self.timeout if timeout is None else timeout, self.stall_warning)
         if self.ordered:
             want = self._next_result
             if want not in self._ready:
@@ -410,7 +376,7 @@ class WorkerPool:
                 if self._pending[owner] and self._pending[owner][0][0] <= want:
                     self._flush(owner)
                 while want not in self._ready:
-                    self._receive(deadline, timeout, owner)
+                    self._receive(wait, owner)
             worker, kind, value = self._ready.pop(want)
             self._next_result += 1
         else:
@@ -418,7 +384,7 @@ class WorkerPool:
                 if sum(self._per_worker) == sum(map(len, self._pending)):
                     for w in range(self.num_workers):  # nothing in flight but unsent chunks: send them
                         self._flush(w)
-                self._receive(deadline, timeout)
+                self._receive(wait)
             want = next(iter(self._ready))
             worker, kind, value = self._ready.pop(want)
         self._owner.pop(want, None)
@@ -432,30 +398,35 @@ class WorkerPool:
 
     def _ready_count(self) -> int:
         if self.processes and self._res.ctl is not None:
-            done = sum(struct.unpack_from("<Q", self._res.ctl, w * _CTL_STRIDE + 2 * _MAX_SLABS)[0]
+            view = self._res.ctl.view
+            done = sum(struct.unpack_from("<Q", view, ctl_base(w) + 2 * _MAX_SLABS)[0]
                        for w in range(self.num_workers))
             return max(0, done - self.results_received) + len(self._ready)
         if self._results_queue is not None:
             return self._results_queue.qsize() + len(self._ready)
         return len(self._ready)
 
-    def _receive(self, deadline: float | None, timeout: float | None, worker: int | None = None) -> None:
+    def _receive(self, wait: Wait, worker: int | None = None) -> None:
         """Wait for one message from any worker and file it; raise if a worker died or time ran out."""
         try:
-            self._receive_and_file(deadline, timeout, worker)
+            self._receive_and_file(wait, worker)
         except (BridgeflowError, TimeoutError):  # raised on purpose, with nothing half-received
             raise
         except BaseException:
             self.interrupted = True
             raise
 
-    def _receive_and_file(self, deadline: float | None, timeout: float | None, worker: int | None) -> None:
+    def _receive_and_file(self, wait: Wait, worker: int | None) -> None:
         while True:
             wait_for = _LIVENESS_INTERVAL
-            if deadline is not None:
-                left = deadline - time.monotonic()
+            now = time.monotonic()
+            if wait.stall_at is not None and now >= wait.stall_at:
+                self._log_stall(now - wait.started)
+                wait.stall_at = wait.started + 2 * (now - wait.started)
+            if wait.limit is not None:
+                left = wait.started + wait.limit - now
                 if left <= 0:
-                    raise TimeoutError(f"{self.name}: no result from the workers after {timeout} s")
+                    self._raise_timeout(wait.limit)
                 wait_for = min(wait_for, left)
             msg = self._receive_one(wait_for, worker)
             if msg is not None:
@@ -466,6 +437,10 @@ class WorkerPool:
         for kind, task_id, value in results:
             if task_id == _INIT:
                 raise unpack_exception(value, self._where(worker) + " while starting")
+            if task_id == _FATAL:  # the worker cannot go on and exits; its tasks in flight are lost
+                self.interrupted = True
+                raise WorkerError(f"{self._where(worker)} stopped: {value[2]}", stage=self.name, worker=worker,
+                                  pid=self._pid(worker)) from RemoteTraceback(value[3])
             self._per_worker[worker] -= 1
             if task_id >= discard_below:
                 ready[task_id] = (worker, kind, value)
@@ -509,7 +484,79 @@ class WorkerPool:
             data = self._res.result_conns[worker].recv_bytes()
         except (EOFError, OSError):
             self._raise_dead(worker)
-        return self._readers[worker].loads(data)
+        try:
+            return self._readers[worker].loads(data)
+        except shm.SegmentVanishedError as exc:  # this message's results cannot be read: they are lost
+            self.interrupted = True
+            raise WorkerError(f"cannot read a result of {self._where(worker)}: {exc}", stage=self.name,
+                              worker=worker, pid=self._pid(worker)) from exc
+
+    # --- hang forensics ---------------------------------------------------------------------------
+
+    def _pid(self, worker: int) -> int | None:
+        procs = self._res.procs
+        return procs[worker].pid if self.processes and worker < len(procs) else None
+
+    def _oldest_task(self) -> tuple[int, int] | None:
+        """``(task id, worker)`` of the oldest task whose result has not arrived."""
+        if self.ordered:
+            want = self._next_result
+            return (want, self._owner[want]) if want in self._owner else None
+        waiting = [t for t in self._owner if t >= self._discard_below and t not in self._ready]
+        return (min(waiting), self._owner[min(waiting)]) if waiting else None
+
+    def _inspect(self, worker: int, wait: float = 1.0) -> tuple[str, str]:
+        """``(state, stack)`` of a worker: ``"sleeping"``, ``"stopped (SIGSTOP?)"``..., and its Python stack
+        (a process worker is asked for it only with ``wait`` > 0, the seconds its answer may take)."""
+        res = self._res
+        if not self.processes:
+            thread = res.threads[worker]
+            return ("running" if thread.is_alive() else "finished"), forensics.describe_thread(thread)
+        fd = res.dump_conns[worker].fileno() if wait > 0 and worker < len(res.dump_conns) else None
+        return forensics.describe_worker(res.procs[worker].pid, fd, wait)
+
+    def _log_stall(self, waited: float) -> None:
+        oldest = self._oldest_task()
+        if oldest is not None:
+            task, worker = oldest
+            state, stack = self._inspect(worker)
+            log.warning("%s", forensics.stall_text(self.name, waited, worker, self._pid(worker), task, state, stack))
+
+    def _raise_timeout(self, limit: float) -> None:
+        oldest = self._oldest_task()
+        if oldest is None:
+            raise WorkerTimeoutError(f"{self.name}: no result from the workers after {limit:g} s", stage=self.name)
+        task, worker = oldest
+        state, stack = self._inspect(worker, wait=0.5 if limit >= 1 else 0.0)
+        frame = forensics.innermost(stack)
+        raise WorkerTimeoutError(
+            f"{self._where(worker)} has not returned task #{task} after {limit:g} s (timeout); it is {state}"
+            + (f", in {frame}" if frame else ""), stage=self.name, worker=worker, pid=self._pid(worker))
+
+    # --- mapping hooks ----------------------------------------------------------------------------
+
+    def set_mapping_hooks(self, hooks: MappingHooks | None) -> None:
+        """Tell ``hooks`` about every slab mapping this pool's consumer side opens and closes.
+
+        ``hooks.opened(mapping, address, nbytes)`` is called once after a slab is mapped (at once for
+        the mappings already open), ``hooks.closing(mapping, address, nbytes)`` once before it is unmapped,
+        never after: when the worker retires the slab, the pool closes, or the hooks are replaced
+        (``None`` removes them). The address is stable while the mapping lives. A mapping whose arrays
+        the consumer still holds stays mapped after the pool closes and is closed when they go. A hook
+        that raises is logged once and dropped; the pipeline goes on. Thread workers use no slabs.
+        See :class:`~bridgeflow.parallel.mapping.MappingHooks`.
+
+        Example:
+            >>> class Pin:   # e.g. page-lock each slab for fast CUDA copies
+            ...     def opened(self, mapping, address, nbytes): register(address, nbytes)
+            ...     def closing(self, mapping, address, nbytes): unregister(address)
+            >>> pool.set_mapping_hooks(Pin())  # doctest: +SKIP
+        """
+        self._hooks.set(hooks)
+
+    @property
+    def mapping_hooks(self) -> MappingHooks | None:
+        return self._hooks.hooks
 
     def _where(self, worker: int) -> str:
         if self.processes and worker < len(self._res.procs):
@@ -542,46 +589,3 @@ class WorkerPool:
     def fill_average(self) -> float:
         """Average number of finished results waiting when the consumer asked for one."""
         return self._fill_sum / self._fill_samples if self._fill_samples else 0.0
-
-
-def _picklable(obj: Any) -> bool:
-    try:
-        pickle.dumps(obj)
-    except Exception:
-        return False
-    return True
-
-
-def _name(obj: Any) -> str:
-    code = getattr(obj, "__code__", None)
-    qualname = getattr(obj, "__qualname__", None)
-    if code is not None and qualname:
-        return f"{qualname!r} ({os.path.basename(code.co_filename)}, line {code.co_firstlineno})"
-    if qualname:
-        return repr(qualname)
-    cls = type(obj)
-    module = "" if cls.__module__ in ("builtins", "__main__") else cls.__module__ + "."
-    return f"an instance of {module}{cls.__qualname__}"
-
-
-def describe_unpicklable(obj: Any, _depth: int = 0) -> str:
-    """Name what in ``obj`` cannot be pickled: a function by name and place, a ``functools.partial`` or an
-    object by the argument or attribute at fault (``"'f' (x.py, line 3) in functools.partial, whose
-    argument 0 (an instance of _thread.lock)"``)."""
-    if _depth < 3:
-        if isinstance(obj, functools.partial):
-            parts = [*enumerate(obj.args), *((f"{k}=", v) for k, v in obj.keywords.items())]
-            for key, arg in parts:
-                if not _picklable(arg):
-                    return (f"{_name(obj.func)} in functools.partial, whose argument {key} "
-                            f"({describe_unpicklable(arg, _depth + 1)})")
-            return describe_unpicklable(obj.func, _depth + 1)
-        owner = getattr(obj, "__self__", None)  # a bound method
-        if owner is not None and not isinstance(owner, types.ModuleType) and not _picklable(owner):
-            return f"{_name(obj)}, bound to {describe_unpicklable(owner, _depth + 1)}"
-        if getattr(obj, "__code__", None) is None and isinstance(getattr(obj, "__dict__", None), dict):
-            for key, value in vars(obj).items():
-                if not _picklable(value):
-                    return (f"{_name(obj)}, whose attribute {key!r} "
-                            f"({describe_unpicklable(value, _depth + 1)})")
-    return _name(obj)

@@ -4,25 +4,27 @@ The worker pickles a result with protocol 5. Numpy arrays of at least ``INBAND_L
 their memory out of band; the :class:`SlabWriter` copies those buffers into a *slab*, a shared-memory
 file under ``/dev/shm`` that the worker owns and reuses, and sends only the small pickle plus offsets.
 The :class:`SlabReader` in the consumer maps each slab once and rebuilds the arrays as views of it: the
-single copy is the worker's write into the slab.
+single copy is the worker's write into the slab. Mappings keep no file descriptor open
+(:mod:`bridgeflow.parallel.mapping`), so holding many results never runs into ``ulimit -n``.
 
 Lifetime of received arrays: a received array stays valid for as long as you hold it (or any view of
 it). A slab returns to its worker only when every array built from it has been garbage-collected,
-through a one-byte flag in a small control segment per worker. So holding arrays is always safe; it
+through a one-byte flag in a small control segment per pool. So holding arrays is always safe; it
 only makes the worker allocate more slabs (up to ``max_slabs``, after which results travel in-band
-through the pipe, slower but never blocking). Slabs are not kept at that high-water mark: every
-``TRIM_EVERY`` messages the writer frees the unused slabs beyond the most it needed at once in that
-window (unlinks them and flags them ``RETIRED``), and the reader drops its mappings of retired slabs, so
-the memory goes back to the system once the consumer lets go of what it held.
+through the pipe, slower but never blocking). Slabs are not kept at that high-water mark: the writer
+frees the unused slabs beyond the most it needed at once over its last results (about
+``TRIM_WINDOW`` results of the whole pool), unlinks them, and tells the reader in its next message,
+which unmaps them at once; the memory goes back to the system soon after the consumer lets go.
 
-Segments are named ``bf<pid>_<pool>_...`` so the pool can sweep everything it created, even slabs of a
-worker that was killed. Without ``/dev/shm`` (not Linux) or when it is full, results travel in-band.
+Segments, their names and their ownership are :mod:`bridgeflow.parallel.segments`'s. Without
+``/dev/shm`` (not Linux) or when it is full, results travel in-band.
 """
 
 from __future__ import annotations
 
+import collections
+import errno
 import logging
-import mmap
 import os
 import pickle
 import threading
@@ -31,94 +33,38 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SHM_DIR", "SlabReader", "SlabWriter", "create_segment", "sweep_orphans", "sweep_segments"]
+from .mapping import MappingHookSet, SharedMapping
+from .segments import (
+    CTL_HEADER,
+    SHM_DIR,
+    ControlSegment,
+    SegmentVanishedError,
+    create_segment,
+    fd_limit,
+    forget_inherited_controls,
+    open_segment,
+    raise_fd_limit,
+    shm_available,
+    sweep_orphans,
+    sweep_segments,
+    unlink_segment,
+)
+
+# The transport's own names, and the segment helpers the pool and its workers reach through this module.
+__all__ = [
+    "CTL_HEADER", "SHM_DIR", "ControlSegment", "SegmentVanishedError", "SlabReader", "SlabWriter",
+    "create_segment", "fd_limit", "forget_inherited_controls", "open_segment", "raise_fd_limit",
+    "shm_available", "sweep_orphans", "sweep_segments", "unlink_segment",
+]
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = "/dev/shm"
 INBAND_LIMIT = 32 * 1024  # smaller buffers are cheaper to pickle in-band than to place in a slab
 ALIGN = 64
 MIN_SLAB = 256 * 1024
-FREE, IN_USE, RETIRED = 0, 1, 2  # a slab's flag; RETIRED: unlinked by the writer, to be unmapped by the reader
-TRIM_EVERY = 64  # messages between two trims of unused slabs
-
-
-def shm_available() -> bool:
-    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
-
-
-def create_segment(name: str, size: int) -> mmap.mmap:
-    """Create ``/dev/shm/name`` with ``size`` bytes reserved up front and map it.
-
-    Reserving with ``posix_fallocate`` turns a full ``/dev/shm`` into an ``OSError`` here instead of a
-    SIGBUS later, when a page is first written.
-    """
-    path = os.path.join(SHM_DIR, name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    try:
-        try:
-            os.posix_fallocate(fd, 0, size)
-        except OSError:
-            os.unlink(path)
-            raise
-        return mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
-
-
-def open_segment(name: str) -> mmap.mmap:
-    fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
-    try:
-        return mmap.mmap(fd, 0)
-    finally:
-        os.close(fd)
-
-
-def unlink_segment(name: str) -> None:
-    try:
-        os.unlink(os.path.join(SHM_DIR, name))
-    except FileNotFoundError:
-        pass
-
-
-def sweep_segments(prefix: str) -> int:
-    """Unlink every segment whose name starts with ``prefix``; returns how many were removed."""
-    n = 0
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return 0
-    for name in names:
-        if name.startswith(prefix):
-            unlink_segment(name)
-            n += 1
-    return n
-
-
-def sweep_orphans() -> int:
-    """Unlink segments left by bridgeflow processes that no longer exist (crashed or killed outright).
-
-    Segment names start with ``bf<pid>_``; a segment whose pid is not running anymore has no owner.
-    """
-    n = 0
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return 0
-    for name in names:
-        if not name.startswith("bf") or "_" not in name:
-            continue
-        pid = name[2:name.index("_")]
-        if not pid.isdigit():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            unlink_segment(name)
-            n += 1
-        except PermissionError:  # alive, someone else's
-            pass
-    return n
+FREE, IN_USE, RETIRED = 0, 1, 2  # a slab's flag; RETIRED: unlinked by the writer
+TRIM_WINDOW = 64  # results of the whole pool over which a writer judges how many slabs it needs
+MIN_TRIM_WINDOW = 16  # results of one worker: no shorter window, or slabs would be freed and remade
 
 
 def _round_size(n: int) -> int:
@@ -131,15 +77,17 @@ def _round_size(n: int) -> int:
 class SlabWriter:
     """Worker side: pickles results, placing large array buffers in reusable slabs.
 
-    ``flags`` is the worker's control segment: byte ``i`` says whether slab ``i`` is held by the consumer.
+    ``flags`` is the worker's part of the control segment: byte ``i`` says whether slab ``i`` is held by
+    the consumer. ``num_workers`` (of the pool) sets the window over which the writer judges how many
+    slabs it needs: about ``TRIM_WINDOW`` results of the whole pool, at least ``MIN_TRIM_WINDOW`` of its own.
     """
 
-    def __init__(self, prefix: str, flags: memoryview | None, max_slabs: int) -> None:
+    def __init__(self, prefix: str, flags: memoryview | None, max_slabs: int, num_workers: int = 1) -> None:
         self.prefix = prefix
         self.flags = flags
         self.max_slabs = max_slabs if flags is not None else 0
-        self.slabs: list[tuple[str, int, mmap.mmap | None]] = []
-        self._bases: list[int] = []  # address of each slab in this process
+        self.slabs: list[tuple[str, int, SharedMapping | None]] = []
+        self._views: list[memoryview | None] = []  # a byte view of each slab, to copy into at once
         self._arena: list[int] | None = None  # [slab index, bytes used] while a message is being built
         self._warned = False
         # close() may run on the worker's parent-watch thread while the main thread is making a slab: the
@@ -147,61 +95,60 @@ class SlabWriter:
         # a signal handler on the main thread may call close() while that thread holds the lock.
         self._lock = threading.RLock()
         self._closed = False
-        self._acquired = 0  # slabs handed out since the last trim
-        self._peak = 0  # the most slabs in use at once since the last trim
+        window = max(MIN_TRIM_WINDOW, -(-TRIM_WINDOW // max(1, num_workers)))
+        self._needed: collections.deque[int] = collections.deque(maxlen=window)  # slabs needed, per message
+        self._retired: list[str] = []  # slabs unlinked since the last message: the reader unmaps them
 
     def _acquire(self, nbytes: int) -> int:
         """Index of a free slab of at least ``nbytes``, or -1 when none can be had."""
         flags = self.flags
         best = -1
-        in_use = 0
-        for i, (_, size, _) in enumerate(self.slabs):
+        in_use = live = 0
+        for i, (_, size, m) in enumerate(self.slabs):
+            if m is None:
+                continue
+            live += 1
             if flags[i] == IN_USE:
                 in_use += 1
             elif size >= nbytes and (best < 0 or size < self.slabs[best][1]):
                 best = i
-        self._peak = max(self._peak, in_use + 1)
-        self._acquired += 1
-        if self._acquired >= TRIM_EVERY:
-            self._trim(keep=self._peak + 1, spare=best)
-            self._acquired, self._peak = 0, in_use + 1
+        needed = self._needed
+        needed.append(in_use + 1)
+        if live > in_use + 2 and len(needed) == needed.maxlen:  # unused slabs beyond one spare: still needed?
+            excess = live - (max(needed) + 1)
+            if excess > 0:
+                self._trim(excess, spare=best)
         if best >= 0:
             return best
-        hole = next((i for i, (_, _, mm) in enumerate(self.slabs) if mm is None and flags[i] != IN_USE), -1)
+        hole = next((i for i, (_, _, m) in enumerate(self.slabs) if m is None and flags[i] != IN_USE), -1)
         if hole >= 0:  # the index of a retired (or failed) slab is free for a new one
             return self._create(nbytes, hole)
         if len(self.slabs) >= self.max_slabs:
-            # Free the smallest unused slab to make room for a bigger one, if there is one.
-            free = [i for i, s in enumerate(self.slabs) if flags[i] == FREE]
+            # Free an unused slab to make room for a bigger one, if there is one.
+            free = [i for i, (_, _, m) in enumerate(self.slabs) if flags[i] == FREE and m is not None]
             if not free:
                 return -1
-            i = free[0]
-            name, _, mm = self.slabs[i]
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:  # an array of ours still points into it: leave it be
-                    return -1
-                unlink_segment(name)
-            return self._create(nbytes, i)
+            self._retire(free[0])
+            return self._create(nbytes, free[0])
         return self._create(nbytes, len(self.slabs))
 
-    def _trim(self, keep: int, spare: int) -> None:
-        """Free unused slabs beyond ``keep`` live ones, the last first (never ``spare``, about to be used)."""
-        excess = sum(mm is not None for _, _, mm in self.slabs) - keep
+    def _retire(self, index: int) -> None:
+        """Unlink slab ``index`` and tell the reader; arrays of ours still in it keep it mapped here."""
+        name = self.slabs[index][0]
+        unlink_segment(name)
+        self.slabs[index] = ("", 0, None)
+        self._views[index] = None
+        self.flags[index] = RETIRED
+        self._retired.append(name)
+
+    def _trim(self, excess: int, spare: int) -> None:
+        """Free ``excess`` unused slabs, the last first (never ``spare``, about to be used)."""
         for i in reversed(range(len(self.slabs))):
             if excess <= 0:
                 break
-            name, _, mm = self.slabs[i]
-            if mm is None or i == spare or self.flags[i] != FREE:
+            if self.slabs[i][2] is None or i == spare or self.flags[i] != FREE:
                 continue
-            try:
-                mm.close()
-            except BufferError:  # an array built in place still points into it: keep it
-                continue
-            unlink_segment(name)
-            self.slabs[i] = ("", 0, None)
-            self.flags[i] = RETIRED  # the reader unmaps its view when it next looks
+            self._retire(i)
             excess -= 1
 
     def _create(self, nbytes: int, index: int) -> int:
@@ -211,22 +158,24 @@ class SlabWriter:
             with self._lock:
                 if self._closed:  # shutting down: the rest of this worker's results go in-band
                     return -1
-                mm = create_segment(name, size)
+                m = create_segment(name, size)
         except OSError as exc:
             if not self._warned:
-                log.warning("cannot allocate %d bytes of shared memory in %s (%s); results travel through "
-                            "the pipe instead, which is slower", size, SHM_DIR, exc)
+                why = (f"this process has reached its limit of open files ({fd_limit()})"
+                       if exc.errno == errno.EMFILE else str(exc))
+                log.warning("cannot allocate %d bytes of shared memory in %s: %s; results travel through "
+                            "the pipe instead, which is slower", size, SHM_DIR, why)
                 self._warned = True
             if index < len(self.slabs):
                 self.slabs[index] = ("", 0, None)  # a hole: keeps the indices of the other slabs
+                self._views[index] = None
             return -1
-        base = _address(memoryview(mm))
         if index == len(self.slabs):
-            self.slabs.append((name, size, mm))
-            self._bases.append(base)
+            self.slabs.append((name, size, m))
+            self._views.append(memoryview(m.array()))
         else:
-            self.slabs[index] = (name, size, mm)
-            self._bases[index] = base
+            self.slabs[index] = (name, size, m)
+            self._views[index] = memoryview(m.array())
         return index
 
     def reserve(self, nbytes: int) -> None:
@@ -248,16 +197,23 @@ class SlabWriter:
         arena = self._arena
         if arena is not None and nbytes >= INBAND_LIMIT:
             index, used = arena
-            _, size, mm = self.slabs[index]
+            size = self.slabs[index][1]
             if used + nbytes <= size:
                 arena[1] = used + -(-nbytes // ALIGN) * ALIGN
-                return np.frombuffer(mm, dtype=dtype, count=nbytes // dtype.itemsize, offset=used).reshape(shape)
+                return np.frombuffer(self._views[index], dtype, nbytes // dtype.itemsize, used).reshape(shape)
         return np.empty(shape, dtype)
+
+    def _message(self, slab: Any, data: bytes) -> bytes:
+        retired, self._retired = self._retired, []
+        return pickle.dumps((slab, data, retired), protocol=5)
+
+    def _inband(self, obj: Any) -> bytes:
+        return self._message(None, pickle.dumps(obj, protocol=5))
 
     def dumps(self, obj: Any) -> bytes:
         """Serialize ``obj``; the returned message goes to :meth:`SlabReader.loads` in the consumer."""
         if self.max_slabs == 0:
-            return pickle.dumps((None, pickle.dumps(obj, protocol=5)), protocol=5)
+            return self._inband(obj)
         buffers: list[pickle.PickleBuffer] = []
 
         def keep(pb: pickle.PickleBuffer) -> bool:
@@ -276,91 +232,79 @@ class SlabWriter:
         if not buffers:
             if arena is not None:
                 self.flags[arena[0]] = FREE
-            return pickle.dumps((None, data), protocol=5)
+            return self._message(None, data)
         raws = [pb.raw() for pb in buffers]
         if arena is not None:
             index, used = arena
-            name, size, mm = self.slabs[index]
-            base = self._bases[index]
         else:
             total = sum(-(-r.nbytes // ALIGN) * ALIGN for r in raws)
             index, used = self._acquire(total), 0
             if index < 0:  # no shared memory to be had: pickle the bytes in-band
-                return pickle.dumps((None, pickle.dumps(obj, protocol=5)), protocol=5)
-            name, size, mm = self.slabs[index]
-            base = self._bases[index]
+                return self._inband(obj)
+        name, size, m = self.slabs[index]
+        base, view = m.address, self._views[index]
         offsets = []
         for r in raws:
-            off = _address(r) - base
+            off = np.frombuffer(r, np.uint8).__array_interface__["data"][0] - base
             if not 0 <= off <= size - r.nbytes:  # not built in place: copy it in
                 off = used
                 if off + r.nbytes > size:
                     self.flags[index] = FREE
-                    return pickle.dumps((None, pickle.dumps(obj, protocol=5)), protocol=5)
-                mm[off:off + r.nbytes] = r
+                    return self._inband(obj)
+                view[off:off + r.nbytes] = r
                 used += -(-r.nbytes // ALIGN) * ALIGN
             offsets.append((off, r.nbytes))
         self.flags[index] = IN_USE
-        return pickle.dumps(((name, index, offsets), data), protocol=5)
+        return self._message((name, index, offsets), data)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-        for name, _, mm in list(self.slabs):
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:  # an array built in place is still alive; unmapped when it goes
-                    pass
+        for name, _, m in list(self.slabs):
+            if m is not None:  # arrays built in place that are still alive keep their mapping
                 unlink_segment(name)
         self.slabs = []
-        self._bases = []
-
-
-def _address(buf: memoryview) -> int:
-    """Address of the first byte of a (non-empty) buffer."""
-    return np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]
+        self._views = []
 
 
 def _release(flags: memoryview, index: int) -> None:
     try:
         flags[index] = FREE
-    except (ValueError, IndexError):  # the control segment is already unmapped: the pool has closed
+    except (ValueError, IndexError):  # the flags were released: the pool has closed
         pass
 
 
 class SlabReader:
-    """Consumer side for one worker: maps its slabs (once each) and rebuilds arrays as views of them."""
+    """Consumer side for one worker: maps its slabs (once each) and rebuilds arrays as views of them.
 
-    def __init__(self, flags: memoryview | None) -> None:
+    ``hooks`` (a :class:`~bridgeflow.parallel.mapping.MappingHookSet`) is told of every mapping.
+    """
+
+    def __init__(self, flags: memoryview | None, hooks: MappingHookSet | None = None) -> None:
         self.flags = flags
-        self._maps: dict[int, tuple[str, mmap.mmap]] = {}  # slab index -> (name, mapping)
-        self._received = 0
+        self.hooks = hooks
+        self._maps: dict[int, tuple[str, memoryview]] = {}  # slab index -> (name, byte view of its mapping)
 
     def loads(self, message: bytes) -> Any:
-        slab, data = pickle.loads(message)
+        slab, data, retired = pickle.loads(message)
+        if retired:
+            self._unmap(retired)
         if slab is None:
             return pickle.loads(data)
-        self._received += 1
-        if self._received % TRIM_EVERY == 0:
-            self._unmap_retired()
         name, index, offsets = slab
         known = self._maps.get(index)
         if known is None or known[0] != name:  # a new slab, or the worker replaced this one
-            known = self._maps[index] = (name, open_segment(name))
-        mm = known[1]
-        lease = np.frombuffer(mm, dtype=np.uint8, count=max(off + n for off, n in offsets))
+            known = self._maps[index] = (name, memoryview(open_segment(name, self.hooks).array()))
+        # A new array on the mapping's view: views of it point to it, so it goes only when they all have.
+        lease = np.frombuffer(known[1], np.uint8, max(off + n for off, n in offsets))
         weakref.finalize(lease, _release, self.flags, index)
         return pickle.loads(data, buffers=[lease[off:off + n] for off, n in offsets])
 
-    def _unmap_retired(self) -> None:
-        flags = self.flags
-        for index in [i for i in self._maps if flags[i] == RETIRED]:
-            _, mm = self._maps.pop(index)
-            try:
-                mm.close()
-            except BufferError:  # cannot happen for a retired slab (no array of it is alive); be safe
-                pass
+    def _unmap(self, names: list[str]) -> None:
+        """Forget the slabs the writer retired; each is unmapped once no array of it is left (none is)."""
+        gone = set(names)
+        for index in [i for i, (name, _) in self._maps.items() if name in gone]:
+            del self._maps[index]
 
     @property
     def mapped(self) -> int:

@@ -38,7 +38,7 @@ from ..base import DataFlow, ProxyDataFlow, worker_seed_scope
 from ..batch import batch_datapoints
 from ..errors import DatapointError, LengthUnknownError
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
-from .pool import EXHAUSTED, WorkerContext, WorkerPool, describe_unpicklable
+from .pool import EXHAUSTED, WorkerContext, WorkerPool, check_seconds, describe_unpicklable
 
 __all__ = ["MultiProcessMapData", "MultiProcessRunner", "MultiThreadMapData", "MultiThreadRunner"]
 
@@ -144,9 +144,23 @@ class _ParallelStage(ProxyDataFlow):
 
     _processes = True
     _pool: WorkerPool | None = None
+    timeout: float | None = None
+    stall_warning: float | None = 60.0
+    _mapping_hooks: Any = None
 
     def _new_pool(self) -> WorkerPool:
         raise NotImplementedError
+
+    def _pool_options(self) -> dict[str, Any]:
+        """The WorkerPool arguments every stage passes alike (``timeout``, stall warning, mapping hooks)."""
+        return {"timeout": self.timeout, "stall_warning": self.stall_warning, "mapping_hooks": self._mapping_hooks}
+
+    def set_mapping_hooks(self, hooks: Any) -> None:
+        """Tell ``hooks`` about this stage's shared-memory slab mappings, now and after any restart of its
+        workers (see :meth:`WorkerPool.set_mapping_hooks`); ``None`` removes them."""
+        self._mapping_hooks = hooks
+        if self._pool is not None:
+            self._pool.set_mapping_hooks(hooks)
 
     def reset_state(self) -> None:
         self._close_pool()
@@ -185,15 +199,18 @@ class _ParallelStage(ProxyDataFlow):
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         state.pop("_pool", None)  # a copy sent elsewhere starts its own workers
+        state.pop("_mapping_hooks", None)  # and has its own mappings
         return state
 
 
 class _MapStage(_ParallelStage):
     def __init__(self, ds: DataFlow, num_workers: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
                  strict: bool = False, ordered: bool = True, *, start_method: str | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
         super().__init__(ds)
         who = type(self).__name__
+        self.timeout = check_seconds(timeout, "timeout", who)
+        self.stall_warning = check_seconds(stall_warning, "stall_warning", who)
         self.num_workers = _check_positive(num_workers, "the number of workers", who)
         if not callable(map_func):
             raise TypeError(f"{who}: map_func must be callable, got {map_func!r}")
@@ -214,7 +231,7 @@ class _MapStage(_ParallelStage):
         return WorkerPool(functools.partial(_map_init, self.map_func), self.num_workers,
                           processes=self._processes, start_method=self.start_method, name=type(self).__name__,
                           base_seed=self.seed, ordered=self.ordered,
-                          chunk_size=_chunk_size(self.buffer_size, self.num_workers))
+                          chunk_size=_chunk_size(self.buffer_size, self.num_workers), **self._pool_options())
 
     def reset_state(self) -> None:
         self.ds.reset_state()
@@ -448,6 +465,11 @@ class MultiProcessMapData(_MapStage):
     received arrays are writable and valid for as long as you hold them. ``map_func`` returning
     ``None`` drops the datapoint. ``buffer_size`` bounds the datapoints in flight.
 
+    ``timeout`` (seconds, like torch's ``DataLoader(timeout=)``; every parallel stage takes it) raises
+    :class:`~bridgeflow.WorkerTimeoutError` naming the worker when a result takes longer; after
+    ``stall_warning`` seconds of waiting (default 60, ``None`` for never) a warning is logged with the
+    worker's pid, state and Python stack.
+
     Example:
         >>> from bridgeflow import DataFromList, BatchData
         >>> df = BatchData(MultiProcessMapData(DataFromList(list(range(100))), 2, load_image), 64)
@@ -458,9 +480,9 @@ class MultiProcessMapData(_MapStage):
 
     def __init__(self, ds: DataFlow, num_proc: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
                  strict: bool = False, ordered: bool = True, *, start_method: str | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
         super().__init__(ds, num_proc, map_func, buffer_size, strict, ordered, start_method=start_method,
-                         seed=seed)
+                         seed=seed, timeout=timeout, stall_warning=stall_warning)
 
 
 class MultiThreadMapData(_MapStage):
@@ -473,8 +495,10 @@ class MultiThreadMapData(_MapStage):
     _processes = False
 
     def __init__(self, ds: DataFlow, num_thread: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
-                 strict: bool = False, ordered: bool = True, *, seed: int | None = None) -> None:
-        super().__init__(ds, num_thread, map_func, buffer_size, strict, ordered, seed=seed)
+                 strict: bool = False, ordered: bool = True, *, seed: int | None = None,
+                 timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+        super().__init__(ds, num_thread, map_func, buffer_size, strict, ordered, seed=seed, timeout=timeout,
+                         stall_warning=stall_warning)
 
 
 # --- runners ------------------------------------------------------------------------------------
@@ -498,9 +522,12 @@ def _copy_flow(df: DataFlow) -> DataFlow:
 
 class _RunnerStage(_ParallelStage):
     def __init__(self, ds: DataFlow, num_workers: int, num_prefetch: int, *, start_method: str | None = None,
-                 seed: int | None = None, factory: Callable[[], DataFlow] | None = None) -> None:
+                 seed: int | None = None, factory: Callable[[], DataFlow] | None = None,
+                 timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
         super().__init__(ds)
         who = type(self).__name__
+        self.timeout = check_seconds(timeout, "timeout", who)
+        self.stall_warning = check_seconds(stall_warning, "stall_warning", who)
         self.num_workers = _check_positive(num_workers, "the number of workers", who)
         self.num_prefetch = _check_positive(num_prefetch, "num_prefetch", who)
         self.start_method = start_method
@@ -519,7 +546,7 @@ class _RunnerStage(_ParallelStage):
         init = functools.partial(_runner_init, make)
         pool = WorkerPool(init, self.num_workers, processes=self._processes, start_method=self.start_method,
                           name=type(self).__name__, base_seed=self.seed, ordered=False,
-                          chunk_size=_chunk_size(self.num_prefetch, self.num_workers))
+                          chunk_size=_chunk_size(self.num_prefetch, self.num_workers), **self._pool_options())
         return pool
 
     def __iter__(self) -> Iterator:
@@ -553,8 +580,9 @@ class MultiProcessRunner(_RunnerStage):
     _processes = True
 
     def __init__(self, ds: DataFlow, num_proc: int, num_prefetch: int = 16, *, start_method: str | None = None,
-                 seed: int | None = None) -> None:
-        super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed)
+                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+        super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed, timeout=timeout,
+                         stall_warning=stall_warning)
         cpus = os.cpu_count() or 1
         if self.num_workers > 2 * cpus and self.num_workers > self.num_prefetch:
             log.warning("MultiProcessRunner(ds, num_proc=%d, num_prefetch=%d) starts %d processes on %d CPUs; "
@@ -571,7 +599,7 @@ class MultiThreadRunner(_RunnerStage):
     _processes = False
 
     def __init__(self, get_df: Callable[[], DataFlow] | DataFlow, num_thread: int, num_prefetch: int = 16, *,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
         if isinstance(get_df, DataFlow):
             proto = get_df
             factory: Callable[[], DataFlow] = lambda: _copy_flow(proto)
@@ -580,4 +608,5 @@ class MultiThreadRunner(_RunnerStage):
             proto = get_df()
         else:
             raise TypeError(f"MultiThreadRunner needs a DataFlow or a function returning one, got {get_df!r}")
-        super().__init__(proto, num_thread, num_prefetch, seed=seed, factory=factory)
+        super().__init__(proto, num_thread, num_prefetch, seed=seed, factory=factory, timeout=timeout,
+                         stall_warning=stall_warning)

@@ -8,7 +8,8 @@ wired up by :func:`process_main`. Everything here runs on the worker's side; the
 Protocol: a task message is a chunk, a list of ``(task_id, payload)``; the reply to a chunk is one list
 of ``(kind, task_id, value)``, ``kind`` being ``_OK``, ``_EXHAUSTED`` (the task function raised
 ``StopIteration``) or ``_ERROR`` (the value is :func:`pack_exception`'s tuple; task id ``_INIT`` when
-``init_fn`` failed). An empty message, ``_STOP``, tells a process worker to exit.
+``init_fn`` failed; task id ``_FATAL`` when a process worker cannot go on, e.g. a task's shared memory
+vanished). An empty message, ``_STOP``, tells a process worker to exit.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import BridgeflowError
-from . import shm
+from . import forensics, shm
 
 __all__ = [
     "EXHAUSTED", "RemoteError", "RemoteTraceback", "WorkerContext", "pack_exception", "process_main",
@@ -35,10 +36,16 @@ __all__ = [
 
 _OK, _EXHAUSTED, _ERROR = 0, 1, 2
 _INIT = -1  # task id of an error raised by init_fn
+_FATAL = -2  # task id of an error after which the worker exits (its tasks are lost)
 _STOP = b""
 _LIVENESS_INTERVAL = 0.5  # seconds between checks that the workers (or the parent) are alive
 _MAX_SLABS = 128
 _CTL_STRIDE = 2 * _MAX_SLABS + 8  # per worker: result slab flags, task slab flags, completed counter
+
+
+def ctl_base(worker_id: int) -> int:
+    """Where worker ``worker_id``'s part of the pool's control segment starts."""
+    return shm.CTL_HEADER + worker_id * _CTL_STRIDE
 
 
 class _Exhausted:
@@ -188,13 +195,22 @@ def _pump_tasks(conn: Any, inbox: queue.SimpleQueue, stop_requested: threading.E
 
 
 def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_conn: Any, ctl_name: str,
-                 prefix: str, consumer_pid: int) -> None:
+                 prefix: str, consumer_pid: int, dump_conn: Any = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
-    ctl = shm.open_segment(ctl_name) if ctl_name else None
-    base = ctx.worker_id * _CTL_STRIDE
-    view = memoryview(ctl) if ctl is not None else None
+    shm.forget_inherited_controls()  # a forked worker holds no other pool's lock, nor its consumer's copy
+    if dump_conn is not None:  # the consumer asks for our stack with a signal when we seem stuck
+        forensics.install_stack_dumps(dump_conn.fileno())
+    try:
+        ctl = shm.ControlSegment.open(ctl_name) if ctl_name else None
+    except FileNotFoundError:
+        err = shm.SegmentVanishedError(f"the control segment {shm.SHM_DIR}/{ctl_name} of this pool vanished "
+                                       "before the worker started: another process removed it")
+        result_conn.send_bytes(shm.SlabWriter("", None, 0).dumps([(_ERROR, _FATAL, pack_exception(err, True))]))
+        return
+    base = ctl_base(ctx.worker_id)
+    view = ctl.view if ctl is not None else None
     writer = shm.SlabWriter(f"{prefix}r{ctx.worker_id}_", view[base:base + _MAX_SLABS] if view else None,
-                            _MAX_SLABS)
+                            _MAX_SLABS, ctx.num_workers)
     reader = shm.SlabReader(view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None)
     ctx = replace(ctx, writer=writer)
 
@@ -220,14 +236,19 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
             return None
         if data is None:  # the pipe closed without a stop
             return None
-        return reader.loads(data)
+        try:
+            return reader.loads(data)
+        except shm.SegmentVanishedError as exc:  # the tasks cannot be read: say why, and stop
+            send([(_ERROR, _FATAL, pack_exception(exc, True))])
+            stopped = True  # the consumer is alive and cleans up: do not sweep its other workers' memory
+            return None
 
     def send(msg: list) -> None:
         nonlocal completed
         result_conn.send_bytes(writer.dumps(msg))
         completed += len(msg)
-        if ctl is not None:
-            struct.pack_into("<Q", ctl, base + 2 * _MAX_SLABS, completed)
+        if view is not None:
+            struct.pack_into("<Q", view, base + 2 * _MAX_SLABS, completed)
 
     def on_sigterm(signum: int, frame: Any) -> None:
         # The pool's own terminate() comes after a stop, and the pool then sweeps. Any other SIGTERM may

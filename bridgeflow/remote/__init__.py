@@ -3,11 +3,12 @@
 pyzmq and Ray are imported only when a flow is used (extras ``zmq`` and ``ray``).
 """
 
-from .errors import ProducerError, ProducerLostError, RemoteConnectionError
+from .errors import MessageTooLargeError, ProducerError, ProducerLostError, RemoteConnectionError
 from .ray_map import RayMapData
 from .zmq_flow import RemoteDataZMQ, send_dataflow_zmq
 
 __all__ = [
+    "MessageTooLargeError",
     "ProducerError",
     "ProducerLostError",
     "RayMapData",

@@ -11,14 +11,26 @@ frame starts with the codec's magic ``b"\\x93BFC"``), or a one-frame control mes
   now: as two messages, a consumer that closed after the end marker left the producer waiting forever to
   deliver its goodbye);
 - ``X`` the producer's flow raised; the rest of the frame is the formatted exception (UTF-8).
+
+A datapoint larger than ``FRAGMENT_BYTES`` travels in pieces, so that the consumer sees it arrive (a
+ZeroMQ message is delivered only once complete: a large one over a slow link would look like a silent
+producer) and can refuse it before receiving it: first a one-frame *split header*, ``SPLIT_HEAD`` followed
+by ``<QI`` (total bytes, number of frames) and one ``<Q`` size per frame of the datapoint; then the
+frames' bytes in order, as two-frame messages ``[SPLIT_PART, up to FRAGMENT_BYTES bytes]``. Both start
+with ``b"\x00BG"``, not the control prefix, so that a consumer of an older version, which ignores
+unknown control messages, fails loudly on them instead of dropping the datapoint.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Sequence
 
-__all__ = ["BYE", "CONTROL", "END", "ERROR", "HEARTBEAT", "LAST", "check_address", "check_addresses", "is_public"]
+__all__ = [
+    "BYE", "CONTROL", "END", "ERROR", "FRAGMENT_BYTES", "HEARTBEAT", "LAST", "SPLIT", "SPLIT_HEAD", "SPLIT_PART",
+    "check_address", "check_addresses", "is_public", "split_header", "read_split_header",
+]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +40,33 @@ END = CONTROL + b"E"
 BYE = CONTROL + b"B"
 LAST = CONTROL + b"L"
 ERROR = CONTROL + b"X"
+
+SPLIT = b"\x00BG"
+SPLIT_HEAD = SPLIT + b"P"
+SPLIT_PART = SPLIT + b"F"
+FRAGMENT_BYTES = 1 << 20  # datapoints above this travel in pieces of this size
+MAX_SPLIT_FRAMES = 1 << 16
+_TOTAL = struct.Struct("<QI")
+_SIZE = struct.Struct("<Q")
+
+
+def split_header(sizes: Sequence[int]) -> bytes:
+    """The header announcing a datapoint of frames of ``sizes`` bytes, sent in pieces."""
+    return SPLIT_HEAD + _TOTAL.pack(sum(sizes), len(sizes)) + b"".join(_SIZE.pack(n) for n in sizes)
+
+
+def read_split_header(msg: bytes) -> tuple[int, list[int]]:
+    """``(total bytes, frame sizes)`` of a split header; ``ValueError`` when it is malformed."""
+    base = len(SPLIT_HEAD)
+    if len(msg) < base + _TOTAL.size:
+        raise ValueError(f"split header too short ({len(msg)} bytes)")
+    total, n = _TOTAL.unpack_from(msg, base)
+    if not 0 < n <= MAX_SPLIT_FRAMES or total == 0 or len(msg) != base + _TOTAL.size + n * _SIZE.size:
+        raise ValueError(f"split header of {len(msg)} bytes for {n} frames")
+    sizes = [_SIZE.unpack_from(msg, base + _TOTAL.size + i * _SIZE.size)[0] for i in range(n)]
+    if sum(sizes) != total:
+        raise ValueError(f"split header: frames of {sum(sizes)} bytes in all, announced {total}")
+    return total, sizes
 
 _SCHEMES = ("tcp://", "ipc://")
 _WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::", "[*]")

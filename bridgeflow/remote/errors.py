@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import BridgeflowError
 
-__all__ = ["ProducerError", "ProducerLostError", "RemoteConnectionError"]
+__all__ = ["MessageTooLargeError", "ProducerError", "ProducerLostError", "RemoteConnectionError"]
 
 
 class RemoteConnectionError(BridgeflowError, ConnectionError):
@@ -33,3 +33,15 @@ class ProducerError(BridgeflowError, RuntimeError):
     def __init__(self, message: str, *, addr: str = "") -> None:
         super().__init__(message)
         self.addr = addr
+
+
+class MessageTooLargeError(BridgeflowError, ValueError):
+    """A producer sent, or announced, a datapoint larger than the consumer's ``max_message_bytes``.
+
+    ``addr`` names the producer, ``nbytes`` the datapoint's size and ``limit`` the consumer's limit. The
+    producer is dropped; the others go on when the flow is iterated again.
+    """
+
+    def __init__(self, message: str, *, addr: str = "", nbytes: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.addr, self.nbytes, self.limit = addr, nbytes, limit

@@ -8,19 +8,24 @@ that producer. One producer serves one consumer (a second consumer connected to 
 take every other datapoint).
 
 Datapoints travel as the frames of :func:`bridgeflow.serialize.codec.encode_frames`: array bytes are
-their own frames, sent without copying (and without pickle: the safe codec is the default).
+their own frames, sent without copying (and without pickle: the safe codec is the default). A
+datapoint over 1 MiB travels in 1 MiB pieces after a header that announces its size (see
+:mod:`bridgeflow.remote._protocol`): the consumer sees it arriving piece by piece and refuses one over
+its ``max_message_bytes`` before receiving it.
 
 Back-pressure: each side holds at most ``hwm`` messages per connection (ZeroMQ's high-water mark), plus
 what the operating system buffers on the socket; a producer whose consumer does not read blocks in
 ``send``, so memory stays bounded on both sides.
 
 Liveness: an idle producer sends a heartbeat every ``heartbeat_s``. A producer from which nothing
-arrived for ``timeout`` seconds, with nothing queued for the consumer, is *lost*: with
+arrived for ``timeout`` seconds (no datapoint, no piece of one, no heartbeat), with nothing queued for
+the consumer, is *lost*: with
 ``on_lost="raise"`` (the default) the consumer raises :class:`ProducerLostError` naming its address;
 iterating again goes on with the other producers (their queued datapoints are kept). With
 ``on_lost="skip"`` the loss is logged and the iteration goes on; only when every producer is lost does
 it raise. A consumer busy for a long time does not declare a live producer dead: its heartbeats (or,
-with a full queue, its data) wait in the socket.
+with a full queue, its data) wait in the socket. A large datapoint over a slow link is not silence
+either: each 1 MiB piece that arrives counts (so a link must carry at least 1 MiB per ``timeout``).
 
 End of stream: after each pass over its flow a producer sends an *end* marker; an iteration of
 :class:`RemoteDataZMQ` ends when every producer still connected has sent one (a producer that sent its
@@ -47,19 +52,23 @@ import traceback
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from .._deps import require
 from .._progress import progress_bar
 from ..base import DataFlow
 from ..errors import DataFlowTerminated
 from ..serialize.codec import DECODE_ERRORS, DEFAULT_CODEC, decode_frames, encode_frames
+from ..serialize.errors import CorruptDataError
 from . import _protocol as P
-from .errors import ProducerError, ProducerLostError, RemoteConnectionError
+from .errors import MessageTooLargeError, ProducerError, ProducerLostError, RemoteConnectionError
 
 __all__ = ["RemoteDataZMQ", "send_dataflow_zmq"]
 
 log = logging.getLogger(__name__)
 
 _QUEUE_DEPTH = 4  # encoded datapoints waiting between the producer's reader thread and its socket
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 
 
 def _positive(value: Any, what: str, who: str, *, allow_none: bool = False) -> Any:
@@ -81,6 +90,27 @@ def _put(q: queue.Queue, item: tuple, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
+
+
+def _byte_view(frame: Any) -> memoryview:
+    mv = memoryview(frame)
+    if mv.ndim == 1 and mv.format == "B":
+        return mv
+    return mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
+
+
+def _send_datapoint(sock: Any, frames: list) -> None:
+    """Send one datapoint's frames: as one message, or in pieces after a split header when it is large."""
+    views = [_byte_view(f) for f in frames]
+    sizes = [v.nbytes for v in views]
+    if sum(sizes) <= P.FRAGMENT_BYTES:
+        sock.send_multipart(views, copy=False)
+        return
+    sock.send(P.split_header(sizes))
+    step = P.FRAGMENT_BYTES
+    for v in views:
+        for off in range(0, v.nbytes, step):
+            sock.send_multipart([P.SPLIT_PART, v[off:off + step]], copy=False)
 
 
 def _read_source(df: Any, epochs: int | None, codec: str, q: queue.Queue, stop: threading.Event) -> None:
@@ -173,7 +203,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, codec: str = DEFAU
                 continue
             try:
                 if kind == "D":
-                    sock.send_multipart(payload, copy=False)
+                    _send_datapoint(sock, payload)
                     sent += 1
                     if bar is not None:
                         bar.update(1)
@@ -213,13 +243,39 @@ _ACTIVE, _FINISHED, _LOST = "active", "finished", "lost"
 class _Producer:
     """The consumer's view of one producer: its socket, state and the time it was last heard from."""
 
-    __slots__ = ("addr", "sock", "state", "ended", "last_seen")
+    __slots__ = ("addr", "sock", "state", "ended", "last_seen", "split")
 
     def __init__(self, addr: str, sock: Any) -> None:
         self.addr, self.sock = addr, sock
         self.state = _ACTIVE
         self.ended = False  # sent its end marker in the current iteration
         self.last_seen = time.monotonic()
+        self.split: _Split | None = None  # a datapoint arriving in pieces
+
+
+class _Split:
+    """A large datapoint being received in pieces: one buffer for all its frames, filled in order."""
+
+    __slots__ = ("buf", "sizes", "filled")
+
+    def __init__(self, total: int, sizes: list[int]) -> None:
+        self.buf = np.empty(total, np.uint8)
+        self.sizes, self.filled = sizes, 0
+
+    def add(self, piece: memoryview) -> list | None:
+        """Add the next piece; the datapoint's frames (views of the buffer) once it is complete."""
+        end = self.filled + piece.nbytes
+        if end > self.buf.nbytes:
+            raise CorruptDataError(f"{end} bytes of pieces for a datapoint of {self.buf.nbytes}")
+        self.buf[self.filled:end] = np.frombuffer(piece, np.uint8)
+        self.filled = end
+        if end < self.buf.nbytes:
+            return None
+        frames, off = [], 0
+        for n in self.sizes:
+            frames.append(self.buf[off:off + n])
+            off += n
+        return frames
 
 
 class RemoteDataZMQ(DataFlow):
@@ -230,8 +286,12 @@ class RemoteDataZMQ(DataFlow):
     while this flow waits before it counts as lost (keep it several times the producers' ``heartbeat_s``).
     ``on_lost``: ``"raise"`` (raise :class:`ProducerLostError`, then go on with the others when iterated
     again) or ``"skip"`` (log a warning and go on). Received arrays are writable views of the received
-    messages (not copied again; each datapoint owns its memory). ``allow_pickle`` reads data sent with
-    ``codec="pickle"`` (only from producers you trust).
+    messages (not copied again; each datapoint owns its memory; a datapoint over 1 MiB, which arrives in
+    pieces, is copied once into its own buffer). ``allow_pickle`` reads data sent with
+    ``codec="pickle"`` (only from producers you trust). ``max_message_bytes`` (default 1 GiB) refuses a
+    larger datapoint with :class:`MessageTooLargeError` naming the producer, before receiving it when
+    the producer announces its size as :func:`send_dataflow_zmq` does; ZeroMQ itself drops the
+    connection of a peer that sends a single frame over it.
 
     Sockets are created in ``reset_state()``, in the process that iterates; ``close()`` closes them at once
     (queued datapoints are dropped) and ends ZeroMQ's I/O threads. ``len()`` is unknown.
@@ -244,7 +304,8 @@ class RemoteDataZMQ(DataFlow):
     """
 
     def __init__(self, addrs: str | Sequence[str], hwm: int = 50, *, timeout: float = 30.0,
-                 on_lost: str = "raise", allow_pickle: bool = False) -> None:
+                 on_lost: str = "raise", allow_pickle: bool = False,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         who = type(self).__name__
         self.addrs = P.check_addresses(addrs, "addrs")
         self.hwm = int(_positive(hwm, "hwm", who))
@@ -253,6 +314,9 @@ class RemoteDataZMQ(DataFlow):
             raise ValueError(f"{who}: on_lost must be 'raise' or 'skip', got {on_lost!r}")
         self.on_lost = on_lost
         self.allow_pickle = bool(allow_pickle)
+        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or max_message_bytes <= 0:
+            raise ValueError(f"{who}: max_message_bytes must be a positive integer, got {max_message_bytes!r}")
+        self.max_message_bytes = max_message_bytes
         self._ctx: Any = None
         self._producers: list[_Producer] = []
 
@@ -269,6 +333,9 @@ class RemoteDataZMQ(DataFlow):
                 sock = self._ctx.socket(zmq.PULL)
                 sock.setsockopt(zmq.RCVHWM, self.hwm)
                 sock.setsockopt(zmq.LINGER, 0)
+                # A single frame over the limit is refused by ZeroMQ itself (it drops the connection), so
+                # that a peer that does not announce its sizes cannot make this process allocate it.
+                sock.setsockopt(zmq.MAXMSGSIZE, max(self.max_message_bytes, P.FRAGMENT_BYTES) + 65536)
                 self._producers.append(_Producer(addr, sock))
                 sock.connect(addr)
         except zmq.ZMQError as exc:
@@ -341,11 +408,53 @@ class RemoteDataZMQ(DataFlow):
                 self._control(p, bytes(head))
                 continue
             try:
-                dp = decode_frames([f.buffer for f in frames], allow_pickle=self.allow_pickle)
+                parts = self._datapoint_frames(p, frames)
+                if parts is None:  # a piece of a large datapoint: more to come
+                    continue
+                dp = decode_frames(parts, allow_pickle=self.allow_pickle)
             except DECODE_ERRORS as exc:
                 raise type(exc)(f"{type(self).__name__}: bad message from {p.addr}: {exc}") from exc
             self._n += 1
             yield dp
+
+    def _datapoint_frames(self, p: _Producer, frames: list) -> list | None:
+        """The frames of a datapoint, or ``None`` while one arriving in pieces is incomplete."""
+        head = frames[0].buffer
+        if head[:3] != P.SPLIT and p.split is None:
+            self._check_size(p, sum(f.buffer.nbytes for f in frames))
+            return [f.buffer for f in frames]
+        try:
+            kind = bytes(head[:4])
+            if kind == P.SPLIT_HEAD and len(frames) == 1 and p.split is None:
+                try:
+                    total, sizes = P.read_split_header(bytes(head))
+                except ValueError as exc:
+                    raise CorruptDataError(str(exc)) from None
+                self._check_size(p, total)
+                p.split = _Split(total, sizes)
+                return None
+            if kind == P.SPLIT_PART and len(frames) == 2 and len(head) == 4 and p.split is not None:
+                done = p.split.add(frames[1].buffer)
+                if done is not None:
+                    p.split = None
+                return done
+            if p.split is not None:
+                raise CorruptDataError("a message other than the next piece of a datapoint arriving in pieces")
+            raise CorruptDataError(f"unexpected split message {bytes(head[:8])!r} ({len(frames)} frames)")
+        except CorruptDataError:  # the stream of this producer is out of step: nothing more of it can be read
+            p.split = None
+            self._drop(p, _LOST)
+            self._lost += 1
+            raise
+
+    def _check_size(self, p: _Producer, nbytes: int) -> None:
+        if nbytes > self.max_message_bytes:
+            self._drop(p, _LOST)
+            self._lost += 1
+            raise MessageTooLargeError(
+                f"{type(self).__name__}: producer {p.addr} sent a datapoint of {nbytes:,} bytes, over "
+                f"max_message_bytes={self.max_message_bytes:,}; dropped (raise max_message_bytes to accept it)",
+                addr=p.addr, nbytes=nbytes, limit=self.max_message_bytes)
 
     def _control(self, p: _Producer, msg: bytes) -> None:
         if msg == P.END:

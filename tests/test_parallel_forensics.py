@@ -1,0 +1,163 @@
+"""Stalled workers: a stall warning that says which worker, in what state and where; ``timeout=`` on
+every parallel stage."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import pytest
+
+import bridgeflow as bf
+from bridgeflow.errors import WorkerError, WorkerTimeoutError
+from bridgeflow.parallel import (
+    MultiProcessMapData,
+    MultiProcessRunner,
+    MultiThreadMapData,
+    MultiThreadRunner,
+    WorkerPool,
+    forensics,
+)
+
+MAP_STAGES = [MultiProcessMapData, MultiThreadMapData]
+
+
+def waits_for_a_lock_that_never_comes(i):
+    if i == 3:
+        time.sleep(2.0)  # a deadlock in user code, a stuck read: here, for two seconds
+    return [i]
+
+
+def identity(i):
+    return [i]
+
+
+def source(n=20):
+    return bf.DataFromList(list(range(n)), shuffle=False)
+
+
+def stall_records(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "no result for" in r.getMessage()]
+
+
+@pytest.mark.parametrize("cls", MAP_STAGES)
+def test_a_stall_is_logged_with_the_workers_stack_and_the_wait_goes_on(cls, leak_check, caplog):
+    with caplog.at_level(logging.WARNING, logger="bridgeflow.parallel.pool"):
+        with cls(source(), 2, waits_for_a_lock_that_never_comes, stall_warning=0.5) as df:
+            df.reset_state()
+            assert [dp[0] for dp in df] == list(range(20))  # no timeout: it waits, and nothing is lost
+    logs = stall_records(caplog)
+    assert logs, "no stall warning"
+    first = logs[0]
+    assert first.startswith(f"{cls.__name__}: no result for ")
+    assert "holds the oldest task (#0)" in first  # tasks 0-15 travel as one chunk: #3 holds up #0
+    assert "in waits_for_a_lock_that_never_comes" in first  # the stack names the function it is stuck in
+    if cls is MultiProcessMapData:
+        assert "(pid " in first and "is sleeping" in first
+    else:
+        assert "(a thread)" in first
+    assert len(logs) <= 3  # at 0.5, 1 and 2 s: the warnings thin out as the wait goes on
+
+
+def test_a_stopped_worker_is_reported_as_such_then_times_out(leak_check, caplog):
+    """SIGSTOP (or a debugger) freezes a worker: it cannot dump its stack, and the warning says why; the
+    stage's timeout then raises an error naming it, and closing the stage kills it."""
+    with caplog.at_level(logging.WARNING, logger="bridgeflow.parallel.pool"):
+        df = MultiProcessMapData(source(10**6), 2, identity, stall_warning=0.3, timeout=1.5)
+        df.reset_state()
+        it = iter(df)
+        next(it)
+        pid = df._pool.pids[1]
+        os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerTimeoutError) as info:
+            for _ in range(10**6):
+                next(it)
+        waited = time.monotonic() - t0
+        del it
+        df.close()
+    assert 1.4 < waited < 4
+    err = info.value
+    assert isinstance(err, TimeoutError) and isinstance(err, WorkerError)
+    assert (err.stage, err.worker, err.pid) == ("MultiProcessMapData", 1, pid)
+    assert f"worker 1 (pid {pid}) of MultiProcessMapData has not returned task #" in str(err)
+    assert "after 1.5 s (timeout); it is stopped (SIGSTOP?)" in str(err)
+    logs = stall_records(caplog)
+    assert logs and f"worker 1 (pid {pid}) holds the oldest task" in logs[0]
+    assert "is stopped (SIGSTOP?). A process in this state cannot dump its stack." in logs[0]
+
+
+class Sleepy(bf.DataFlow):
+    """Its first pass takes 1.5 s to yield anything; later passes are quick."""
+
+    def __init__(self):
+        self.passes = 0
+
+    def __iter__(self):
+        self.passes += 1
+        if self.passes == 1:
+            time.sleep(1.5)
+        yield [0]
+
+
+def sleepy_flow():
+    return Sleepy()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: MultiProcessMapData(source(), 2, waits_for_a_lock_that_never_comes, timeout=0.5),
+    lambda: MultiThreadMapData(source(), 2, waits_for_a_lock_that_never_comes, timeout=0.5),
+    lambda: MultiProcessRunner(sleepy_flow(), 1, timeout=0.5),
+    lambda: MultiThreadRunner(sleepy_flow, 1, timeout=0.5),
+], ids=["MultiProcessMapData", "MultiThreadMapData", "MultiProcessRunner", "MultiThreadRunner"])
+def test_every_parallel_stage_takes_a_timeout(make, leak_check):
+    df = make()
+    name = type(df).__name__
+    df.reset_state()
+    t0 = time.monotonic()
+    pattern = rf"worker \d .*of {name} has not returned task #\d+ after 0.5 s"
+    with pytest.raises(WorkerTimeoutError, match=pattern) as info:
+        list(df)
+    assert time.monotonic() - t0 < 2.5
+    assert info.value.stage == name
+    if "Thread" in name:  # a thread cannot be stopped: wait for it before closing
+        time.sleep(1.6)
+    df.close()
+
+
+def nap(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def nap_init(ctx):
+    return nap
+
+
+def test_after_a_timeout_nothing_is_lost(leak_check):
+    with WorkerPool(nap_init, 1, timeout=1.0, stall_warning=None) as pool:
+        pool.start()
+        pool.put(1.6, flush=True)
+        pool.put(0.0, flush=True)
+        with pytest.raises(WorkerTimeoutError, match=r"task #0 after 1 s \(timeout\); it is sleeping, in nap \("):
+            pool.get()
+        assert not pool.interrupted
+        assert [pool.get()[1], pool.get()[1]] == [1.6, 0.0]  # the same pool, when the worker is done
+
+
+def test_timeouts_are_validated():
+    for bad in (-1, "1", True):
+        with pytest.raises(ValueError, match="MultiProcessMapData: timeout must be a positive number"):
+            MultiProcessMapData(source(), 2, identity, timeout=bad)
+        with pytest.raises(ValueError, match="MultiThreadRunner: stall_warning must be a positive number"):
+            MultiThreadRunner(sleepy_flow, 1, stall_warning=bad)
+    df = MultiProcessMapData(source(), 2, identity, timeout=0, stall_warning=None)  # torch's 0: no timeout
+    assert df.timeout is None and df.stall_warning is None
+
+
+def test_process_state_reads_proc():
+    assert forensics.process_state(os.getpid()) == "running"
+    assert forensics.process_state(2**22 + 12345) == "gone"

@@ -1,0 +1,320 @@
+"""The shared-memory transport under pressure: few file descriptors, a /dev/shm shared with other pid
+namespaces (containers), segments removed by someone else."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import shm_entries, wait_for
+
+from bridgeflow.errors import WorkerError
+from bridgeflow.parallel import WorkerPool, segments
+from bridgeflow.parallel import shm as shm_mod
+
+FORK = mp.get_context("fork")
+
+
+def quarter_mb_init(ctx):
+    return lambda i: np.full(1 << 18, i % 251, np.uint8)
+
+
+# --- descriptors ------------------------------------------------------------------------------------
+
+_FD_SCRIPT = textwrap.dedent("""
+    import json, logging, os, resource, sys
+    resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit}))
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    import numpy as np
+    from bridgeflow.parallel import WorkerPool
+
+    def fds(pid="self"):
+        return len(os.listdir(f"/proc/{{pid}}/fd"))
+
+    def hog_then_arrays(ctx):
+        hogged = []
+        if {hog}:  # the worker itself is at its limit: slabs cannot be created
+            try:
+                while True:
+                    hogged.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                pass
+        return lambda i: np.full(1 << 18 if i >= 0 else 1, i % 251, np.uint8)
+
+    with WorkerPool(hog_then_arrays, 2) as pool:
+        pool.start()
+        for w in range(2):  # both workers started and sent one (small) result
+            pool.put(-1, worker=w, flush=True)
+            pool.get()
+        fds0, workers0 = fds(), [fds(p) for p in pool.pids]
+        held = []
+        for i in range({hold}):
+            pool.put(i, flush=True)
+            held.append(pool.get()[1])
+        with open("/proc/self/maps") as f:
+            slabs = sum(f"/dev/shm/bf{{os.getpid()}}_" in line and "ctl" not in line for line in f)
+        out = {{"fds": [fds0, fds()], "worker_fds": [workers0, [fds(p) for p in pool.pids]], "slabs": slabs,
+                "intact": all(a.nbytes == 1 << 18 and (a == i % 251).all() for i, a in enumerate(held))}}
+    print(json.dumps(out))
+""")
+
+
+def _run_fd_script(limit: int, hold: int, hog: bool = False) -> tuple[dict, str]:
+    script = _FD_SCRIPT.format(limit=limit, hold=hold, hog=hog)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def test_holding_many_results_under_a_low_fd_limit_holds_no_descriptor_per_slab(leak_check):
+    """ulimit -n 64 (soft and hard), 300 results of 256 KB held: 256 slabs mapped at once (128 per worker,
+    the rest in-band), and not one descriptor more in the consumer or the workers. The consumer used to
+    keep a descriptor per mapped slab and failed with EMFILE after about 50 results."""
+    got, err = _run_fd_script(limit=64, hold=300)
+    assert got["intact"], err
+    assert got["slabs"] >= 250
+    fds0, fds1 = got["fds"]
+    assert fds1 <= fds0 + 2, got
+    for before, after in zip(*got["worker_fds"]):
+        assert after <= before + 2, got
+    assert "Too many open files" not in err
+
+
+def test_a_worker_at_its_fd_limit_falls_back_to_the_pipe_saying_so(leak_check):
+    got, err = _run_fd_script(limit=64, hold=20, hog=True)
+    assert got["intact"], err
+    assert got["slabs"] == 0  # every result came through the pipe
+    assert err.count("limit of open files (ulimit -n 64 (hard limit 64))") == 2, err  # once per worker
+    assert "results travel through the pipe instead" in err
+
+
+def test_the_soft_fd_limit_is_raised_to_the_hard_one_at_pool_start(leak_check):
+    script = textwrap.dedent("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 256))
+        from bridgeflow.parallel import WorkerPool
+        with WorkerPool(lambda ctx: (lambda x: x), 1) as pool:
+            pool.start()
+            pool.put(1)
+            pool.get()
+        print(resource.getrlimit(resource.RLIMIT_NOFILE))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "(256, 256)"
+
+
+# --- ownership across pid namespaces --------------------------------------------------------------
+
+def _dead_pid() -> int:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
+
+
+def _hold_control(name: str, ready, release) -> None:
+    ctl = shm_mod.ControlSegment.create(name, 64)
+    ready.set()
+    release.wait(60)
+    ctl.close()
+
+
+def test_a_sweep_spares_segments_whose_owner_holds_the_lock_whatever_its_pid(leak_check, monkeypatch):
+    """A pool in another container has a pid that does not exist here: only its lock says it is alive.
+    While the lock is held, no sweep (nor pool start) here removes its segments; once its holder is gone
+    the next sweep does. (What this process's sweeps unlink is recorded, so that sweepers of older
+    versions in other processes sharing this /dev/shm, which go by the pid, cannot blur the result.)"""
+    dead = _dead_pid()
+    prefix = f"bf{dead}_7{os.urandom(2).hex()}_"
+    slab = shm_mod.SHM_DIR + f"/{prefix}r0_0_abcdef"
+    unlinked: list[str] = []
+    unlink = segments.unlink_segment
+    monkeypatch.setattr(segments, "unlink_segment", lambda name: (unlinked.append(name), unlink(name)))
+    ready, release = FORK.Event(), FORK.Event()
+    holder = FORK.Process(target=_hold_control, args=(prefix + "ctl", ready, release), daemon=True)
+    holder.start()
+    try:
+        assert ready.wait(10)
+        with open(slab, "wb") as f:
+            f.write(b"x" * 4096)
+        with pytest.raises(ProcessLookupError):
+            os.kill(dead, 0)  # what the sweep used to rely on
+        assert segments._owner_state(prefix + "ctl") == "alive"
+        for _ in range(3):
+            shm_mod.sweep_orphans()
+        with WorkerPool(quarter_mb_init, 1) as pool:  # a start sweeps too
+            pool.start()
+        assert not [n for n in unlinked if n.startswith(prefix)]
+        release.set()
+        holder.join(10)
+        assert segments._owner_state(prefix + "ctl") == "dead"
+        shm_mod.sweep_orphans()
+        assert {prefix + "ctl", prefix + "r0_0_abcdef"} <= set(unlinked)
+        assert not os.path.exists(slab) and not os.path.exists(shm_mod.SHM_DIR + f"/{prefix}ctl")
+    finally:
+        holder.kill()
+        shm_mod.sweep_segments(prefix)
+
+
+def test_control_segments_of_older_versions_are_judged_by_their_pid(leak_check):
+    """A control segment without the lock marker (written by a bridgeflow that took no lock) whose pid is
+    alive here is left alone; one whose pid is gone is removed, as before."""
+    alive = shm_mod.SHM_DIR + f"/bf{os.getppid()}_0ffff_ctl"
+    dead = shm_mod.SHM_DIR + f"/bf{_dead_pid()}_0eeee_ctl"
+    try:
+        for path in (alive, dead):
+            with open(path, "wb") as f:
+                f.write(bytes(64))
+        shm_mod.sweep_orphans()
+        assert os.path.exists(alive) and not os.path.exists(dead)
+    finally:
+        for path in (alive, dead):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+_NAMESPACED = textwrap.dedent("""
+    import json, os, sys, time
+    import numpy as np
+    from bridgeflow.parallel import WorkerPool
+
+    def init(ctx):
+        return lambda i: np.full(300_000, i % 251, np.uint8)
+
+    pool = WorkerPool(init, 2)
+    pool.start()
+    print(json.dumps({"pid": os.getpid(), "prefix": pool._res.prefix}), flush=True)
+    n, held, bad = 0, [], 0
+    deadline = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < deadline:
+        for k in range(8):
+            pool.put(n + k, flush=True)
+        for k in range(8):
+            a = pool.get()[1]
+            bad += int(a[0] != (n + k) % 251 or a[-1] != (n + k) % 251)
+            held.append(a)
+        n += 8
+        if len(held) > 48:  # hold a varying number: the workers keep creating and retiring slabs
+            del held[:40]
+    pool.close()
+    print(json.dumps({"n": n, "bad": bad}), flush=True)
+""")
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True,
+                              timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _namespaced_pool(seconds: float, tmp_path, pid: int) -> tuple[subprocess.Popen, dict]:
+    """A pool streaming for ``seconds`` in a new pid namespace, where its consumer gets pid ``pid``."""
+    script = tmp_path / "namespaced.py"
+    script.write_text(_NAMESPACED)
+    shell = f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid && {sys.executable} {script} {seconds}"
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "sh", "-c", shell],
+                            stdout=subprocess.PIPE, text=True)
+    info = json.loads(proc.stdout.readline())
+    assert info["pid"] == pid
+    return proc, info
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs `unshare --pid` (root, or unprivileged user namespaces)")
+def test_pools_in_separate_pid_namespaces_share_dev_shm(leak_check, tmp_path):
+    """A pool in its own pid namespace streams for 4 s while pools here start (and sweep) over and over:
+    none of its segments is touched. Then its whole namespace is SIGKILLed (nobody cleans up), and the
+    next pool here removes what it left, though a process here has the pid in its segments' names (the
+    pid check of old would have kept them forever).
+
+    Its consumer is given the pid of this test's parent: a pid that is alive here, so that sweepers of
+    older versions running beside this test (they judge by pid) leave its segments alone too. A pid that
+    does not exist here is the subject of the simulated test above.
+    """
+    here = os.getppid()
+    proc, info = _namespaced_pool(4.0, tmp_path, here)
+    prefix = info["prefix"]
+    try:
+        swept = 0
+        while proc.poll() is None and swept < 30:
+            with WorkerPool(quarter_mb_init, 1) as pool:
+                pool.start()
+            swept += 1
+            assert any(n.startswith(prefix) for n in shm_entries(mine_only=False)) or proc.poll() is not None
+        done = json.loads(proc.stdout.readline())
+        assert proc.wait(30) == 0
+        assert swept >= 3 and done["n"] > 0 and done["bad"] == 0, (swept, done)
+
+        proc, info = _namespaced_pool(60.0, tmp_path, here)
+        prefix = info["prefix"]
+        assert wait_for(lambda: any(n.startswith(prefix + "r") for n in shm_entries(mine_only=False)), 10)
+        proc.kill()  # unshare dies; its child, the namespace's init, gets SIGKILL and the namespace with it
+        proc.wait(10)
+        assert wait_for(lambda: segments._owner_state(prefix + "ctl") == "dead", 5)  # its lock went with it
+        assert {n for n in shm_entries(mine_only=False) if n.startswith(prefix)}  # nobody could clean up
+        os.kill(here, 0)  # the pid in the names is alive here
+        with WorkerPool(quarter_mb_init, 1) as pool:
+            pool.start()
+        assert not {n for n in shm_entries(mine_only=False) if n.startswith(prefix)}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        shm_mod.sweep_segments(prefix)
+
+
+# --- segments removed by someone else -------------------------------------------------------------
+
+def test_a_result_whose_segment_vanished_is_an_error_that_says_so(leak_check):
+    with WorkerPool(quarter_mb_init, 1, name="Stage") as pool:
+        pool.start()
+        pool.put(1, flush=True)
+        assert pool._res.result_conns[0].poll(10)  # the result waits in the pipe, its slab in /dev/shm
+        prefix = pool._res.prefix + "r0_"
+        for name in shm_entries():
+            if name.startswith(prefix):
+                os.unlink(os.path.join(shm_mod.SHM_DIR, name))
+        with pytest.raises(WorkerError, match=r"result of worker 0 \(pid \d+\) of Stage: the shared-memory "
+                                              r"segment .* vanished") as info:
+            pool.get()
+        assert isinstance(info.value.__cause__, FileNotFoundError)
+        assert pool.interrupted  # its result is lost: later gets must not wait for it
+
+
+def echo_init(ctx):
+    return lambda x: x
+
+
+def test_a_task_whose_segment_vanished_stops_the_worker_saying_so(leak_check):
+    with WorkerPool(echo_init, 1, name="Stage") as pool:
+        pool.start()
+        pid = pool.pids[0]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            pool.put(np.ones(100_000), flush=True)  # 800 KB: the task travels in a slab
+            prefix = pool._res.prefix + "t0_"
+            gone = [n for n in shm_entries() if n.startswith(prefix)]
+            assert gone
+            for name in gone:
+                os.unlink(os.path.join(shm_mod.SHM_DIR, name))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) of Stage stopped: the shared-memory segment "
+                                              r".*t0_.* vanished"):
+            pool.get(timeout=10)
+        pool._res.procs[0].join(5)
+        # the worker left the rest of the pool's shared memory to the pool, which is alive
+        assert os.path.exists(os.path.join(shm_mod.SHM_DIR, pool._res.prefix + "ctl"))
