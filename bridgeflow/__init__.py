@@ -7,6 +7,7 @@ hand the result to PyTorch or TensorFlow while the model trains.
 Importing bridgeflow loads only numpy and the standard library.
 """
 
+from .augment import AugmentImageComponent, AugmentImageComponents, AugmentImageCoordinates
 from .base import DataFlow, ProxyDataFlow, RNGDataFlow, as_dataflow, get_rng, iter_flows, worker_seed_scope
 from .batch import BatchData, BatchDataByShape, UnbatchData, batch_datapoints
 from .combine import ConcatData, JoinData, LocallyShuffleData, RandomChooseData, RandomMixData
@@ -20,6 +21,7 @@ from .errors import (
     MissingDependencyError,
     WorkerError,
 )
+from .image_sources import ImageFromFile
 from .parallel import (
     MultiProcessMapAndBatchData,
     MultiProcessMapAndBatchDataZMQ,
@@ -73,6 +75,9 @@ from .transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AugmentImageComponent",
+    "AugmentImageComponents",
+    "AugmentImageCoordinates",
     "BatchData",
     "BatchDataByShape",
     "BatchError",
@@ -93,6 +98,7 @@ __all__ = [
     "FixedSizeData",
     "HDF5Data",
     "HDF5Serializer",
+    "ImageFromFile",
     "JoinData",
     "LMDBData",
     "LMDBSerializer",
