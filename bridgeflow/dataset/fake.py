@@ -26,13 +26,13 @@ def _image(rng: np.random.RandomState, label: int, size: tuple[int, int]) -> np.
 
 
 def write_fake_ilsvrc12(dir: str, classes: int = 4, train_per_class: int = 5, val: int = 8,
-                        size_range: tuple[int, int] = (40, 72), seed: int = 0) -> str:
+                        size_range: tuple[int, int] = (40, 72), seed: int = 0, meta_dir: str | None = None) -> str:
     """Write JPEGs under ``dir/train/<synset>/`` and ``dir/val/``, and Caffe-style metadata under
-    ``dir/meta/`` (synsets.txt, synset_words.txt, train.txt, val.txt). Image sizes are random in
-    ``size_range``; an image's mean colour follows its label. Returns ``dir``."""
+    ``meta_dir`` (default ``dir/meta``: synsets.txt, synset_words.txt, train.txt, val.txt). Image sizes
+    are random in ``size_range``; an image's mean colour follows its label. Returns ``dir``."""
     c = cv2()
     rng = np.random.RandomState(seed)
-    meta = os.path.join(dir, "meta")
+    meta = meta_dir or os.path.join(dir, "meta")
     os.makedirs(meta, exist_ok=True)
     synsets = [f"n{10000000 + 1117 * k:08d}" for k in range(classes)]
 
