@@ -245,3 +245,25 @@ def test_misuse_is_explained():
     with pytest.raises(InputSourceError, match=r"enter `with"):
         tf.function(lambda: si.dequeue(), autograph=False)()
     si.close()
+
+
+@pytest.mark.parametrize("nr_stage", [1, 3])
+def test_early_break_and_close_leave_no_thread(leak_check, nr_stage):
+    si = StagingInput(QueueInput(batches(1000), queue_size=2), nr_stage=nr_stage, device="/cpu:0")
+    with si:
+        for _ in si:  # the staging thread is waiting for room in the area, the producer for room in the queue
+            break
+    assert not si._thread.is_alive()
+
+
+def test_graph_session_closed_before_the_input(leak_check):
+    g = tf.Graph()
+    with g.as_default():
+        si = staged(2)
+        ids, _ = si.dequeue()
+        sess = tf.compat.v1.Session(graph=g)
+        si.start(sess)
+        assert len(sess.run(ids)) == BATCH
+        sess.close()  # the staging thread is blocked in a put on this session
+        si.close()
+    assert not si._thread.is_alive()

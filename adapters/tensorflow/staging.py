@@ -65,6 +65,8 @@ class StagingInput(InputSource):
             eagerly (DummyConstantInput).
         nr_stage: batches kept on the device ahead of the step.
         device: where the area lives; default ``/gpu:0`` when TensorFlow sees a GPU, else ``/cpu:0``.
+        name: name scope of the graph ops and of the staging thread.
+        join_timeout_s: how long ``close()`` waits for the staging thread.
     """
 
     def __init__(self, input: InputSource, nr_stage: int = 1, device: str | None = None,
