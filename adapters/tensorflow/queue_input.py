@@ -238,8 +238,8 @@ class QueueInput(InputSource):
     def wait_for_item(self, index: int, timeout: float | None = None) -> bool:
         """Wait until datapoint number ``index`` (0-based, counted since the start) was enqueued.
 
-        Returns False when the data ends (or fails, or the input closes) before it; used by StagingInput
-        to stage only what exists, so the end of data never interrupts a step.
+        Returns False when the data ends (or fails, or the input closes) before it: a consumer can learn
+        whether a datapoint will come without taking it.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
