@@ -7,6 +7,7 @@ hand the result to PyTorch or TensorFlow while the model trains.
 Importing bridgeflow loads only numpy and the standard library.
 """
 
+from .augment import AugmentImageComponent, AugmentImageComponents, AugmentImageCoordinates
 from .base import DataFlow, ProxyDataFlow, RNGDataFlow, as_dataflow, get_rng, iter_flows, worker_seed_scope
 from .batch import BatchData, BatchDataByShape, UnbatchData, batch_datapoints
 from .combine import ConcatData, JoinData, LocallyShuffleData, RandomChooseData, RandomMixData
@@ -21,6 +22,7 @@ from .errors import (
     WorkerError,
     WorkerTimeoutError,
 )
+from .image_sources import ImageFromFile
 from .parallel import (
     MultiProcessMapAndBatchData,
     MultiProcessMapAndBatchDataZMQ,
@@ -76,6 +78,9 @@ from .transforms import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AugmentImageComponent",
+    "AugmentImageComponents",
+    "AugmentImageCoordinates",
     "BatchData",
     "BatchDataByShape",
     "BatchError",
@@ -97,6 +102,7 @@ __all__ = [
     "FixedSizeData",
     "HDF5Data",
     "HDF5Serializer",
+    "ImageFromFile",
     "JoinData",
     "LMDBData",
     "LMDBSerializer",

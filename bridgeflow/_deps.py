@@ -16,6 +16,8 @@ _EXTRAS = {
     "ray": ("ray", "ray"),
     "torch": ("torch", "torch"),
     "tensorflow": ("tensorflow", "tensorflow-cpu"),
+    "cv2": ("images", "opencv-python-headless"),
+    "PIL": ("images", "pillow"),
 }
 
 

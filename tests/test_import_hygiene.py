@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-HEAVY = ["torch", "tensorflow", "lmdb", "h5py", "zmq", "ray", "bridgeflow.adapters"]
+HEAVY = ["torch", "tensorflow", "lmdb", "h5py", "zmq", "ray", "cv2", "PIL", "albumentations", "bridgeflow.adapters"]
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
@@ -19,7 +19,8 @@ def run_python(code: str) -> subprocess.CompletedProcess:
     return out
 
 
-@pytest.mark.parametrize("module", ["bridgeflow", "bridgeflow.parallel", "bridgeflow.testing", "bridgeflow.cli"])
+@pytest.mark.parametrize("module", ["bridgeflow", "bridgeflow.parallel", "bridgeflow.testing", "bridgeflow.cli",
+                                    "bridgeflow.dataflow"])
 def test_import_loads_no_heavy_module(module):
     out = run_python(f"""
         import json, sys

@@ -56,8 +56,10 @@ def test_explicit_signature_and_dynamic_batch():
     assert sizes == [4, 4, 2]
     spec = (tf.TensorSpec([None], tf.float32),)
     assert [int(b[0].shape[0]) for b in to_tf_dataset(df, output_signature=spec)] == [4, 4, 2]
+    # by default the batch dimension is unknown because df batches with remainder=True
+    assert [int(b[0].shape[0]) for b in to_tf_dataset(df)] == [4, 4, 2]
     with pytest.raises(tf.errors.InvalidArgumentError, match="shape"):
-        list(to_tf_dataset(df))  # the last batch does not fit the first batch's static shape
+        list(to_tf_dataset(df, dynamic_batch=False))  # the last batch does not fit the first one's shape
 
 
 def test_concurrent_iterations_of_one_flow_are_refused_with_bridgeflow_message():

@@ -7,7 +7,7 @@ from typing import Any
 
 from bridgeflow.errors import DatapointError
 
-__all__ = ["END", "close_iterator", "peek", "reset_once", "with_first"]
+__all__ = ["END", "close_iterator", "dynamic_batch_for", "peek", "reset_once", "with_first"]
 
 END = object()  # sentinel: the iterator is exhausted
 
@@ -44,3 +44,17 @@ def with_first(first: Any, it: Iterator) -> Iterator:
         yield from it
     finally:
         close_iterator(it)
+
+
+def dynamic_batch_for(df: Any, dynamic_batch: bool | None) -> bool:
+    """``dynamic_batch`` if given; when None, True if ``df`` batches with ``remainder=True`` (the first
+    batching flow found from the top of the pipeline), so its smaller last batch fits the signature."""
+    if dynamic_batch is not None:
+        return bool(dynamic_batch)
+    from bridgeflow.base import iter_flows
+    from bridgeflow.batch import BatchData, BatchDataByShape
+
+    for _, flow in iter_flows(df):
+        if isinstance(flow, (BatchData, BatchDataByShape)):
+            return bool(flow.remainder)
+    return False

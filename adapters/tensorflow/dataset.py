@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ._flow import END, close_iterator, peek, reset_once
+from ._flow import END, close_iterator, dynamic_batch_for, peek, reset_once
 from .signature import Signature
 
 __all__ = ["to_tf_dataset"]
@@ -58,7 +58,7 @@ class _FlowGenerator:
             close_iterator(it)
 
 
-def to_tf_dataset(df: Any, output_signature: Any = None, *, dynamic_batch: bool = False,
+def to_tf_dataset(df: Any, output_signature: Any = None, *, dynamic_batch: bool | None = None,
                   prefetch: int | None = tf.data.AUTOTUNE) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` yielding the datapoints of ``df`` (tuples, or dicts for dict datapoints).
 
@@ -68,7 +68,7 @@ def to_tf_dataset(df: Any, output_signature: Any = None, *, dynamic_batch: bool 
             datapoint, which is read now (the flow is reset in this thread) and handed to the first
             iteration of the dataset, not read twice.
         dynamic_batch: with an inferred signature, leave the first dimension unknown so a smaller last
-            batch (``BatchData(..., remainder=True)``) fits.
+            batch (``BatchData(..., remainder=True)``) fits; None (default): when ``df`` batches that way.
         prefetch: buffer size of the final ``prefetch`` (``tf.data.AUTOTUNE`` by default); None for none.
 
     When ``len(df)`` is known the dataset's cardinality is set to it (Keras then knows the steps per
@@ -79,7 +79,8 @@ def to_tf_dataset(df: Any, output_signature: Any = None, *, dynamic_batch: bool 
     pending = None
     if output_signature is None:
         pending = peek(df, "to_tf_dataset", "output_signature=")
-        sig = Signature.from_datapoint(pending[0], dynamic_batch, who="to_tf_dataset: first datapoint")
+        sig = Signature.from_datapoint(pending[0], dynamic_batch_for(df, dynamic_batch),
+                                       who="to_tf_dataset: first datapoint")
     else:
         sig = Signature.from_structure(output_signature)
     ds = tf.data.Dataset.from_generator(_FlowGenerator(df, sig, pending), output_signature=sig.structure)

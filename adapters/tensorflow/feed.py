@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ._flow import END, close_iterator, peek, reset_once, with_first
+from ._flow import END, close_iterator, dynamic_batch_for, peek, reset_once, with_first
 from .signature import Signature
 from .source import InputSource, InputSourceError, graph_mode
 
@@ -33,11 +33,11 @@ class FeedInput(InputSource):
         >>> fi.run_until_end(train_step)  # train_step(batch) is a tf.function  # doctest: +SKIP
     """
 
-    def __init__(self, df: Any, signature: Any = None, *, dynamic_batch: bool = False) -> None:
+    def __init__(self, df: Any, signature: Any = None, *, dynamic_batch: bool | None = None) -> None:
         if not hasattr(df, "__iter__"):
             raise TypeError(f"FeedInput needs a DataFlow or iterable of datapoints, got {type(df).__name__}")
         self.df = df
-        self.dynamic_batch = dynamic_batch
+        self.dynamic_batch = dynamic_batch_for(df, dynamic_batch)  # None: from BatchData(remainder=...)
         self._sig = None if signature is None else Signature.from_structure(signature)
         self._pending: tuple[Any, Iterator] | None = None
         self._it: Iterator | None = None

@@ -46,7 +46,7 @@ import tensorflow as tf
 
 from bridgeflow.errors import DatapointError
 
-from ._flow import END, close_iterator, reset_once
+from ._flow import END, close_iterator, dynamic_batch_for, reset_once
 from .signature import Signature
 from .source import InputSource, InputSourceError, graph_mode
 
@@ -62,14 +62,15 @@ class QueueInput(InputSource):
         queue_size: capacity of the queue, in datapoints (batches when ``df`` batches).
         signature: a tuple/list/dict of ``tf.TensorSpec``; inferred from the first datapoint when None.
         epochs: how many passes over ``df`` before the end of data; ``None`` repeats forever.
-        dynamic_batch: with an inferred signature, leave the first dimension unknown (smaller last batch).
+        dynamic_batch: with an inferred signature, leave the first dimension unknown (smaller last batch);
+            None (default): unknown when ``df`` batches with ``remainder=True``.
         log_every_s: period of the INFO log line with the average queue fill; ``None`` turns it off.
         name: name scope of the graph ops and prefix of the log lines.
         join_timeout_s: how long ``close()`` waits for the thread (a flow stuck in ``next()``).
     """
 
     def __init__(self, df: Any, queue_size: int = 50, signature: Any = None, *, epochs: int | None = 1,
-                 dynamic_batch: bool = False, log_every_s: float | None = 60.0, name: str = "QueueInput",
+                 dynamic_batch: bool | None = None, log_every_s: float | None = 60.0, name: str = "QueueInput",
                  join_timeout_s: float = 10.0) -> None:
         if not hasattr(df, "__iter__"):
             raise TypeError(f"QueueInput needs a DataFlow or iterable of datapoints, got {type(df).__name__}")
@@ -82,7 +83,7 @@ class QueueInput(InputSource):
         self.df = df
         self.queue_size = queue_size
         self.epochs = epochs
-        self.dynamic_batch = dynamic_batch
+        self.dynamic_batch = dynamic_batch_for(df, dynamic_batch)
         self.log_every_s = log_every_s
         self.name = name
         self.join_timeout_s = join_timeout_s
@@ -217,6 +218,13 @@ class QueueInput(InputSource):
             except tf.errors.OutOfRangeError:
                 return
 
+    def _dequeue_flat(self) -> list:
+        """Eager: the next datapoint as a flat list of tensors, or ``OutOfRangeError`` at the end. For
+        StagingInput's thread: the flow's error stays unreported, for the consumer's loop to raise."""
+        self._build(False)
+        flat = self._queue.dequeue()
+        return list(flat) if isinstance(flat, (list, tuple)) else [flat]
+
     # --- errors, end and close ------------------------------------------------------------------
     def raise_if_failed(self) -> None:
         """Re-raise the flow's exception (same object, type and message) if the producer died of one."""
@@ -230,8 +238,8 @@ class QueueInput(InputSource):
     def wait_for_item(self, index: int, timeout: float | None = None) -> bool:
         """Wait until datapoint number ``index`` (0-based, counted since the start) was enqueued.
 
-        Returns False when the data ends (or fails, or the input closes) before it; used by StagingInput
-        to stage only what exists, so the end of data never interrupts a step.
+        Returns False when the data ends (or fails, or the input closes) before it: a consumer can learn
+        whether a datapoint will come without taking it.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:

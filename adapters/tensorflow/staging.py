@@ -1,35 +1,36 @@
 """StagingInput: keep ``nr_stage`` batches of another input already on the device.
 
-Each step takes batch k from a TensorFlow ``StagingArea`` on the device and, in the same step, puts
-batch k+nr_stage there, so the host-to-device copy of the next batch overlaps the current step (on a GPU
-the copy runs beside the kernels). ``start()`` first puts ``nr_stage`` batches (the warm-up).
+A background thread moves batches from the wrapped input (a QueueInput) into a TensorFlow
+``StagingArea`` of capacity ``nr_stage`` on the device; each step takes one batch from the area, and the
+thread refills it while the step runs, so the host-to-device copy of the next batches overlaps the
+step. When the input's data ends, the thread raises an end-of-data flag and stages a marker behind the
+last batch, then exits: a step that takes the marker, or finds the flag raised and the area empty,
+raises ``tf.errors.OutOfRangeError``. Nothing runs in Python per step, and the end of the data never
+interrupts a step that got a batch, so every loop shape gets every batch exactly once::
 
-End of data without losing or repeating a batch: a put happens only when the wrapped input already
-holds the batch to stage (QueueInput's ``wait_for_item``), so a step is never interrupted by the end
-of the data; once the input is exhausted, the steps only take what is staged (the drain), and the
-loop ends when the area is empty. :meth:`run_until_end` drives this; hand-written loops over endless
-data work too, as long as ``start()`` ran before the first step.
-
-Eager TF2::
-
-    si = StagingInput(QueueInput(BatchData(df, 256)), nr_stage=1)
+    si = StagingInput(QueueInput(BatchData(df, 256, remainder=True)), nr_stage=1)
 
     @tf.function
     def step():
-        x, y = si.dequeue()      # get batch k, stage batch k+1
+        x, y = si.dequeue()      # the next staged batch
         ...
 
-    with si:
-        si.run_until_end(step)   # start (warm-up), steps, drain
+    with si:                     # eager: starts on entry (the thread stages nr_stage batches first)
+        si.run_until_end(step)   # or: while True: try: step() except tf.errors.OutOfRangeError: break
+                                 # or: for _ in range(len(df)): step()
+    for x, y in StagingInput(QueueInput(df)):   # iterating yields the staged tensors
+        ...
 
-Graph mode: ``x, y = si.dequeue()`` while building, then ``si.start(sess)`` and
-``si.run_until_end(train_op, sess=sess)``, which adds the put to each ``sess.run``.
+Graph mode: ``x, y = si.dequeue()`` while building, ``si.start(sess)``, then any loop of
+``sess.run(train_op)`` (until ``OutOfRangeError``, or ``run_until_end(train_op, sess=sess)``).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -45,18 +46,31 @@ log = logging.getLogger(__name__)
 _ids = itertools.count()
 
 
+class _Next:
+    """What ``for x in si`` runs: one dequeue. A callable object rather than a function, so TensorFlow
+    counts each StagingInput's traces apart (several inputs print no retracing warning)."""
+
+    def __init__(self, si: StagingInput) -> None:
+        self.si = si
+
+    def __call__(self) -> tuple | dict:
+        return self.si.dequeue()
+
+
 class StagingInput(InputSource):
     """Prefetch ``nr_stage`` batches of ``input`` onto ``device`` with a StagingArea.
 
     Args:
-        input: the input to stage from (a QueueInput, or any InputSource; one without
-            ``wait_for_item`` is treated as endless).
+        input: the input to stage from: a QueueInput, or any InputSource whose ``dequeue()`` works
+            eagerly (DummyConstantInput).
         nr_stage: batches kept on the device ahead of the step.
         device: where the area lives; default ``/gpu:0`` when TensorFlow sees a GPU, else ``/cpu:0``.
+        name: name scope of the graph ops and of the staging thread.
+        join_timeout_s: how long ``close()`` waits for the staging thread.
     """
 
     def __init__(self, input: InputSource, nr_stage: int = 1, device: str | None = None,
-                 name: str = "StagingInput") -> None:
+                 name: str = "StagingInput", join_timeout_s: float = 10.0) -> None:
         if not callable(getattr(input, "dequeue", None)):
             raise TypeError(f"StagingInput wraps an input with dequeue() (e.g. QueueInput), got "
                             f"{type(input).__name__}")
@@ -66,19 +80,23 @@ class StagingInput(InputSource):
         self.nr_stage = nr_stage
         self._device = device
         self.name = name
+        self.join_timeout_s = join_timeout_s
         self._shared_name = f"bf_{name}_{next(_ids)}"
         self._area_cls = staging_area_class()
         self._mode: str | None = None
         self._started = False
         self._sess: Any = None
-        self._staged = 0  # batches in the area
-        self._taken = 0  # batches taken from the input (puts so far)
-        self._steps = 0
-        self._put_now = True
-        self._flag: Any = None  # eager: tf.Variable deciding whether a step also stages
-        self._warm_fn: Any = None
+        self._stop = threading.Event()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._data_puts = 0  # batches staged so far
+        self._marker_puts = 0  # end-of-data markers staged so far
+        self._ended = False  # the input has no more data
+        self._end_queue: Any = None  # a closed, empty queue: dequeuing it raises OutOfRangeError
+        self._ended_var: Any = None  # True once the thread has staged its last batch
+        self._graph_ops: dict[str, Any] = {}
         self._graph_out: Any = None
-        self._put_op = self._clear_op = None
+        self._next_fn: Any = None
 
     @property
     def device(self) -> str:
@@ -91,65 +109,143 @@ class StagingInput(InputSource):
         return self.input.signature
 
     def _area(self) -> Any:
-        """A StagingArea object for the graph being built; all share one device resource by name."""
+        """A StagingArea object for the graph (or eager context) in use; all share one resource by name.
+        Components: the datapoint's, then a bool that marks the end of the data."""
         with tf.device(self.device):
-            return self._area_cls(self.signature.dtypes, shared_name=self._shared_name)
+            return self._area_cls([*self.signature.dtypes, tf.bool], capacity=self.nr_stage,
+                                  shared_name=self._shared_name)
 
-    def _flat_input(self) -> list:
-        return self.signature.unpack(self.input.dequeue())
+    def _marker(self) -> list:
+        """The end-of-data element: empty components of the right dtypes, and True."""
+        values = []
+        for spec in self.signature.specs:
+            shape = [0 if d is None else d for d in spec.shape.as_list()] if spec.shape.rank is not None else [0]
+            values.append(tf.fill(shape, "") if spec.dtype == tf.string else tf.zeros(shape, spec.dtype))
+        return [*values, tf.constant(True)]
+
+    def _new_flags(self) -> None:
+        """The closed queue that raises OutOfRangeError in-graph, and the end-of-data flag."""
+        self._end_queue = tf.queue.FIFOQueue(1, [tf.int32], shapes=[[]], name=f"{self.name}_end_of_data")
+        with tf.device("/cpu:0"):
+            self._ended_var = tf.Variable(False, trainable=False, name=f"{self.name}_ended")
+
+    def _take(self) -> tuple | dict:
+        """The ops of one step: OutOfRangeError if the data has ended and the area is empty, else get an
+        element, and OutOfRangeError if it is the end marker."""
+        sig = self.signature
+        area, end_queue = self._area(), self._end_queue
+        with tf.device(self.device):
+            empty = tf.equal(area.size(), 0)
+        done = tf.logical_and(self._ended_var.read_value(), empty)
+        check = tf.cond(done, lambda: end_queue.dequeue(), lambda: tf.constant(0))
+        with tf.control_dependencies([check]), tf.device(self.device):
+            got = area.get()
+        got = list(got) if isinstance(got, (list, tuple)) else [got]
+        *flat, is_end = got
+        check = tf.cond(is_end, lambda: end_queue.dequeue(), lambda: tf.constant(0))
+        with tf.control_dependencies([check]), tf.device(self.device):
+            flat = [tf.identity(t) for t in flat]
+        return sig.pack(sig.set_shapes(flat))
 
     # --- building -------------------------------------------------------------------------------
     @tf.autograph.experimental.do_not_convert
     def dequeue(self) -> tuple | dict:
-        """The staged tensors of this step (on the device); also stages the next batch when there is one.
+        """The staged tensors of this step (on the device).
 
         Call it once per step inside a ``tf.function``, or once while building a graph (later calls in
-        the same graph return the same tensors).
+        the same graph return the same tensors). At the end of the data the step raises
+        ``tf.errors.OutOfRangeError``.
         """
-        sig = self.signature
         if graph_mode():
             if self._mode == "eager":
                 raise InputSourceError(f"{self.name} was first used in eager mode; make one per mode")
             if self._graph_out is None:
-                area = self._area()
-                flat_in = self._flat_input()
-                with tf.device(self.device):
-                    self._put_op = area.put(flat_in)
-                    got = area.get()
-                    self._clear_op = area.clear()
-                got = list(got) if isinstance(got, (list, tuple)) else [got]
-                self._graph_out = sig.pack(sig.set_shapes(got))
-                self._mode = "graph"
+                self._build_graph()
             return self._graph_out
         if tf.executing_eagerly():
             raise InputSourceError(f"{self.name}.dequeue() works inside a tf.function step (TensorFlow's "
-                                   "StagingArea get() fails in plain eager code)")
+                                   "StagingArea get() fails in plain eager code); iterate the input to get "
+                                   "batches eagerly")
         if self._mode == "graph":
             raise InputSourceError(f"{self.name} was built in a tf.compat.v1 graph; use it there")
         if not self._started:
-            raise InputSourceError(f"call {self.name}.start() (or run_until_end) before the first step: the "
-                                   f"area must hold {self.nr_stage} batch(es) before a step takes one")
-        area = self._area()
-        with tf.device(self.device):
-            got = area.get()
-        got = list(got) if isinstance(got, (list, tuple)) else [got]
+            raise InputSourceError(f"call {self.name}.start(), enter `with {self.name}` or use run_until_end "
+                                   f"before the first step: the area must hold {self.nr_stage} batch(es) before "
+                                   "a step takes one")
+        return self._take()
 
-        def put() -> tf.Tensor:
-            flat = self._flat_input()
+    def _build_graph(self) -> None:
+        self._mode = "graph"
+        with tf.name_scope(self.name):
+            self._new_flags()
+            flat_in = self.signature.unpack(self.input.dequeue())
+            area = self._area()
             with tf.device(self.device):
-                area.put(flat)
-            return tf.constant(True)
+                ops = {"put": area.put([*flat_in, tf.constant(False)]), "marker": area.put(self._marker()),
+                       "clear": area.clear(), "size": area.size()}
+            ops["close_end"] = self._end_queue.close()
+            ops["init_ended"] = self._ended_var.initializer
+            ops["set_ended"] = self._ended_var.assign(True)
+            self._graph_ops = ops
+            self._graph_out = self._take()
 
-        tf.cond(self._flag.read_value(), put, lambda: tf.constant(False))
-        return sig.pack(sig.set_shapes(got))
+    # --- the staging thread ---------------------------------------------------------------------
+    def _stage_loop(self) -> None:
+        """Move batches into the area (each put waits while it is full); at the end of the data raise
+        the flag, then stage the marker (it wakes a step waiting in get)."""
+        try:
+            if self._mode == "graph":
+                sess, ops = self._sess, self._graph_ops
+                put_data = lambda: sess.run(ops["put"])
+                put_marker = lambda: sess.run(ops["marker"])
+                set_ended = lambda: sess.run(ops["set_ended"])
+            else:
+                area, marker, ended_var = self._area(), self._marker(), self._ended_var
+                take = getattr(self.input, "_dequeue_flat", None) or (
+                    lambda: self.signature.unpack(self.input.dequeue()))
+
+                def put_data() -> None:
+                    flat = take()
+                    with tf.device(self.device):
+                        area.put([*flat, tf.constant(False)])
+
+                def put_marker() -> None:
+                    with tf.device(self.device):
+                        area.put(marker)
+
+                def set_ended() -> None:
+                    ended_var.assign(True)
+
+            while not self._stop.is_set():
+                try:
+                    put_data()
+                except tf.errors.OutOfRangeError:  # the input's data ended (or its flow failed)
+                    break
+                with self._cv:
+                    self._data_puts += 1
+                    self._cv.notify_all()
+            if not self._stop.is_set():
+                set_ended()
+                with self._cv:
+                    self._ended = True
+                    self._cv.notify_all()
+                put_marker()
+                with self._cv:
+                    self._marker_puts += 1
+        except Exception as exc:  # the input was closed, its Session went away, or the input itself failed
+            if self._stop.is_set():
+                log.debug("%s: staging thread stopped: %r", self.name, exc)
+            else:
+                log.warning("%s: staging thread ended with %s: %s", self.name, type(exc).__name__, exc)
+        finally:
+            with self._cv:
+                self._ended = True
+                self._cv.notify_all()
 
     # --- running --------------------------------------------------------------------------------
-    def _available(self, index: int) -> bool:
-        wait = getattr(self.input, "wait_for_item", None)
-        return True if wait is None else bool(wait(index))
-
     def start(self, sess: Any = None) -> None:
-        """Start the wrapped input and stage ``nr_stage`` batches (fewer if the data is shorter)."""
+        """Start the wrapped input and the staging thread; returns once ``nr_stage`` batches are staged
+        (or the data ended)."""
         if self._closed:
             raise InputSourceError(f"{self.name} is closed")
         if self._started:
@@ -163,51 +259,39 @@ class StagingInput(InputSource):
                 with sess.graph.as_default():
                     self.dequeue()
             self._sess = sess
-        self.input.start(sess)
-        if not graph:
+            self.input.start(sess)
+            sess.run([self._graph_ops["close_end"], self._graph_ops["init_ended"]])
+        else:
             self._mode = "eager"
-            with tf.init_scope(), tf.device("/cpu:0"):
-                self._flag = tf.Variable(True, trainable=False, name=f"{self.name}_put")
-
-            @tf.function(autograph=False)
-            def warm() -> None:
-                flat = self._flat_input()
-                area = self._area()
-                with tf.device(self.device):
-                    area.put(flat)
-
-            self._warm_fn = warm
-        for _ in range(self.nr_stage):
-            if not self._available(self._taken):
-                break
-            if graph:
-                sess.run(self._put_op)
-            else:
-                self._warm_fn()
-            self._taken += 1
-            self._staged += 1
+            self.input.start()
+            with tf.init_scope():
+                self._new_flags()
+                self._end_queue.close()
+        self._thread = threading.Thread(target=self._stage_loop, name=f"bf-{self.name}", daemon=True)
+        self._thread.start()
         self._started = True
-        log.debug("%s: staged %d batch(es) on %s", self.name, self._staged, self.device)
+        with self._cv:
+            while self._data_puts < self.nr_stage and not self._ended:
+                self._cv.wait(0.1)
+        log.debug("%s: staged %d batch(es) on %s", self.name, self._data_puts, self.device)
 
-    def _before_step(self, sess: Any) -> bool:
-        if self._staged == 0:
-            return False
-        put_now = self._available(self._taken)
-        if put_now != self._put_now:
-            self._put_now = put_now
-            if self._flag is not None:
-                self._flag.assign(put_now)
-        return True
+    def __enter__(self) -> StagingInput:
+        if not graph_mode():  # graph mode needs the Session: start(sess)
+            self.start()
+        return self
 
-    def _run_kwargs(self) -> tuple[list, dict | None]:
-        return ([self._put_op] if self._put_now else []), None
-
-    def _after_step(self) -> None:
-        self._staged -= 1
-        self._steps += 1
-        if self._put_now:
-            self._staged += 1
-            self._taken += 1
+    def __iter__(self) -> Iterator[tuple | dict]:
+        """Eager mode: yield the staged batches as tensors until the data ends."""
+        self.start()
+        if self._next_fn is None:
+            self._next_fn = tf.function(_Next(self), autograph=False)
+        while True:
+            try:
+                out = self._next_fn()
+            except tf.errors.OutOfRangeError:
+                self.raise_if_failed()
+                return
+            yield out
 
     def raise_if_failed(self) -> None:
         self.input.raise_if_failed()
@@ -216,26 +300,49 @@ class StagingInput(InputSource):
         unreported = getattr(self.input, "_unreported_error", None)
         return unreported() if unreported is not None else None
 
+    def _clear(self) -> None:
+        try:
+            if self._mode == "graph" and self._sess is not None:
+                self._sess.run(self._graph_ops["clear"])
+            elif self._mode == "eager":
+                with tf.device(self.device):
+                    self._area().clear()
+        except (tf.errors.OpError, RuntimeError) as exc:  # a Session closed by the user already
+            log.debug("%s: clearing the staging area: %s", self.name, exc)
+
     def close(self) -> None:
-        """Close the wrapped input and empty the staging area. Idempotent."""
+        """Stop the staging thread, empty the area and close the wrapped input. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        try:
-            if self._staged and self._mode == "graph" and self._sess is not None:
-                self._sess.run(self._clear_op)
-            elif self._staged and self._mode == "eager":
-                def clear() -> None:
-                    self._area().clear()
+        self._stop.set()
+        self._clear()  # wakes a put waiting for room
+        self.input.close()  # wakes a dequeue waiting for data
+        if self._thread is not None:
+            self._thread.join(self.join_timeout_s)
+            if self._thread.is_alive():
+                log.warning("%s: the staging thread did not stop within %.1fs", self.name, self.join_timeout_s)
+        self._clear()  # what it put before it saw the stop
 
-                tf.function(clear, autograph=False)()
-        except (tf.errors.OpError, RuntimeError) as exc:
-            log.debug("%s: clearing the staging area: %s", self.name, exc)
-        self.input.close()
+    def _area_size(self) -> int | None:
+        try:
+            if self._mode == "graph" and self._sess is not None:
+                return int(self._sess.run(self._graph_ops["size"]))
+            if self._mode == "eager":
+                with tf.device(self.device):
+                    return int(self._area().size())
+        except (tf.errors.OpError, RuntimeError):
+            return None
+        return None
 
     def stats(self) -> dict[str, float]:
-        """The wrapped input's statistics plus the batches staged now and the steps run."""
+        """The wrapped input's statistics plus ``staged`` (batches on the device now) and ``steps``
+        (batches taken by steps)."""
         out = dict(self.input.stats())
-        out.update({"staged": float(self._staged), "nr_stage": float(self.nr_stage),
-                    "steps": float(self._steps)})
+        size = None if self._closed else self._area_size()
+        with self._cv:
+            data, markers = self._data_puts, self._marker_puts
+        taken = data + markers - size if size is not None else data
+        steps = min(max(taken, 0), data)
+        out.update({"staged": float(data - steps), "nr_stage": float(self.nr_stage), "steps": float(steps)})
         return out

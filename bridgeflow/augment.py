@@ -1,0 +1,161 @@
+"""Flows that augment image components: tensorpack's AugmentImageComponent(s) and AugmentImageCoordinates.
+
+``augmentors`` is an ``imgaug.AugmentorList`` or a list whose items may be bridgeflow or tensorpack
+augmentors, albumentations or torchvision transforms, or functions of an image (a single pipeline
+object, such as an albumentations ``Compose``, is taken as a list of one). ``reset_state()`` seeds the
+augmentors in the process that iterates, so parallel workers that reset their copy of the flow
+augment differently from one another, reproducibly for a fixed worker seed.
+
+``copy=True`` gives the augmentors a copy of each image, so augmentors that work in place never change
+the source's arrays (turn it off when the source makes new arrays anyway, e.g. decoding from files).
+``catch_exceptions=True`` drops a datapoint whose augmentation raises, logging the first ten errors
+and every hundredth after; without it the error propagates.
+
+Example:
+    >>> from bridgeflow import imgaug
+    >>> augs = [imgaug.RandomCrop(224), imgaug.Flip(horiz=True)]
+    >>> df = AugmentImageComponent(images_and_labels, augs)  # doctest: +SKIP
+    >>> df = AugmentImageComponents(image_mask_points, augs, index=(0, 1), coords_index=(2,))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import DataFlow, ProxyDataFlow
+from .imgaug.base import AugmentorList, check_dtype
+from .transforms import get_component
+
+__all__ = ["AugmentImageComponent", "AugmentImageComponents", "AugmentImageCoordinates"]
+
+log = logging.getLogger(__name__)
+
+
+def _as_list(augmentors: Any) -> AugmentorList:
+    if isinstance(augmentors, AugmentorList):
+        return augmentors
+    if not isinstance(augmentors, (list, tuple)):
+        augmentors = [augmentors]
+    return AugmentorList(list(augmentors))
+
+
+def check_coords(coords: Any, who: str) -> None:
+    """Coordinates are a floating point ``(N, 2)`` array of ``(x, y)`` rows."""
+    if not isinstance(coords, np.ndarray) or coords.ndim != 2 or coords.shape[1] != 2:
+        shape = getattr(coords, "shape", type(coords).__name__)
+        raise ValueError(f"{who}: coordinates must be an (N, 2) numpy array of (x, y) rows, got {shape}")
+    if coords.dtype.kind != "f":
+        raise TypeError(f"{who}: coordinates must be floating point, got {coords.dtype}")
+
+
+class _AugmentBase(ProxyDataFlow):
+    """Holds the augmentors, resets them with the flow, and drops (or raises on) failed datapoints."""
+
+    def __init__(self, ds: DataFlow, augmentors: Any, copy: bool, catch_exceptions: bool) -> None:
+        super().__init__(ds)
+        self.augs = _as_list(augmentors)
+        self._copy = copy
+        self.catch_exceptions = catch_exceptions
+        self._nr_error = 0
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        self.augs.reset_state()
+
+    def _augment(self, dp: Any) -> Any:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator:
+        for dp in self.ds:
+            if not self.catch_exceptions:
+                yield self._augment(dp)
+                continue
+            try:
+                out = self._augment(dp)
+            except Exception:
+                self._nr_error += 1
+                if self._nr_error <= 10 or self._nr_error % 100 == 0:
+                    log.exception("%s: augmentation failed, datapoint dropped (%d so far)", type(self).__name__,
+                                  self._nr_error)
+                continue
+            yield out
+
+    def stats(self) -> dict[str, float]:
+        return {"augment_errors": float(self._nr_error)}
+
+
+def _mutable(dp: Any) -> Any:
+    return dict(dp) if isinstance(dp, dict) else list(dp)
+
+
+def _restore(dp: Any, like: Any) -> Any:
+    return tuple(dp) if isinstance(like, tuple) else dp
+
+
+class AugmentImageComponent(_AugmentBase):
+    """Augment the image at ``index`` (a position, or a key of dict datapoints) of every datapoint."""
+
+    def __init__(self, ds: DataFlow, augmentors: Any, index: Hashable = 0, copy: bool = True,
+                 catch_exceptions: bool = False) -> None:
+        super().__init__(ds, augmentors, copy, catch_exceptions)
+        self.index = index
+
+    def _augment(self, dp: Any) -> Any:
+        who = f"{type(self).__name__} component {self.index!r}"
+        img = get_component(dp, self.index, type(self).__name__)
+        check_dtype(img, who)
+        if self._copy:
+            img = img.copy()
+        out = _mutable(dp)
+        out[self.index] = self.augs.augment(img)
+        return _restore(out, dp)
+
+
+class AugmentImageComponents(_AugmentBase):
+    """Augment several images of a datapoint with the same random parameters, and move coordinates along.
+
+    The first image in ``index`` decides the parameters; every other image in ``index`` (a mask, a depth
+    map of the same size) gets the same transforms, and every ``(N, 2)`` coordinate array in
+    ``coords_index`` is transformed to match.
+    """
+
+    def __init__(self, ds: DataFlow, augmentors: Any, index: Sequence[Hashable] = (0, 1),
+                 coords_index: Sequence[Hashable] = (), copy: bool = True, catch_exceptions: bool = False) -> None:
+        super().__init__(ds, augmentors, copy, catch_exceptions)
+        if isinstance(index, (str, bytes)) or not isinstance(index, Sequence) or not index:
+            raise ValueError(f"AugmentImageComponents index must be a non-empty sequence of positions or keys, "
+                             f"got {index!r}")
+        self.index = tuple(index)
+        self.coords_index = tuple(coords_index)
+
+    def _augment(self, dp: Any) -> Any:
+        who = type(self).__name__
+        out = _mutable(dp)
+        first = get_component(dp, self.index[0], who)
+        check_dtype(first, f"{who} component {self.index[0]!r}")
+        first = first.copy() if self._copy else first
+        tfms = self.augs.get_transform(first)
+        out[self.index[0]] = tfms.apply_image(first)
+        for idx in self.index[1:]:
+            img = get_component(dp, idx, who)
+            check_dtype(img, f"{who} component {idx!r}")
+            out[idx] = tfms.apply_image(img.copy() if self._copy else img)
+        for idx in self.coords_index:
+            coords = get_component(dp, idx, who)
+            check_coords(coords, f"{who} component {idx!r}")
+            out[idx] = tfms.apply_coords(coords.copy() if self._copy else coords)
+        return _restore(out, dp)
+
+
+class AugmentImageCoordinates(AugmentImageComponents):
+    """Augment the image at ``img_index`` and move the ``(N, 2)`` coordinates at ``coords_index`` along."""
+
+    def __init__(self, ds: DataFlow, augmentors: Any, img_index: Hashable = 0, coords_index: Hashable = 1,
+                 copy: bool = True, catch_exceptions: bool = False) -> None:
+        super().__init__(ds, augmentors, index=(img_index,), coords_index=(coords_index,), copy=copy,
+                         catch_exceptions=catch_exceptions)
+        self.img_index = img_index

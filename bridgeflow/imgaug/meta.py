@@ -1,0 +1,108 @@
+"""Augmentors built from other augmentors or from plain functions.
+
+Each one resets its children with seeds drawn from its own generator (see :mod:`bridgeflow.imgaug.base`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import ImageAugmentor, reset_children
+from .transform import BaseTransform, NoOpTransform, TransformFactory, TransformList
+
+__all__ = ["Identity", "MapImage", "RandomApplyAug", "RandomChooseAug", "RandomOrderAug"]
+
+
+def _augmentor(obj: Any, who: str) -> ImageAugmentor:
+    from .external import as_augmentor
+
+    return as_augmentor(obj, who)
+
+
+class Identity(ImageAugmentor):
+    """Changes nothing."""
+
+    def get_transform(self, img: np.ndarray) -> BaseTransform:
+        return NoOpTransform()
+
+
+class RandomApplyAug(ImageAugmentor):
+    """Apply ``aug`` with probability ``prob``, else nothing."""
+
+    def __init__(self, aug: Any, prob: float) -> None:
+        self.aug = _augmentor(aug, "RandomApplyAug aug")
+        self.prob = prob
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        reset_children(self, [self.aug])
+
+    def get_transform(self, img: np.ndarray) -> BaseTransform:
+        if self.rng.rand() < self.prob:
+            return self.aug.get_transform(img)
+        return NoOpTransform()
+
+
+class RandomChooseAug(ImageAugmentor):
+    """Apply one augmentor picked at random: ``aug_lists`` holds augmentors (equally likely) or
+    ``(augmentor, probability)`` pairs."""
+
+    def __init__(self, aug_lists: Sequence[Any]) -> None:
+        if not aug_lists:
+            raise ValueError("RandomChooseAug needs at least one augmentor")
+        if isinstance(aug_lists[0], (tuple, list)):
+            augs = [a for a, _ in aug_lists]
+            prob = [float(p) for _, p in aug_lists]
+        else:
+            augs, prob = list(aug_lists), [1.0 / len(aug_lists)] * len(aug_lists)
+        if abs(sum(prob) - 1) > 1e-6:
+            raise ValueError(f"RandomChooseAug probabilities must sum to 1, got {prob}")
+        self.aug_lists = [_augmentor(a, f"RandomChooseAug item {i}") for i, a in enumerate(augs)]
+        self.prob = prob
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        reset_children(self, self.aug_lists)
+
+    def get_transform(self, img: np.ndarray) -> BaseTransform:
+        return self.aug_lists[self.rng.choice(len(self.aug_lists), p=self.prob)].get_transform(img)
+
+
+class RandomOrderAug(ImageAugmentor):
+    """Apply all of ``aug_lists`` in a random order.
+
+    Every augmentor decides its transform from the input image, so they must not change the image's
+    shape (photometric augmentors, flips).
+    """
+
+    def __init__(self, aug_lists: Sequence[Any]) -> None:
+        self.aug_lists = [_augmentor(a, f"RandomOrderAug item {i}") for i, a in enumerate(aug_lists)]
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        reset_children(self, self.aug_lists)
+
+    def get_transform(self, img: np.ndarray) -> BaseTransform:
+        order = self.rng.permutation(len(self.aug_lists))
+        tfms = [aug.get_transform(img) for aug in self.aug_lists]
+        return TransformList([tfms[k] for k in order])
+
+
+class MapImage(ImageAugmentor):
+    """Apply ``func(img) -> img``; coordinates go through ``coord_func(coords) -> coords`` when given
+    (without it, coordinates cannot follow and asking for them is an error)."""
+
+    def __init__(self, func: Callable[[np.ndarray], np.ndarray],
+                 coord_func: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        if not callable(func):
+            raise TypeError(f"MapImage needs a function of an image, got {func!r}")
+        self.func, self.coord_func = func, coord_func
+
+    def get_transform(self, img: np.ndarray) -> BaseTransform:
+        name = getattr(self.func, "__qualname__", "MapImage")
+        if self.coord_func is not None:
+            return TransformFactory(name=name, apply_image=self.func, apply_coords=self.coord_func)
+        return TransformFactory(name=name, apply_image=self.func)
