@@ -56,8 +56,10 @@ from .serialize import (
     TargetExistsError,
     load_dataset,
 )
+from .shard import ShardData, rank_and_world, set_epoch
 from .sources import DataFromGenerator, DataFromIterable, DataFromList, FakeData
 from .speed import TestDataSpeed, collect_stats
+from .state import NotResumableError, StateError, StateMismatchError
 from .transforms import (
     CacheData,
     FilterData,
@@ -110,6 +112,7 @@ __all__ = [
     "MultiProcessRunnerZMQ",
     "MultiThreadMapData",
     "MultiThreadRunner",
+    "NotResumableError",
     "NumpyData",
     "NumpySerializer",
     "PrefetchData",
@@ -128,6 +131,9 @@ __all__ = [
     "RepeatedDataPoint",
     "SelectComponent",
     "SerializationError",
+    "ShardData",
+    "StateError",
+    "StateMismatchError",
     "TargetExistsError",
     "TestDataSpeed",
     "ThreadedMapData",
@@ -141,6 +147,8 @@ __all__ = [
     "get_rng",
     "iter_flows",
     "load_dataset",
+    "rank_and_world",
     "send_dataflow_zmq",
+    "set_epoch",
     "worker_seed_scope",
 ]
