@@ -20,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from .base import RNGDataFlow, epoch_live
+from .shard import check_same_on_every_rank, resolve_shard
 from .state import StateMismatchError, check_count, expect_field, field
 
-__all__ = ["EpochOrder"]
+__all__ = ["EpochOrder", "IndexedSource"]
 
 Run = Sequence[int]  # a range (sequential reads) or a list of indices (shuffled)
 
@@ -129,9 +131,9 @@ class EpochOrder:
         self._it, self._done, self._run_len = None, pos, 0  # the position until iters() starts
         return self.runs(epoch), pos
 
-    def iters(self, runs: list[Run], pos: int) -> Iterator[tuple[Iterator[int], int]]:
-        """``(index iterator, its first index)`` per run, the first one advanced to ``pos``; the position
-        is read off the iterator, so the caller may iterate it at full speed."""
+    def iters(self, runs: list[Run], pos: int) -> Iterator[tuple[Iterator[int], Run, int]]:
+        """``(index iterator, run, where in the run it starts)`` per run, the first one advanced to ``pos``;
+        the position is read off the iterator, so the caller may iterate it at full speed."""
         done = 0
         for run in runs:
             n = len(run)
@@ -143,7 +145,7 @@ class EpochOrder:
             if skip:
                 it.__setstate__(skip)
             self._it, self._done, self._run_len = it, done, n
-            yield it, run[skip]
+            yield it, run, skip
             done += n
         self._it, self._done, self._run_len = None, done, 0
 
@@ -174,3 +176,56 @@ class EpochOrder:
             raise StateMismatchError(f"the state's position {pos} is past the epoch's {self.length()} datapoints")
         self._pending = {"n": self.n, "shuffle": self.shuffle, "shard": state["shard"], "base": base,
                          "epoch": epoch, "pos": pos}
+
+
+class IndexedSource(RNGDataFlow):
+    """A random-access source read in an :class:`EpochOrder`: ``shuffle``, ``shard`` and a resumable position.
+
+    Subclasses call :meth:`_init_order` in ``__init__`` and write ``_read(runs, pos)``, a generator of the
+    datapoints at the indices of :meth:`EpochOrder.iters`. ``_identity()`` may name the file, so that a
+    state saved from another file is refused.
+    """
+
+    _order: EpochOrder
+
+    def _init_order(self, n: int, shuffle: bool, shard: Any, drop_last: bool) -> None:
+        who = type(self).__name__
+        self._order = EpochOrder(n, shuffle, resolve_shard(shard, drop_last, who), who)
+        if self._order.shard is not None and self._order.shard[1] > 1:
+            check_same_on_every_rank(self, who)
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        self._order.reset(self.rng)
+
+    def __iter__(self) -> Iterator:
+        self._sync_length()
+        return self._read(*self._order.begin())
+
+    def _read(self, runs: list[Run], pos: int) -> Iterator:
+        raise NotImplementedError
+
+    def _sync_length(self) -> None:
+        """Hook: follow a change of the data's length since construction."""
+
+    def _identity(self) -> dict | None:
+        """What tells this source's data from another's of the same length (e.g. a file's size)."""
+        return None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration reads epoch ``epoch``'s order (the same on every rank for one seed), unless
+        the iteration in progress reads that epoch already."""
+        self._order.set_epoch(epoch, epoch_live(self))
+
+    def state_dict(self) -> dict:
+        """The epoch, the position in it and the entropy of the shuffle: a few integers."""
+        out = self._order.state(epoch_live(self))
+        out["data"] = self._identity()
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        have = self._identity()
+        saved = field(state, "data", (dict, type(None)))
+        if have is not None and saved is not None and saved != have:
+            raise StateMismatchError(f"the state was saved reading {saved}, this flow reads {have}: another file")
+        self._order.load(state)

@@ -17,18 +17,18 @@ import numpy as np
 
 from .base import DataFlow, RNGDataFlow, epoch_live, take_pending
 from .errors import LengthUnknownError
-from .order import EpochOrder, iterator_position
-from .shard import check_same_on_every_rank, resolve_shard
+from .order import IndexedSource, iterator_position
 from .state import StateMismatchError, check_count, check_rng_field, field, rng_state, set_rng_state
 
 __all__ = ["DataFromGenerator", "DataFromIterable", "DataFromList", "FakeData"]
 
 
-class DataFromList(RNGDataFlow):
+class DataFromList(IndexedSource):
     """Datapoints from a list (or any sequence), optionally shuffled every epoch.
 
     ``shard=(rank, world)`` or ``"auto"`` reads only this rank's part (see :mod:`bridgeflow.shard`):
-    every rank then needs the same ``seed``; ``set_epoch(n)`` picks epoch ``n``'s order.
+    every rank then needs the same ``seed``; ``set_epoch(n)`` picks epoch ``n``'s order. Its state is
+    the epoch and the position in it (see :mod:`bridgeflow.order`).
 
     Example:
         >>> df = DataFromList([[0, "a"], [1, "b"]], shuffle=False)
@@ -43,14 +43,7 @@ class DataFromList(RNGDataFlow):
         self.lst = lst
         self.shuffle = shuffle
         self.seed = seed
-        self._order = EpochOrder(len(lst), shuffle, resolve_shard(shard, drop_last, "DataFromList"),
-                                 "DataFromList")
-        if self._order.shard is not None and self._order.shard[1] > 1:
-            check_same_on_every_rank(self, "DataFromList")
-
-    def reset_state(self) -> None:
-        super().reset_state()
-        self._order.reset(self.rng)
+        self._init_order(len(lst), shuffle, shard, drop_last)
 
     def __len__(self) -> int:
         return self._order.length() if self._order.shard is not None else len(self.lst)
@@ -63,25 +56,14 @@ class DataFromList(RNGDataFlow):
             raise IndexError(f"DataFromList index {index} out of range for this rank's {n} datapoints")
         return self.lst[self._order.shard_index(index % n)]
 
-    def __iter__(self) -> Iterator:
+    def _sync_length(self) -> None:
         if len(self.lst) != self._order.n:  # the list grew or shrank since: read it as it is now
             self._order.n = len(self.lst)
-        return self._read(*self._order.begin())
 
     def _read(self, runs: list, pos: int) -> Iterator:
         get = self.lst.__getitem__
-        for it, _ in self._order.iters(runs, pos):
+        for it, _, _ in self._order.iters(runs, pos):
             yield from map(get, it)
-
-    def set_epoch(self, epoch: int) -> None:
-        """The next iteration reads epoch ``epoch``'s order (the same on every rank for one seed)."""
-        self._order.set_epoch(epoch, epoch_live(self))
-
-    def state_dict(self) -> dict:
-        return self._order.state(epoch_live(self))
-
-    def load_state_dict(self, state: dict) -> None:
-        self._order.load(state)
 
 
 class DataFromGenerator(DataFlow):

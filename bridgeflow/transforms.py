@@ -455,7 +455,7 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
 
     def _replay(self, runs: list, pos: int) -> Iterator:
         cache = self._cache
-        for it, _ in self._order.iters(runs, pos):
+        for it, _, _ in self._order.iters(runs, pos):
             yield from map(cache.__getitem__, it)
 
     def state_dict(self) -> dict:

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from .._deps import require
-from ..base import DataFlow, RNGDataFlow
+from ..base import DataFlow
 from ..errors import BridgeflowError, DatapointError
+from ..order import IndexedSource
 from ._columns import Column, assemble, classify, split_datapoint
 from ._common import existing_path, iterate_source, normalize_index, source_length
 from .atomic import atomic_path
@@ -234,9 +235,11 @@ class HDF5Serializer:
 
     @staticmethod
     def load(path: str | os.PathLike, data_paths: Sequence[str] | None = None, shuffle: bool = True, *,
-             seed: int | None = None) -> HDF5Data:
-        """The flow of datapoints stored at ``path`` (see :class:`HDF5Data`)."""
-        return HDF5Data(path, data_paths=data_paths, shuffle=shuffle, seed=seed)
+             seed: int | None = None, shard: tuple[int, int] | str | None = None,
+             drop_last: bool = False) -> HDF5Data:
+        """The flow of datapoints stored at ``path`` (see :class:`HDF5Data`); ``shard=(rank, world)`` or
+        ``"auto"`` reads this rank's part only."""
+        return HDF5Data(path, data_paths=data_paths, shuffle=shuffle, seed=seed, shard=shard, drop_last=drop_last)
 
 
 def _open(path: str) -> Any:
@@ -282,17 +285,20 @@ def _describe(f: Any, path: str, data_paths: list[str] | None) -> tuple[str, lis
     return "list", columns, lengths.pop()
 
 
-class HDF5Data(RNGDataFlow):
+class HDF5Data(IndexedSource):
     """Datapoints of an HDF5 dataset: ``len()``, ``ds[i]``, sequential (block reads) or shuffled order.
 
     The file opens lazily (in ``reset_state()`` or on first access) and again in a process that finds a
     handle inherited through ``fork``. Sequential epochs read ~1 MiB blocks of rows (about one chunk);
     arrays of one block share its memory (writable). Shuffled epochs and ``ds[i]`` read row by row.
-    ``data_paths`` picks and orders the components to read.
+    ``data_paths`` picks and orders the components to read. ``shard=(rank, world)`` or ``"auto"`` reads
+    this rank's contiguous part of every epoch (see :mod:`bridgeflow.shard`); ``state_dict()`` is the
+    epoch, the position and the shuffle's entropy (see :mod:`bridgeflow.order`).
     """
 
     def __init__(self, path: str | os.PathLike, data_paths: Sequence[str] | None = None, shuffle: bool = True,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, *, shard: tuple[int, int] | str | None = None,
+                 drop_last: bool = False) -> None:
         self.path = existing_path(path, "HDF5Data")
         self.shuffle = shuffle
         self.seed = seed
@@ -311,6 +317,7 @@ class HDF5Data(RNGDataFlow):
         self._f: Any = None
         self._ds: list = []
         self._pid: int | None = None
+        self._init_order(self._len, shuffle, shard, drop_last)
 
     def _check_lengths(self, f: Any) -> None:
         for c in self.columns:
@@ -319,7 +326,10 @@ class HDF5Data(RNGDataFlow):
                                        f"{self._len} rows")
 
     def __len__(self) -> int:
-        return self._len
+        return self._order.length()
+
+    def _identity(self) -> dict:
+        return {"count": self._len, "bytes": os.path.getsize(self.path)}
 
     def _datasets(self) -> list[tuple[Column, Any, Any, Any]]:
         """(column, dataset, shapes dataset or None, CRC-32 per row or None) per column, opened once per
@@ -393,7 +403,8 @@ class HDF5Data(RNGDataFlow):
         return out
 
     def __getitem__(self, index: int) -> Any:
-        return assemble(self.structure, self.names, self._row(normalize_index(index, self._len, "HDF5Data")))
+        i = self._order.shard_index(normalize_index(index, len(self), "HDF5Data"))
+        return assemble(self.structure, self.names, self._row(i))
 
     def _block_rows(self) -> int:
         """Rows per sequential read: about one chunk of the widest array column (cache-friendly)."""
@@ -402,23 +413,26 @@ class HDF5Data(RNGDataFlow):
             row += int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize if c.kind == "array" else 64
         return max(1, _BLOCK_BYTES // max(row, 1))
 
-    def __iter__(self) -> Iterator[Any]:
-        n, structure, names = self._len, self.structure, self.names
-        if self.shuffle:
-            for i in self.rng.permutation(n).tolist():
-                yield assemble(structure, names, self._row(i))
-            return
+    def _read(self, runs: list, pos: int) -> Iterator[Any]:
+        structure, names = self.structure, self.names
         step = self._block_rows()
-        for start in range(0, n, step):
-            columns = self._block(start, min(n, start + step))
-            if structure == "dict":
-                for row in zip(*columns):
-                    yield dict(zip(names, row))
-            elif structure == "tuple":
-                yield from zip(*columns)
-            else:
-                for row in zip(*columns):
-                    yield list(row)
+        for it, run, skip in self._order.iters(runs, pos):
+            if self.shuffle:
+                for i in it:
+                    yield assemble(structure, names, self._row(i))
+                continue
+            for start in range(run.start + skip, run.stop, step):
+                columns = self._block(start, min(run.stop, start + step))
+                rows = zip(it, zip(*columns))  # ``it`` counts the rows off: the position
+                if structure == "dict":
+                    for _, row in rows:
+                        yield dict(zip(names, row))
+                elif structure == "tuple":
+                    for _, row in rows:
+                        yield row
+                else:
+                    for _, row in rows:
+                        yield list(row)
 
     def close(self) -> None:
         f, self._f = self._f, None
