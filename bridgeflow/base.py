@@ -350,8 +350,9 @@ class DataFlow:
             rng, children = self._bf_epoch_start
             return {"rng": _raise_if_error(rng), "children": [_raise_if_error(c) for c in children],
                     "pos": self._bf_pos}
-        return {"rng": rng_state(getattr(self, "rng", None)),
-                "children": [child_state(c, i) for i, c in enumerate(self.children())], "pos": 0}
+        children = self.children()
+        return {"rng": rng_state(getattr(self, "rng", None)), "pos": 0,
+                "children": [child_state(c, i if len(children) > 1 else None) for i, c in enumerate(children)]}
 
     def load_state_dict(self, state: dict) -> None:
         """Take a state saved by :meth:`state_dict` of a flow of the same structure; its next ``iter()``

@@ -132,7 +132,7 @@ def load_children(children: Sequence[Any], states: Any) -> None:
     if len(states) != len(children):
         raise StateMismatchError(f"the state has {len(states)} children, this flow reads {len(children)}")
     for i, (child, s) in enumerate(zip(children, states)):
-        load_child(child, s, i)
+        load_child(child, s, i if len(children) > 1 else None)
 
 
 def load_child(child: Any, state: Any, index: int | None = None) -> None:

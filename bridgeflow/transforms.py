@@ -20,7 +20,17 @@ import numpy as np
 from .base import DataFlow, ProxyDataFlow, RNGDataFlow, epoch_live, take_pending
 from .errors import DatapointError, LengthUnknownError
 from .order import EpochOrder
-from .state import StateError, StateMismatchError, check_count, child_state, field, load_child
+from .state import (
+    StateError,
+    StateMismatchError,
+    check_count,
+    check_rng_field,
+    child_state,
+    field,
+    load_child,
+    rng_state,
+    set_rng_state,
+)
 
 __all__ = [
     "CacheData",
@@ -413,6 +423,8 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
         if pending is not None:
             self._cache = None
             self._start = pending["child"]
+            if pending["rng"] is not None:
+                set_rng_state(self.rng, pending["rng"])
             if pending["filled"]:  # rebuild the cache from the child's saved epoch, then resume in it
                 self._fill_silently(iter(self.ds), None)
                 self._order.load(pending["order"])
@@ -465,10 +477,12 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
         live = epoch_live(self)
         if self._cache is not None:
             return {"filled": True, "child": _raise_stored(self._start), "pos": 0,
-                    "order": self._order.state(live)}
+                    "order": self._order.state(live), "rng": None}
+        rng = rng_state(getattr(self, "rng", None))  # the cache's shuffle will be drawn from it
         if live:  # filling: the child's epoch from its start, of which len(buffer) datapoints were read
-            return {"filled": False, "child": _raise_stored(self._start), "pos": len(self._buffer), "order": None}
-        return {"filled": False, "child": child_state(self.ds), "pos": 0, "order": None}
+            return {"filled": False, "child": _raise_stored(self._start), "pos": len(self._buffer), "order": None,
+                    "rng": rng}
+        return {"filled": False, "child": child_state(self.ds), "pos": 0, "order": None, "rng": rng}
 
     def load_state_dict(self, state: dict) -> None:
         filled = field(state, "filled", bool)
@@ -477,8 +491,9 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
         order = field(state, "order", (dict, type(None)))
         if filled and order is None:
             raise StateMismatchError("the state says the cache was filled but holds no cache order")
+        rng = check_rng_field(state)
         load_child(self.ds, child)
-        self._bf_pending = {"filled": filled, "child": child, "pos": pos, "order": order}
+        self._bf_pending = {"filled": filled, "child": child, "pos": pos, "order": order, "rng": rng}
 
 
 def describe_datapoint(dp: Any, max_depth: int = 3, max_list: int = 3, _depth: int = 0) -> str:

@@ -423,15 +423,15 @@ class HDF5Data(IndexedSource):
                 continue
             for start in range(run.start + skip, run.stop, step):
                 columns = self._block(start, min(run.stop, start + step))
-                rows = zip(it, zip(*columns))  # ``it`` counts the rows off: the position
+                rows = zip(zip(*columns), it)  # ``it`` counts the rows off (the position), after each row
                 if structure == "dict":
-                    for _, row in rows:
+                    for row, _ in rows:
                         yield dict(zip(names, row))
                 elif structure == "tuple":
-                    for _, row in rows:
+                    for row, _ in rows:
                         yield row
                 else:
-                    for _, row in rows:
+                    for row, _ in rows:
                         yield list(row)
 
     def close(self) -> None:
