@@ -56,7 +56,7 @@ from .serialize import (
     TargetExistsError,
     load_dataset,
 )
-from .shard import ShardData, rank_and_world, set_epoch
+from .shard import ShardData, rank_and_world
 from .sources import DataFromGenerator, DataFromIterable, DataFromList, FakeData
 from .speed import TestDataSpeed, collect_stats
 from .state import NotResumableError, StateError, StateMismatchError
@@ -149,6 +149,5 @@ __all__ = [
     "load_dataset",
     "rank_and_world",
     "send_dataflow_zmq",
-    "set_epoch",
     "worker_seed_scope",
 ]

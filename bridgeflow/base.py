@@ -322,6 +322,22 @@ class DataFlow:
         ``state_dict()``)."""
         return []
 
+    def set_epoch(self, epoch: int) -> None:
+        """Make the shuffled sources in this pipeline read epoch ``epoch``'s order next.
+
+        Forwarded to the children, like ``close()``; shuffled random-access sources (``DataFromList``, the
+        LMDB, HDF5 and npz readers) act on it. Call it before each epoch, as with torch's
+        ``DistributedSampler``: with the same seeds every rank then reads the same order (and its own part
+        of it, when sharded). A runner's workers iterate their own copies, which it does not reach.
+        """
+        seen: set[int] = set()
+        for child in self.children():
+            if id(child) not in seen:
+                seen.add(id(child))
+                method = getattr(child, "set_epoch", None)
+                if method is not None:
+                    method(epoch)
+
     def state_dict(self) -> dict:
         """Where this flow is, as plain data: its next ``iter()`` after ``load_state_dict`` continues here.
 

@@ -11,7 +11,8 @@ rank runs out first: ``drop_last=False`` (the default) pads the short ranks with
 ``drop_last=True`` drops the remainder. ``"auto"`` (or no rank and world) reads them from
 ``torch.distributed`` when it is initialised, else from the ``RANK`` and ``WORLD_SIZE`` environment
 variables (set by ``torchrun``), else runs unsharded (rank 0 of 1). Every rank must build its flow with
-the same seeds, so that shuffles agree; ``set_epoch(n)`` makes them agree on a new order per epoch.
+the same seeds, so that shuffles agree; ``df.set_epoch(n)`` (on any flow: it reaches the sources) makes them
+agree on a new order per epoch.
 
 Example:
     >>> df = ShardData(DataFromList(list(range(10)), shuffle=True, seed=0), rank=1, world=4)  # doctest: +SKIP
@@ -31,7 +32,7 @@ from .base import DataFlow, ProxyDataFlow, RNGDataFlow, epoch_live, iter_flows, 
 from .errors import LengthUnknownError
 from .state import check_count, child_state, expect_field, field, load_child
 
-__all__ = ["ShardData", "rank_and_world", "resolve_shard", "set_epoch"]
+__all__ = ["ShardData", "rank_and_world", "resolve_shard"]
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +89,6 @@ def check_same_on_every_rank(df: Any, who: str) -> None:
             raise ValueError(f"{who}: {path} draws random numbers without a seed, so every rank would draw "
                              "different ones and the ranks' parts would overlap; pass the same seed= on every "
                              "rank")
-
-
-def set_epoch(df: Any, epoch: int) -> None:
-    """Call ``set_epoch(epoch)`` on every flow of the pipeline ``df`` that has one (shuffled sources)."""
-    for _, flow in iter_flows(df):
-        method = getattr(flow, "set_epoch", None)
-        if method is not None and not isinstance(flow, ShardData):
-            method(epoch)
 
 
 class ShardData(ProxyDataFlow):
@@ -173,10 +166,6 @@ class ShardData(ProxyDataFlow):
         if self._yielded < m and last is not None:  # a short rank: repeat the epoch's last datapoint
             self._yielded += 1
             yield last
-
-    def set_epoch(self, epoch: int) -> None:
-        """Make every shuffled source inside read epoch ``epoch``'s order next (the same on every rank)."""
-        set_epoch(self.ds, epoch)
 
     def state_dict(self) -> dict:
         pending = self.__dict__.get("_bf_pending")
