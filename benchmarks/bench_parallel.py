@@ -1,7 +1,11 @@
 """Parallel stages against in-process iteration and torch's DataLoader (issue: parallel execution).
 
 W1: map-style source of 3x224x224 uint8 + int label, trivial map, BatchData(64) after the parallel stage,
-    2 workers. W2: the same with ~2 ms of GIL-holding work per sample, and as the machine's ceiling two
+    2 workers. Its state bookkeeping (what ``state_dict()`` needs) is measured against the same stage with
+    a ledger that records nothing (``-untracked``: no snapshots of the source, no receipts; the counters
+    remain), and with a ``state_dict()`` after every batch (``-saving``), as a checkpointing loader does.
+    ``state_dict_ms`` times ``state_dict()`` on a stage with 2 process workers and 256 datapoints in flight.
+W2: the same with ~2 ms of GIL-holding work per sample, and as the machine's ceiling two
     bare processes doing only that work (two-bare-processes / in-process is what two cores give here:
     2.0 on two free cores, less when the vCPUs share a core or a neighbour). W3: time to the first batch.
 Configurations run interleaved, ``--reps`` times each (each time an untimed epoch, then three timed
@@ -23,6 +27,7 @@ import numpy as np
 
 import bridgeflow as bf
 from bridgeflow.parallel import MultiProcessMapData, MultiThreadMapData
+from bridgeflow.parallel.progress import SourceLedger
 
 BANK_SIZE = 512  # 77 MB of images: more than the caches hold, as with a real dataset
 BATCH = 64
@@ -122,6 +127,43 @@ class BareProcesses:
             proc.join()
 
 
+class _NullLedger(SourceLedger):
+    """Records nothing: the baseline for the cost of a stage's state bookkeeping."""
+
+    def snapshot(self) -> None:
+        self.next_snap = float("inf")
+
+    def received(self, start: int, length: int) -> None:
+        pass
+
+
+class UntrackedProcesses(MultiProcessMapData):
+    def _new_ledger(self) -> SourceLedger:
+        self._skips.clear()
+        self._index_of.clear()
+        self._ledger = _NullLedger(self.ds)
+        return self._ledger
+
+
+class Saving:
+    """Iterates a flow and takes its state after every batch."""
+
+    def __init__(self, df: bf.DataFlow) -> None:
+        self.df = df
+
+    def reset_state(self) -> None:
+        self.df.reset_state()
+
+    def __iter__(self):
+        df = self.df
+        for batch in df:
+            df.state_dict()
+            yield batch
+
+    def close(self) -> None:
+        self.df.close()
+
+
 def source(n: int) -> bf.DataFlow:
     return bf.DataFromList(list(range(n)), shuffle=False)
 
@@ -134,6 +176,10 @@ def make(config: str, fn, n: int):
     if config == "bridgeflow-processes-unfused":  # a MapData between: batches are stacked in this process
         return bf.BatchData(bf.MapData(MultiProcessMapData(source(n), 2, fn, start_method="fork"), identity),
                             BATCH)
+    if config == "bridgeflow-processes-untracked":
+        return bf.BatchData(UntrackedProcesses(source(n), 2, fn, start_method="fork"), BATCH)
+    if config == "bridgeflow-processes-saving":
+        return Saving(bf.BatchData(MultiProcessMapData(source(n), 2, fn, start_method="fork"), BATCH))
     if config == "bridgeflow-threads":
         return bf.BatchData(MultiThreadMapData(source(n), 2, fn), BATCH)
     if config == "two-bare-processes":
@@ -168,7 +214,7 @@ def throughput(name: str, fn, n: int, configs: list[str], reps: int, epochs: int
     loaders = {}
     for c in configs:
         loader = make(c, fn, n)
-        if isinstance(loader, bf.DataFlow):
+        if isinstance(loader, (bf.DataFlow, Saving)):
             loader.reset_state()
         epoch_rate(loader, n)  # warm up: workers started, caches and shared memory in place
         loaders[c] = loader
@@ -181,7 +227,7 @@ def throughput(name: str, fn, n: int, configs: list[str], reps: int, epochs: int
                 epoch_rate(loaders[c], n)
             rates[c].append(epochs * (n - n % BATCH) / (time.perf_counter() - t0))
     for loader in loaders.values():
-        if isinstance(loader, (bf.DataFlow, BareProcesses)):
+        if isinstance(loader, (bf.DataFlow, BareProcesses, Saving)):
             loader.close()
     medians = {}
     for c in configs:
@@ -204,6 +250,26 @@ def first_batch_time(config: str, fn, n: int) -> float:
     return dt
 
 
+def state_dict_times(n: int, calls: int = 200) -> dict:
+    """``state_dict()`` on a process stage (2 workers) with 256 datapoints in flight, between datapoints."""
+    df = MultiProcessMapData(source(n), 2, load, buffer_size=256, start_method="fork")
+    df.reset_state()
+    it = iter(df)
+    times, in_flight = [], []
+    try:
+        for _ in range(calls):
+            next(it)
+            in_flight.append(df._pool.outstanding)
+            t0 = time.perf_counter()
+            df.state_dict()
+            times.append(time.perf_counter() - t0)
+    finally:
+        it.close()
+        df.close()
+    return {"median_ms": round(statistics.median(times) * 1e3, 4), "max_ms": round(max(times) * 1e3, 4),
+            "calls": calls, "in_flight_min": min(in_flight), "in_flight_max": max(in_flight)}
+
+
 def emit(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
@@ -216,13 +282,17 @@ def main() -> int:
     bank()
     emit(machine=f"{os.cpu_count()} cpus", python=sys.version.split()[0], numpy=np.__version__)
 
-    configs = ["in-process", "bridgeflow-processes", "bridgeflow-processes-unfused", "bridgeflow-threads",
-               "torch-DataLoader"]
+    configs = ["in-process", "bridgeflow-processes", "bridgeflow-processes-untracked", "bridgeflow-processes-saving",
+               "bridgeflow-processes-unfused", "bridgeflow-threads", "torch-DataLoader"]
     n1 = 64 * (20 if args.quick else 80)
     w1 = throughput("W1", load, n1, configs, args.reps)
     ratio("W1", "bridgeflow-processes", "torch-DataLoader", w1, target=3.0)
     ratio("W1", "bridgeflow-processes", "in-process", w1, target=0.8)
     ratio("W1", "bridgeflow-processes-unfused", "in-process", w1)
+    ratio("W1", "bridgeflow-processes", "bridgeflow-processes-untracked", w1, target=0.98)  # bookkeeping cost
+    ratio("W1", "bridgeflow-processes-saving", "bridgeflow-processes-untracked", w1, target=0.98)
+    emit(bench="state_dict", stage="MultiProcessMapData(2 workers, buffer_size=256)",
+         **state_dict_times(64 * (20 if args.quick else 80)), target_ms=50)
 
     emit(bench="W2", calibrated_iterations=calibrate())
     n2 = 64 * (4 if args.quick else 10)
