@@ -426,3 +426,16 @@ def test_reset_state_restarts_the_epochs_unless_set_epoch_said_otherwise():
     df.set_epoch(1)
     df.reset_state()
     assert_same_datapoints(list(df), first[1])
+
+
+def test_every_exported_flow_saves_its_state_or_says_it_cannot():
+    """A flow added to the package without state would be refused (not guessed): list the refusals here."""
+    refusing = {"RemoteDataZMQ", "RayMapData", "TestDataSpeed"}  # a network stream, Ray actors, a timer
+    for name in bf.__all__:
+        cls = getattr(bf, name)
+        if not (isinstance(cls, type) and issubclass(cls, DataFlow)) or cls in (DataFlow, ProxyDataFlow, RNGDataFlow):
+            continue
+        if name in refusing:
+            assert cls._bf_state_mode == "unsupported", name
+        else:
+            assert cls._bf_state_mode in ("own", "count"), f"{name} has no state ({cls._bf_state_mode})"

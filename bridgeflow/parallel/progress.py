@@ -18,7 +18,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from ..state import StateError, StateMismatchError, check_count, child_state, field
+from ..state import NotResumableError, StateError, StateMismatchError, check_count, child_state, field
 
 __all__ = ["SNAPSHOT_EVERY", "SourceLedger", "WorkerLedger", "WorkerSnapshot", "check_source_position"]
 
@@ -135,8 +135,6 @@ class WorkerLedger:
 
     def positions(self) -> list[dict]:
         if self.error is not None:
-            from ..state import NotResumableError
-
             raise NotResumableError(f"a worker's copy of the flow cannot save its position: {self.error}")
         out = []
         for snaps, got in zip(self.snaps, self.received):
