@@ -149,6 +149,15 @@ class EpochOrder:
             done += n
         self._it, self._done, self._run_len = None, done, 0
 
+    def items(self, seq: Sequence, pos: int) -> Iterator:
+        """The iterator of a list or tuple itself, from ``pos``, for an unsharded sequential epoch: the
+        fastest way through it, and it knows its position like the index iterators do."""
+        it = iter(seq)
+        if pos:
+            it.__setstate__(pos)
+        self._it, self._done, self._run_len = it, 0, len(seq)
+        return it
+
     def position(self) -> int:
         it = self._it
         return self._done if it is None else self._done + iterator_position(it, self._run_len)

@@ -61,7 +61,11 @@ class DataFromList(IndexedSource):
             self._order.n = len(self.lst)
 
     def _read(self, runs: list, pos: int) -> Iterator:
-        get = self.lst.__getitem__
+        lst = self.lst
+        if not self.shuffle and self._order.shard is None and type(lst) in (list, tuple):
+            yield from self._order.items(lst, pos)
+            return
+        get = lst.__getitem__
         for it, _, _ in self._order.iters(runs, pos):
             yield from map(get, it)
 
