@@ -4,6 +4,7 @@ too."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 
@@ -160,8 +161,8 @@ def _rank_main(rank, world, init_file, path, out_dir):
             n = torch.tensor([len(got)])
             dist.all_reduce(n, op=dist.ReduceOp.MAX)  # a rank with fewer batches would make DDP hang
             epochs.append(got)
-        with open(os.path.join(out_dir, f"{rank}.txt"), "w") as f:
-            f.write(repr(epochs))
+        with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
+            json.dump(epochs, f)
     finally:
         dist.destroy_process_group()
 
@@ -172,7 +173,7 @@ def test_real_ranks_with_torch_distributed(files, tmp_path):
     world = 3
     tmp.spawn(_rank_main, args=(world, str(tmp_path / "init"), files["lmdb"], str(tmp_path)), nprocs=world,
               join=True)
-    per_rank = [eval((tmp_path / f"{r}.txt").read_text()) for r in range(world)]
+    per_rank = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
     for epoch in range(2):
         parts = [per_rank[r][epoch] for r in range(world)]
         assert [len(p) for p in parts] == [8] * world
