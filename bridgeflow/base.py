@@ -341,7 +341,8 @@ class DataFlow:
     def state_dict(self) -> dict:
         """Where this flow is, as plain data: its next ``iter()`` after ``load_state_dict`` continues here.
 
-        Take it between two datapoints the consumer received. Restored with ``load_state_dict`` on a
+        Take it between two datapoints the consumer received, in the thread that iterates (it is cheap:
+        small dicts of integers, one per flow). Restored with ``load_state_dict`` on a
         freshly built flow of the same structure, before its first ``iter()`` (before or after
         ``reset_state()``), the flow yields exactly what this one would have yielded next, random
         choices included: the rest of the epoch in progress, then the following epochs. A state taken
