@@ -10,6 +10,12 @@ Cases, each timed with interleaved repetitions (anchor, bridgeflow, anchor, ...)
   itself costs per batch of 64, in microseconds (set it beside the stacking time of a real batch).
 - ``map_chain``: five ``MapData(identity)`` wrappers around a source of small datapoints, against the
   bare source: the time each wrapper adds per datapoint, in microseconds.
+- ``state_bookkeeping``: what keeping track of the position (for ``state_dict()``) costs.
+  ``BatchData(MapData(DataFromList(shuffled)), 64)`` over small datapoints, against the same pipeline
+  built from copies of the flows as they were before they had state (``resumable=False``, so not even
+  the default counting runs). ``ratio_tracked`` is baseline time / tracked time (1.0: free; target >=
+  0.98); ``ratio_state_every_batch`` adds a ``state_dict()`` call after every batch, as a checkpointing
+  loader does, and ``state_dict_us`` is one such call.
 
 Each line printed is one JSON object with the median of the repetitions (and the machine it ran on:
 absolute rates mean something only beside it; the ratios are what to compare across machines).
@@ -29,7 +35,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bridgeflow import BatchData, DataFromList, FakeData, MapData
+from bridgeflow import BatchData, DataFlow, DataFromList, FakeData, MapData, RNGDataFlow
+from bridgeflow.batch import batch_datapoints
+from bridgeflow.transforms import _DATAPOINT_TYPES, check_datapoint
 
 BATCH = 64
 SHAPE = (3, 224, 224)
@@ -136,6 +144,84 @@ def bench_map_chain(reps: int, datapoints: int, wrappers: int = 5) -> None:
          per_wrapper_us_per_rep=[round(x, 4) for x in per_wrapper], **machine())
 
 
+class _ListBefore(RNGDataFlow, resumable=False):
+    """DataFromList as it was before it had a state (a shuffled epoch: a permutation, indexed)."""
+
+    def __init__(self, lst, seed):
+        self.lst, self.seed = lst, seed
+
+    def __iter__(self):
+        lst = self.lst
+        for i in self.rng.permutation(len(lst)):
+            yield lst[i]
+
+
+class _MapBefore(DataFlow, resumable=False):
+    def __init__(self, ds, func):
+        self.ds, self.func = ds, func
+
+    def reset_state(self):
+        self.ds.reset_state()
+
+    def __iter__(self):
+        func = self.func
+        types = _DATAPOINT_TYPES
+        for dp in self.ds:
+            out = func(dp)
+            if out is None:
+                continue
+            if type(out) not in types:
+                check_datapoint(out, "MapData function")
+            yield out
+
+
+class _BatchBefore(DataFlow, resumable=False):
+    def __init__(self, ds, batch_size):
+        self.ds, self.batch_size = ds, batch_size
+
+    def reset_state(self):
+        self.ds.reset_state()
+
+    def __iter__(self):
+        bs, use_list, pad = self.batch_size, False, None
+        holder: list = []
+        for dp in self.ds:
+            holder.append(dp)
+            if len(holder) == bs:
+                yield batch_datapoints(holder, use_list, pad)
+                holder = []
+
+
+def bench_state(reps: int, datapoints: int) -> None:
+    data = [[np.zeros(4, np.float32), i] for i in range(datapoints)]
+    identity = lambda dp: dp
+    tracked = BatchData(MapData(DataFromList(data, shuffle=True, seed=0), identity), BATCH)
+    baseline = _BatchBefore(_MapBefore(_ListBefore(data, 0), identity), BATCH)
+    saving = BatchData(MapData(DataFromList(data, shuffle=True, seed=0), identity), BATCH)
+    for df in (tracked, baseline, saving):
+        df.reset_state()
+
+    def count(df, save=False) -> Callable[[], int]:
+        def run() -> int:
+            n = 0
+            for _ in df:
+                n += BATCH
+                if save:
+                    df.state_dict()
+            return n
+        return run
+
+    times = interleave({"baseline": count(baseline), "tracked": count(tracked), "saving": count(saving, True)},
+                       reps)
+    base, tr, sv = (statistics.median(times[k]) for k in ("baseline", "tracked", "saving"))
+    emit(bench="core", case="state_bookkeeping", datapoints=datapoints, batch=BATCH, reps=reps,
+         baseline_us_per_dp=round(base * 1e6, 4), tracked_us_per_dp=round(tr * 1e6, 4),
+         ratio_tracked=round(base / tr, 4), ratio_state_every_batch=round(base / sv, 4),
+         state_dict_us=round((sv - tr) * BATCH * 1e6, 2), target=0.98, meets_target=base / tr >= 0.98,
+         ratio_tracked_per_rep=[round(b / t, 3) for b, t in zip(times["baseline"], times["tracked"])],
+         **machine())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per case (median; >= 5)")
@@ -147,6 +233,7 @@ def main() -> None:
     bench_batch_stack(args.reps, args.batches)
     bench_batch_overhead(args.reps, 2000)
     bench_map_chain(args.reps, args.datapoints)
+    bench_state(args.reps, args.datapoints)
 
 
 if __name__ == "__main__":

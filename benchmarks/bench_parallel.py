@@ -1,7 +1,15 @@
 """Parallel stages against in-process iteration and torch's DataLoader (issue: parallel execution).
 
 W1: map-style source of 3x224x224 uint8 + int label, trivial map, BatchData(64) after the parallel stage,
-    2 workers. W2: the same with ~2 ms of GIL-holding work per sample, and as the machine's ceiling two
+    2 workers.
+W1-state: the W1 stage's state bookkeeping (what ``state_dict()`` needs) against the same stage with a
+    ledger that records nothing (``untracked``: no snapshots of the source, no receipts; the counters
+    remain), and with a ``state_dict()`` after every batch (``saving``), as a checkpointing loader does.
+    Each configuration runs alone (its workers prefetch across epochs, which would slow whichever ran
+    next), new per repetition, in alternating order; besides samples/s, the consumer thread's CPU time
+    per batch, where all the bookkeeping runs, is less sensitive to a busy machine.
+    ``state_dict`` times ``state_dict()`` on a stage with 2 process workers and 256 datapoints in flight.
+W2: the same with ~2 ms of GIL-holding work per sample, and as the machine's ceiling two
     bare processes doing only that work (two-bare-processes / in-process is what two cores give here:
     2.0 on two free cores, less when the vCPUs share a core or a neighbour). W3: time to the first batch.
 Configurations run interleaved, ``--reps`` times each (each time an untimed epoch, then three timed
@@ -23,6 +31,7 @@ import numpy as np
 
 import bridgeflow as bf
 from bridgeflow.parallel import MultiProcessMapData, MultiThreadMapData
+from bridgeflow.parallel.progress import SourceLedger
 
 BANK_SIZE = 512  # 77 MB of images: more than the caches hold, as with a real dataset
 BATCH = 64
@@ -122,6 +131,43 @@ class BareProcesses:
             proc.join()
 
 
+class _NullLedger(SourceLedger):
+    """Records nothing: the baseline for the cost of a stage's state bookkeeping."""
+
+    def snapshot(self) -> None:
+        self.next_snap = float("inf")
+
+    def received(self, start: int, length: int) -> None:
+        pass
+
+
+class UntrackedProcesses(MultiProcessMapData):
+    def _new_ledger(self) -> SourceLedger:
+        self._skips.clear()
+        self._index_of.clear()
+        self._ledger = _NullLedger(self.ds)
+        return self._ledger
+
+
+class Saving:
+    """Iterates a flow and takes its state after every batch."""
+
+    def __init__(self, df: bf.DataFlow) -> None:
+        self.df = df
+
+    def reset_state(self) -> None:
+        self.df.reset_state()
+
+    def __iter__(self):
+        df = self.df
+        for batch in df:
+            df.state_dict()
+            yield batch
+
+    def close(self) -> None:
+        self.df.close()
+
+
 def source(n: int) -> bf.DataFlow:
     return bf.DataFromList(list(range(n)), shuffle=False)
 
@@ -134,6 +180,10 @@ def make(config: str, fn, n: int):
     if config == "bridgeflow-processes-unfused":  # a MapData between: batches are stacked in this process
         return bf.BatchData(bf.MapData(MultiProcessMapData(source(n), 2, fn, start_method="fork"), identity),
                             BATCH)
+    if config == "bridgeflow-processes-untracked":
+        return bf.BatchData(UntrackedProcesses(source(n), 2, fn, start_method="fork"), BATCH)
+    if config == "bridgeflow-processes-saving":
+        return Saving(bf.BatchData(MultiProcessMapData(source(n), 2, fn, start_method="fork"), BATCH))
     if config == "bridgeflow-threads":
         return bf.BatchData(MultiThreadMapData(source(n), 2, fn), BATCH)
     if config == "two-bare-processes":
@@ -168,7 +218,7 @@ def throughput(name: str, fn, n: int, configs: list[str], reps: int, epochs: int
     loaders = {}
     for c in configs:
         loader = make(c, fn, n)
-        if isinstance(loader, bf.DataFlow):
+        if isinstance(loader, (bf.DataFlow, Saving)):
             loader.reset_state()
         epoch_rate(loader, n)  # warm up: workers started, caches and shared memory in place
         loaders[c] = loader
@@ -181,7 +231,7 @@ def throughput(name: str, fn, n: int, configs: list[str], reps: int, epochs: int
                 epoch_rate(loaders[c], n)
             rates[c].append(epochs * (n - n % BATCH) / (time.perf_counter() - t0))
     for loader in loaders.values():
-        if isinstance(loader, (bf.DataFlow, BareProcesses)):
+        if isinstance(loader, (bf.DataFlow, BareProcesses, Saving)):
             loader.close()
     medians = {}
     for c in configs:
@@ -204,6 +254,59 @@ def first_batch_time(config: str, fn, n: int) -> float:
     return dt
 
 
+def bookkeeping(n: int, reps: int, epochs: int = 3) -> None:
+    """W1-state: tracked, untracked and saving stages, each alone, alternating; see the module doc."""
+    names = {"tracked": "bridgeflow-processes", "untracked": "bridgeflow-processes-untracked",
+             "saving": "bridgeflow-processes-saving"}
+    rate: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in names}
+    batches = epochs * (n // BATCH)
+    for rep in range(reps):
+        order = list(names) if rep % 2 == 0 else list(reversed(names))
+        for key in order:
+            loader = make(names[key], load, n)
+            loader.reset_state()
+            epoch_rate(loader, n)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            for _ in range(epochs):
+                epoch_rate(loader, n)
+            cpu[key].append((time.thread_time() - c0) / batches)
+            rate[key].append(batches * BATCH / (time.perf_counter() - t0))
+            loader.close()
+    med = {k: statistics.median(v) for k, v in rate.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
+    for key in names:
+        emit(bench="W1-state", config=key, median_samples_per_s=round(med[key]), reps=[round(r) for r in rate[key]],
+             consumer_cpu_us_per_batch=round(cpu_med[key] * 1e6, 1))
+    wall_per_batch = BATCH / med["tracked"]
+    emit(bench="W1-state", ratio="tracked/untracked", value=round(med["tracked"] / med["untracked"], 3), target=0.98,
+         met=med["tracked"] / med["untracked"] >= 0.98)
+    emit(bench="W1-state", ratio="saving/untracked", value=round(med["saving"] / med["untracked"], 3))
+    emit(bench="W1-state", cost="consumer CPU of the bookkeeping / wall time per batch",
+         tracked=round((cpu_med["tracked"] - cpu_med["untracked"]) / wall_per_batch, 4),
+         saving=round((cpu_med["saving"] - cpu_med["untracked"]) / wall_per_batch, 4), target=0.02)
+
+
+def state_dict_times(n: int, calls: int = 200) -> dict:
+    """``state_dict()`` on a process stage (2 workers) with 256 datapoints in flight, between datapoints."""
+    df = MultiProcessMapData(source(n), 2, load, buffer_size=256, start_method="fork")
+    df.reset_state()
+    it = iter(df)
+    times, in_flight = [], []
+    try:
+        for _ in range(calls):
+            next(it)
+            in_flight.append(df._pool.outstanding)
+            t0 = time.perf_counter()
+            df.state_dict()
+            times.append(time.perf_counter() - t0)
+    finally:
+        it.close()
+        df.close()
+    return {"median_ms": round(statistics.median(times) * 1e3, 4), "max_ms": round(max(times) * 1e3, 4),
+            "calls": calls, "in_flight_min": min(in_flight), "in_flight_max": max(in_flight)}
+
+
 def emit(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
@@ -223,6 +326,9 @@ def main() -> int:
     ratio("W1", "bridgeflow-processes", "torch-DataLoader", w1, target=3.0)
     ratio("W1", "bridgeflow-processes", "in-process", w1, target=0.8)
     ratio("W1", "bridgeflow-processes-unfused", "in-process", w1)
+    bookkeeping(n1, args.reps)
+    emit(bench="state_dict", stage="MultiProcessMapData(2 workers, buffer_size=256)",
+         **state_dict_times(64 * (20 if args.quick else 80)), target_ms=50)
 
     emit(bench="W2", calibrated_iterations=calibrate())
     n2 = 64 * (4 if args.quick else 10)

@@ -61,8 +61,10 @@ from .serialize import (
     TargetExistsError,
     load_dataset,
 )
+from .shard import ShardData, rank_and_world
 from .sources import DataFromGenerator, DataFromIterable, DataFromList, FakeData
 from .speed import TestDataSpeed, collect_stats
+from .state import NotResumableError, StateError, StateMismatchError
 from .transforms import (
     CacheData,
     FilterData,
@@ -121,6 +123,7 @@ __all__ = [
     "MultiProcessRunnerZMQ",
     "MultiThreadMapData",
     "MultiThreadRunner",
+    "NotResumableError",
     "NumpyData",
     "NumpySerializer",
     "PrefetchData",
@@ -139,6 +142,9 @@ __all__ = [
     "RepeatedDataPoint",
     "SelectComponent",
     "SerializationError",
+    "ShardData",
+    "StateError",
+    "StateMismatchError",
     "TargetExistsError",
     "TestDataSpeed",
     "ThreadedMapData",
@@ -153,6 +159,7 @@ __all__ = [
     "get_rng",
     "iter_flows",
     "load_dataset",
+    "rank_and_world",
     "send_dataflow_zmq",
     "worker_seed_scope",
 ]

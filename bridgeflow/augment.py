@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from .base import DataFlow, ProxyDataFlow
-from .imgaug.base import AugmentorList, check_dtype
+from .imgaug.base import AugmentorList, ImageAugmentor, check_dtype
+from .state import StateMismatchError, child_state, field, load_child, rng_state, set_rng_state
 from .transforms import get_component
 
 __all__ = ["AugmentImageComponent", "AugmentImageComponents", "AugmentImageCoordinates"]
@@ -41,6 +42,24 @@ def _as_list(augmentors: Any) -> AugmentorList:
     if not isinstance(augmentors, (list, tuple)):
         augmentors = [augmentors]
     return AugmentorList(list(augmentors))
+
+
+def _augmentors_in(obj: Any, out: list, seen: set) -> list:
+    """Every augmentor in the tree under ``obj`` (lists, combinators, wrapped augmentors), in a fixed order."""
+    if id(obj) in seen:
+        return out
+    seen.add(id(obj))
+    if isinstance(obj, ImageAugmentor):
+        out.append(obj)
+        values = list(vars(obj).values())
+    elif isinstance(obj, (list, tuple)):
+        values = list(obj)
+    else:
+        return out
+    for value in values:
+        if isinstance(value, (ImageAugmentor, list, tuple)):
+            _augmentors_in(value, out, seen)
+    return out
 
 
 def check_coords(coords: Any, who: str) -> None:
@@ -66,10 +85,30 @@ class _AugmentBase(ProxyDataFlow):
         super().reset_state()
         self.augs.reset_state()
 
+    def state_dict(self) -> dict:
+        """The wrapped flow's state and the state of every augmentor's random generator: resuming draws
+        the same random parameters for the datapoints that follow."""
+        pending = self.__dict__.get("_bf_pending_rngs")
+        rngs = pending if pending is not None else [rng_state(a.rng) for a in _augmentors_in(self.augs, [], set())]
+        return {"child": child_state(self.ds), "rngs": rngs}
+
+    def load_state_dict(self, state: dict) -> None:
+        rngs = field(state, "rngs", list)
+        have = len(_augmentors_in(self.augs, [], set()))
+        if len(rngs) != have:
+            raise StateMismatchError(f"the state holds {len(rngs)} augmentors' generators, this flow has {have}")
+        load_child(self.ds, field(state, "child", dict))
+        self._bf_pending_rngs = rngs  # applied when the next epoch starts, after any reset_state()
+
     def _augment(self, dp: Any) -> Any:
         raise NotImplementedError
 
     def __iter__(self) -> Iterator:
+        rngs = self.__dict__.pop("_bf_pending_rngs", None)
+        if rngs is not None:
+            for aug, saved in zip(_augmentors_in(self.augs, [], set()), rngs):
+                if saved is not None:
+                    set_rng_state(aug.rng, saved)
         for dp in self.ds:
             if not self.catch_exceptions:
                 yield self._augment(dp)

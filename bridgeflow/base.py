@@ -12,6 +12,9 @@ A *datapoint* is a list/tuple of components or a dict of named components. A flo
   idempotent, recurses through wrapped flows, and runs on ``with`` exit.
 - One flow may not be iterated by two consumers at once: the second ``iter()`` raises
   :class:`DataFlowReentrantError` until the first iterator is exhausted, closed or garbage-collected.
+- ``state_dict()`` saves where the flow is, between two datapoints its consumer received;
+  ``load_state_dict(state)`` on a freshly built flow of the same structure makes its next ``iter()``
+  continue from there (see :meth:`DataFlow.state_dict` and :mod:`bridgeflow.state`).
 
 Example:
     >>> from bridgeflow import DataFromList, MapData
@@ -26,15 +29,31 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from .errors import DataFlowReentrantError, LengthUnknownError
+from .state import (
+    NotResumableError,
+    StateError,
+    StateMismatchError,
+    check_count,
+    check_header,
+    check_rng_field,
+    child_state,
+    field,
+    load_child,
+    load_children,
+    rng_state,
+    set_rng_state,
+)
 
 __all__ = [
-    "DataFlow", "ProxyDataFlow", "RNGDataFlow", "as_dataflow", "get_rng", "iter_flows", "worker_seed_scope",
+    "DataFlow", "ProxyDataFlow", "RNGDataFlow", "as_dataflow", "epoch_live", "get_rng", "iter_flows",
+    "worker_seed_scope",
 ]
 
 log = logging.getLogger(__name__)
@@ -43,10 +62,11 @@ Datapoint = Any  # list | tuple | dict of components
 
 
 def _guard_iter(original):
-    """Wrap a subclass's ``__iter__`` with auto-reset and the one-consumer-at-a-time guard.
+    """Wrap a subclass's ``__iter__`` with auto-reset, the one-consumer-at-a-time guard and, for flows that
+    use the default state (count and skip), the count of datapoints handed out this epoch.
 
     The guard acts only for the ``__iter__`` that ``iter(obj)`` resolves to; a subclass calling
-    ``super().__iter__()`` reaches the parent's original generator unguarded.
+    ``super().__iter__()`` reaches the parent's original iterator unguarded.
     """
 
     @functools.wraps(original)
@@ -58,7 +78,12 @@ def _guard_iter(original):
             self.reset_state()
         if self._bf_iterating is not None:
             raise _reentrant(self)
-        return _guarded(self, original(self))
+        if self._bf_state_mode == "count":
+            gen = _guarded_counting(self, _replay_begin(self, original))
+        else:
+            gen = _guarded(self, original(self))
+        self._bf_gen = weakref.ref(gen)  # the epoch is in progress while this generator lives
+        return gen
 
     __iter__._bf_guarded = True
     return __iter__
@@ -94,6 +119,136 @@ def _guarded(flow: DataFlow, it: Iterator) -> Iterator:
             close()
 
 
+def _guarded_counting(flow: DataFlow, it: Iterator) -> Iterator:
+    """``_guarded`` that also counts the datapoints handed out (the default state's position)."""
+    token = object()
+    try:
+        with _claim_lock:
+            if flow._bf_iterating is not None:
+                raise _reentrant(flow)
+            flow._bf_iterating = token
+        for dp in it:
+            flow._bf_pos += 1
+            yield dp
+    finally:
+        if flow._bf_iterating is token:
+            flow._bf_iterating = None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+
+
+def epoch_live(flow: DataFlow) -> bool:
+    """Whether ``flow`` is inside an epoch: the iterator of its last ``iter()`` exists and has not ended.
+
+    A state taken then continues that epoch; otherwise it starts the next one. An iterator that was
+    closed, exhausted or dropped (even before its first datapoint) ends its epoch.
+    """
+    ref = flow.__dict__.get("_bf_gen")
+    gen = ref() if ref is not None else None
+    return gen is not None and gen.gi_frame is not None
+
+
+def take_pending(flow: DataFlow) -> dict | None:
+    """The state loaded into ``flow`` and not yet applied, now handed to the caller (its next epoch)."""
+    return flow.__dict__.pop("_bf_pending", None)
+
+
+def _replay_begin(flow: DataFlow, original: Any) -> Iterator:
+    """Begin an epoch of a flow with the default state: restore the saved epoch start (``self.rng`` and
+    the children's states, loaded already) and skip the datapoints delivered before the state was saved.
+
+    Runs at ``iter()`` time, so an iterator dropped before its first datapoint still ends the epoch.
+    """
+    pending = take_pending(flow)
+    skip = 0
+    rng = getattr(flow, "rng", None)
+    if pending is not None:
+        if pending["rng"] is not None:
+            if rng is None:
+                raise StateMismatchError("the state holds an rng, this flow has none", [type(flow).__name__])
+            set_rng_state(rng, pending["rng"])
+        flow._bf_epoch_start = (pending["rng"], pending["children"])
+        skip = pending["pos"]
+    else:
+        flow._bf_epoch_start = (_try(rng_state, rng), [_try(child_state, c) for c in flow.children()])
+    flow._bf_pos = 0
+    it = original(flow)
+    for i in range(skip):
+        try:
+            next(it)
+        except StopIteration:
+            raise StateMismatchError(
+                f"resuming replays the epoch up to datapoint {skip}, but it ended after {i}: the flow's "
+                "__iter__ does not depend only on its children and self.rng (the default state); give it "
+                "state_dict() and load_state_dict()", [type(flow).__name__]) from None
+    flow._bf_pos = skip
+    return it
+
+
+def _try(fn: Any, arg: Any) -> Any:
+    """``fn(arg)``, or the StateError it raised (a state taken at every epoch start must not stop the
+    iteration of a flow nobody saves; the error is raised when a state is asked for)."""
+    try:
+        return fn(arg)
+    except StateError as exc:
+        return exc
+
+
+def _raise_if_error(value: Any) -> Any:
+    if isinstance(value, StateError):
+        raise type(value)(value.reason, value.path)
+    return value
+
+
+def _wrap_state_dict(original):
+    @functools.wraps(original)
+    def state_dict(self) -> dict:
+        if type(self).state_dict is not state_dict:  # a super() call: the outermost wrapper adds the header
+            return original(self)
+        try:
+            out = original(self)
+        except StateError as exc:
+            raise exc.within(type(self).__name__) from None
+        if not isinstance(out, dict):
+            raise TypeError(f"{type(self).__name__}.state_dict() returned a {type(out).__name__}, not a dict")
+        out["class"] = type(self).__name__
+        out["version"] = type(self).state_version
+        return out
+
+    state_dict._bf_wrapped = True
+    return state_dict
+
+
+def _wrap_load_state_dict(original):
+    @functools.wraps(original)
+    def load_state_dict(self, state: dict) -> None:
+        if type(self).load_state_dict is not load_state_dict:
+            return original(self, state)
+        try:
+            check_header(self, state, type(self).state_version)
+            original(self, state)
+        except StateError as exc:
+            raise exc.within(type(self).__name__) from None
+
+    load_state_dict._bf_wrapped = True
+    return load_state_dict
+
+
+def _state_mode(cls: type) -> str:
+    """How ``cls`` saves its position: ``own`` (its state_dict fits its __iter__), ``count`` (the default:
+    count and skip), ``unsupported`` (a bridgeflow flow without state) or ``off`` (``resumable=False``)."""
+    mro = cls.__mro__
+    iter_owner = next(c for c in mro if "__iter__" in c.__dict__)
+    state_owner = next((c for c in mro if c.__dict__.get("state_dict") not in (None, DataFlow.state_dict)), DataFlow)
+    explicit = iter_owner.__dict__.get("_bf_state_mode")
+    if explicit is not None and mro.index(iter_owner) <= mro.index(state_owner):
+        return explicit
+    if state_owner is not DataFlow and mro.index(state_owner) <= mro.index(iter_owner):
+        return "own"
+    return "unsupported" if iter_owner.__module__.split(".")[0] == "bridgeflow" else "count"
+
+
 def _mark_reset(original):
     @functools.wraps(original)
     def reset_state(self, *args, **kwargs):
@@ -106,12 +261,20 @@ def _mark_reset(original):
 
 
 class DataFlow:
-    """Base class of every flow. Subclasses implement ``__iter__`` and, when they can, ``__len__``."""
+    """Base class of every flow. Subclasses implement ``__iter__`` and, when they can, ``__len__``.
+
+    ``class MyFlow(DataFlow, resumable=False)`` declares a flow whose position cannot be saved (its
+    ``state_dict()`` raises :class:`~bridgeflow.state.NotResumableError`); see :meth:`state_dict`.
+    """
 
     _bf_reset_done = False
     _bf_iterating: object | None = None  # the token of the running guarded iterator, if any
+    _bf_state_mode = "count"
+    _bf_pos = 0
+    state_version: int = 1
+    """The format version of this class's states; raise it when the fields change meaning."""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, resumable: bool | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         it = cls.__dict__.get("__iter__")
         if it is not None and not getattr(it, "_bf_guarded", False):
@@ -119,6 +282,19 @@ class DataFlow:
         rs = cls.__dict__.get("reset_state")
         if rs is not None and not getattr(rs, "_bf_marks_reset", False):
             cls.reset_state = _mark_reset(rs)
+        for name, wrap in (("state_dict", _wrap_state_dict), ("load_state_dict", _wrap_load_state_dict)):
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, "_bf_wrapped", False):
+                setattr(cls, name, wrap(fn))
+        if resumable is not None:
+            cls._bf_resumable = bool(resumable)
+        if "_bf_state_mode" not in cls.__dict__:
+            off = not getattr(cls, "_bf_resumable", True) and "state_dict" not in cls.__dict__
+            cls._bf_state_mode = "off" if off else _state_mode(cls)
+        if cls._bf_state_mode != "own" and "state_dict" not in cls.__dict__:
+            # an inherited state_dict was written for another __iter__: take the default (or its refusal)
+            cls.state_dict = DataFlow.state_dict
+            cls.load_state_dict = DataFlow.load_state_dict
 
     def __iter__(self) -> Iterator[Datapoint]:
         raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
@@ -142,8 +318,81 @@ class DataFlow:
                 close()
 
     def children(self) -> list[DataFlow]:
-        """The flows this one reads from (used by ``close()``, ``stats`` collection and ``PrintData``)."""
+        """The flows this one reads from (used by ``close()``, ``stats``, ``PrintData`` and the default
+        ``state_dict()``)."""
         return []
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the shuffled sources in this pipeline read epoch ``epoch``'s order next.
+
+        Forwarded to the children, like ``close()``; shuffled random-access sources (``DataFromList``, the
+        LMDB, HDF5 and npz readers) act on it. Call it before each epoch, as with torch's
+        ``DistributedSampler``: with the same seeds every rank then reads the same order (and its own part
+        of it, when sharded). A runner's workers iterate their own copies, which it does not reach.
+        """
+        seen: set[int] = set()
+        for child in self.children():
+            if id(child) not in seen:
+                seen.add(id(child))
+                method = getattr(child, "set_epoch", None)
+                if method is not None:
+                    method(epoch)
+
+    def state_dict(self) -> dict:
+        """Where this flow is, as plain data: its next ``iter()`` after ``load_state_dict`` continues here.
+
+        Take it between two datapoints the consumer received, in the thread that iterates (it is cheap:
+        small dicts of integers, one per flow). Restored with ``load_state_dict`` on a
+        freshly built flow of the same structure, before its first ``iter()`` (before or after
+        ``reset_state()``), the flow yields exactly what this one would have yielded next, random
+        choices included: the rest of the epoch in progress, then the following epochs. A state taken
+        after an epoch's last datapoint resumes with that epoch's (empty) rest, so a loop
+        ``for epoch in range(saved_epoch, n): for dp in df: ...`` sees the same epochs as without the
+        interruption. Between epochs (an iteration ended or was dropped), the state starts the next one.
+
+        The default, for a subclass that writes only ``__iter__``, counts the datapoints handed out
+        this epoch and saves it with ``self.rng``'s state (for ``RNGDataFlow``) and the states of
+        ``children()`` as they were when the epoch began; resuming restores those and skips that many
+        datapoints. It is exact when ``__iter__`` depends only on them (not on other attributes that
+        change between epochs), and it costs one replay of the epoch so far. Override ``state_dict`` and
+        ``load_state_dict`` for anything else, or declare ``class F(DataFlow, resumable=False)``.
+        """
+        reason = self._bf_not_resumable()
+        if reason:
+            raise NotResumableError(reason)
+        pending = self.__dict__.get("_bf_pending")
+        if pending is not None:
+            return dict(pending)
+        if epoch_live(self):
+            rng, children = self._bf_epoch_start
+            return {"rng": _raise_if_error(rng), "children": [_raise_if_error(c) for c in children],
+                    "pos": self._bf_pos}
+        children = self.children()
+        return {"rng": rng_state(getattr(self, "rng", None)), "pos": 0,
+                "children": [child_state(c, i if len(children) > 1 else None) for i, c in enumerate(children)]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take a state saved by :meth:`state_dict` of a flow of the same structure; its next ``iter()``
+        continues from there. A state of another structure raises ``StateMismatchError`` (a ValueError)
+        naming the flow and what differs."""
+        reason = self._bf_not_resumable()
+        if reason:
+            raise NotResumableError(reason)
+        rng = check_rng_field(state)
+        children = field(state, "children", list)
+        pos = check_count(state, "pos")
+        load_children(self.children(), children)
+        self._bf_pending = {"rng": rng, "children": children, "pos": pos}
+
+    def _bf_not_resumable(self) -> str | None:
+        """Why this flow cannot be resumed (a reason naming what to do), or None."""
+        mode = self._bf_state_mode
+        if mode == "off":
+            return "declared resumable=False: its position cannot be saved"
+        if mode == "unsupported":
+            return (f"{type(self).__module__}.{type(self).__qualname__} cannot save its position (it has no "
+                    "state_dict())")
+        return None
 
     def stats(self) -> dict[str, float]:
         """Counters that help find the bottleneck (queue fill, wait times). Empty for plain flows."""
@@ -168,10 +417,15 @@ class DataFlow:
         state = self.__dict__.copy()
         state.pop("_bf_reset_done", None)
         state.pop("_bf_iterating", None)
+        state.pop("_bf_gen", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+
+
+DataFlow.state_dict = _wrap_state_dict(DataFlow.state_dict)
+DataFlow.load_state_dict = _wrap_load_state_dict(DataFlow.load_state_dict)
 
 
 def as_dataflow(ds: Any, who: str = "DataFlow") -> DataFlow:
@@ -189,6 +443,8 @@ def as_dataflow(ds: Any, who: str = "DataFlow") -> DataFlow:
 class ProxyDataFlow(DataFlow):
     """A flow that wraps one other flow, ``self.ds``; by default it forwards everything to it."""
 
+    _bf_state_mode = "own"
+
     def __init__(self, ds: DataFlow) -> None:
         self.ds = as_dataflow(ds, type(self).__name__)
 
@@ -203,6 +459,14 @@ class ProxyDataFlow(DataFlow):
 
     def children(self) -> list[DataFlow]:
         return [self.ds]
+
+    def state_dict(self) -> dict:
+        """The wrapped flow's state under ``"child"``: a flow that holds nothing between two datapoints
+        (a map, a filter) is wherever its child is."""
+        return {"child": child_state(self.ds)}
+
+    def load_state_dict(self, state: dict) -> None:
+        load_child(self.ds, field(state, "child", dict))
 
 
 # --- random number generators -------------------------------------------------------------------

@@ -6,6 +6,11 @@ How a component is batched depends on its value in the first datapoint of the ba
   batch maximum when ``pad_value`` is given);
 - Python and numpy numbers and bools become a 1-d array (numpy's default dtypes: int64, float64, bool);
 - anything else (str, bytes, objects, nested lists) stays a list.
+
+State: ``BatchData`` holds nothing between two batches, so its state is its child's (a parallel map
+stage below it saves the position of its fused batches). ``UnbatchData`` saves its child's state before
+the current batch and how many datapoints of it were yielded. ``BatchDataByShape`` keeps partial
+buckets, which no state holds: it resumes by replaying its epoch (the default state).
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, ProxyDataFlow
+from .base import DataFlow, ProxyDataFlow, epoch_live, take_pending
 from .errors import BatchError, DatapointError, LengthUnknownError
-from .transforms import check_datapoint, get_component
+from .state import StateMismatchError, check_count, child_state, field, load_child
+from .transforms import _raise_stored, _state_or_error, check_datapoint, get_component
 
 __all__ = ["BatchData", "BatchDataByShape", "UnbatchData", "batch_datapoints"]
 
@@ -176,24 +182,45 @@ class BatchData(ProxyDataFlow):
         self.remainder = remainder
         self.use_list = use_list
         self.pad_value = pad_value
+        self._child_done = False
 
     def __len__(self) -> int:
         n = len(self.ds)
         return -(-n // self.batch_size) if self.remainder else n // self.batch_size
 
     def __iter__(self) -> Iterator:
-        bs, use_list, pad = self.batch_size, self.use_list, self.pad_value
         fused = getattr(self.ds, "iter_batched", None)
         if fused is not None:
             # A parallel stage that can batch in its workers: same batches, no copy in this process.
-            yield from fused(bs, self.remainder, use_list, pad)
-            return
+            return fused(self.batch_size, self.remainder, self.use_list, self.pad_value)
+        pending = take_pending(self)
+        self._child_done = False
+        if pending is not None and pending["child_done"]:
+            return iter(())  # the state was taken at the last, partial batch: this epoch has nothing left
+        return self._batch(iter(self.ds))
+
+    def state_dict(self) -> dict:
+        pending = self.__dict__.get("_bf_pending")
+        done = pending["child_done"] if pending is not None else self._child_done and epoch_live(self)
+        return {"batch_size": self.batch_size, "child_done": done, "child": child_state(self.ds)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if field(state, "batch_size", int) != self.batch_size:
+            raise StateMismatchError(f"the state is for batches of {state['batch_size']}, this flow makes "
+                                     f"batches of {self.batch_size}")
+        done = field(state, "child_done", bool)
+        load_child(self.ds, field(state, "child", dict))
+        self._bf_pending = {"child_done": done}
+
+    def _batch(self, source: Iterator) -> Iterator:
+        bs, use_list, pad = self.batch_size, self.use_list, self.pad_value
         holder: list = []
-        for dp in self.ds:
+        for dp in source:
             holder.append(dp)
             if len(holder) == bs:
                 yield batch_datapoints(holder, use_list, pad)
                 holder = []
+        self._child_done = True  # a remainder batch comes after the child's epoch ended
         if self.remainder and holder:
             yield batch_datapoints(holder, use_list, pad)
 
@@ -202,8 +229,11 @@ class BatchDataByShape(ProxyDataFlow):
     """Batch datapoints whose component ``idx`` has the same shape (e.g. images of equal size).
 
     Datapoints wait in one bucket per shape; a bucket is emitted when full. With ``remainder=True`` the
-    partial buckets are emitted at the end of an epoch.
+    partial buckets are emitted at the end of an epoch. Resuming replays the epoch up to the saved
+    batch (the buckets' datapoints are not part of the state).
     """
+
+    _bf_state_mode = "count"
 
     def __init__(self, ds: DataFlow, batch_size: int, idx: Hashable, remainder: bool = False,
                  use_list: bool | Collection[Hashable] = False) -> None:
@@ -246,10 +276,42 @@ def _short(value: Any, limit: int = 40) -> str:
 
 
 class UnbatchData(ProxyDataFlow):
-    """Split each batch back into datapoints: the inverse of :class:`BatchData`."""
+    """Split each batch back into datapoints: the inverse of :class:`BatchData`.
+
+    Its state is its child's state before the current batch plus the datapoints of it yielded, so it
+    asks its child for a state once per batch.
+    """
+
+    def __init__(self, ds: DataFlow) -> None:
+        super().__init__(ds)
+        self._before: Any = None
+        self._index = 0
 
     def __iter__(self) -> Iterator:
-        for batch in self.ds:
+        pending = take_pending(self)
+        self._index = pending["index"] if pending is not None else 0
+        self._before = _state_or_error(self.ds)  # before iter(): the loaded state, if any
+        return self._unbatch(iter(self.ds), self._index)
+
+    def state_dict(self) -> dict:
+        pending = self.__dict__.get("_bf_pending")
+        if pending is not None:
+            return {"index": pending["index"], "child": child_state(self.ds)}
+        if epoch_live(self):
+            return {"index": self._index, "child": _raise_stored(self._before)}
+        return {"index": 0, "child": child_state(self.ds)}
+
+    def load_state_dict(self, state: dict) -> None:
+        index = check_count(state, "index")
+        load_child(self.ds, field(state, "child", dict))
+        self._bf_pending = {"index": index}
+
+    def _unbatch(self, source: Iterator, skip: int) -> Iterator:
+        first = True
+        for batch in source:
+            if not first:
+                self._index = 0
+            first = False
             check_datapoint(batch, "UnbatchData input")
             keys = list(batch) if isinstance(batch, dict) else range(len(batch))
             sizes = {k: _batch_length(batch[k], k) for k in keys}
@@ -257,12 +319,16 @@ class UnbatchData(ProxyDataFlow):
                 raise BatchError(f"UnbatchData: components of one batch differ in length: {sizes}")
             n = next(iter(sizes.values()), 0)
             if isinstance(batch, dict):
-                for i in range(n):
+                for i in range(skip, n):
+                    self._index = i + 1
                     yield {k: batch[k][i] for k in keys}
             else:
                 cls = tuple if isinstance(batch, tuple) else list
-                for i in range(n):
+                for i in range(skip, n):
+                    self._index = i + 1
                     yield cls(batch[k][i] for k in keys)
+            skip = 0
+            self._before = _state_or_error(self.ds)  # before the next batch is read
 
     def __len__(self) -> int:
         raise LengthUnknownError("UnbatchData's length depends on the sizes of the batches it reads")

@@ -1,4 +1,10 @@
-"""Flows that combine several flows, or reorder one: concat, join, random choice and mix, local shuffle."""
+"""Flows that combine several flows, or reorder one: concat, join, random choice and mix, local shuffle.
+
+State: the children's states in a list under ``"children"``, plus the flow's own position (which child
+a concatenation is in, the random generator of a random choice or mix). ``LocallyShuffleData`` keeps
+datapoints in its buffer, which no state holds: it resumes by replaying its epoch from its start (the
+default state of :meth:`DataFlow.state_dict`), reading the wrapped flow again up to the saved point.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +13,19 @@ from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, ProxyDataFlow, RNGDataFlow, as_dataflow
+from .base import DataFlow, ProxyDataFlow, RNGDataFlow, as_dataflow, epoch_live, take_pending
 from .errors import DatapointError, LengthUnknownError
+from .order import iterator_position
+from .state import (
+    StateMismatchError,
+    check_count,
+    check_rng_field,
+    child_state,
+    field,
+    load_children,
+    rng_state,
+    set_rng_state,
+)
 
 __all__ = ["ConcatData", "JoinData", "LocallyShuffleData", "RandomChooseData", "RandomMixData"]
 
@@ -35,19 +52,51 @@ class _MultiFlow(DataFlow):
     def children(self) -> list[DataFlow]:
         return list(self.df_lists)
 
+    def _children_state(self) -> list[dict]:
+        return [child_state(c, i) for i, c in enumerate(self.df_lists)]
+
+    def _rng_now(self) -> dict | None:
+        return rng_state(getattr(self, "rng", None))
+
+
+def _close_all(itrs: list) -> None:
+    for it in itrs:
+        if hasattr(it, "close"):
+            it.close()
+
 
 class ConcatData(_MultiFlow):
     """The flows one after another."""
 
     def __init__(self, df_lists: Sequence[DataFlow]) -> None:
         self.df_lists = _flows(df_lists, "ConcatData")
+        self._index = 0  # the child being read
 
     def __len__(self) -> int:
         return sum(len(df) for df in self.df_lists)
 
     def __iter__(self) -> Iterator:
-        for df in self.df_lists:
-            yield from df
+        pending = take_pending(self)
+        self._index = pending["index"] if pending is not None else 0
+        first = iter(self.df_lists[self._index]) if self._index < len(self.df_lists) else None
+        return self._concat(first)
+
+    def _concat(self, it: Iterator | None) -> Iterator:
+        flows = self.df_lists
+        while self._index < len(flows):
+            yield from it if it is not None else flows[self._index]
+            it = None
+            self._index += 1
+
+    def state_dict(self) -> dict:
+        pending = self.__dict__.get("_bf_pending")
+        index = pending["index"] if pending is not None else self._index if epoch_live(self) else 0
+        return {"index": index, "children": self._children_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        index = check_count(state, "index")
+        load_children(self.df_lists, field(state, "children", list))
+        self._bf_pending = {"index": min(index, len(self.df_lists))}
 
 
 class JoinData(_MultiFlow):
@@ -72,7 +121,22 @@ class JoinData(_MultiFlow):
         return min(len(df) for df in self.df_lists)
 
     def __iter__(self) -> Iterator:
-        for parts in zip(*self.df_lists):
+        return self._join([iter(df) for df in self.df_lists])
+
+    def state_dict(self) -> dict:
+        return {"children": self._children_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        load_children(self.df_lists, field(state, "children", list))
+
+    def _join(self, itrs: list) -> Iterator:
+        try:
+            yield from self._zip(itrs)
+        finally:
+            _close_all(itrs)
+
+    def _zip(self, itrs: list) -> Iterator:
+        for parts in zip(*itrs):
             if all(isinstance(p, dict) for p in parts):
                 out: dict = {}
                 for p in parts:
@@ -121,7 +185,12 @@ class RandomChooseData(_MultiFlow, RNGDataFlow):
         raise LengthUnknownError("RandomChooseData stops when its first flow runs out; its length is random")
 
     def __iter__(self) -> Iterator:
-        itrs = [iter(df) for df in self.df_lists]
+        pending = take_pending(self)
+        if pending is not None and pending["rng"] is not None:
+            set_rng_state(self.rng, pending["rng"])
+        return self._choose([iter(df) for df in self.df_lists])
+
+    def _choose(self, itrs: list) -> Iterator:
         try:
             while True:
                 k = self.rng.choice(len(itrs), p=self.probs)
@@ -130,9 +199,17 @@ class RandomChooseData(_MultiFlow, RNGDataFlow):
                 except StopIteration:
                     return
         finally:
-            for it in itrs:
-                if hasattr(it, "close"):
-                    it.close()
+            _close_all(itrs)
+
+    def state_dict(self) -> dict:
+        pending = self.__dict__.get("_bf_pending")
+        rng = pending["rng"] if pending is not None else self._rng_now()
+        return {"rng": rng, "children": self._children_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        rng = check_rng_field(state)
+        load_children(self.df_lists, field(state, "children", list))
+        self._bf_pending = {"rng": rng}
 
 
 class RandomMixData(_MultiFlow, RNGDataFlow):
@@ -150,10 +227,26 @@ class RandomMixData(_MultiFlow, RNGDataFlow):
         return sum(len(df) for df in self.df_lists)
 
     def __iter__(self) -> Iterator:
+        pending = take_pending(self)
+        pos = 0
+        if pending is not None:
+            if pending["rng"] is not None:
+                set_rng_state(self.rng, pending["rng"])
+            pos = pending["pos"]
+        self._epoch_rng = rng_state(self.rng)  # the order of this epoch is drawn from here
         sizes = [len(df) for df in self.df_lists]
         order = np.repeat(np.arange(len(sizes)), sizes)
         self.rng.shuffle(order)
-        itrs = [iter(df) for df in self.df_lists]
+        self._order = order.tolist()
+        if pos > len(self._order):
+            raise StateMismatchError(f"the state's position {pos} is past the epoch's {len(self._order)} "
+                                     "datapoints", ["RandomMixData"])
+        self._it = it = iter(self._order)
+        if pos:
+            it.__setstate__(pos)
+        return self._mix([iter(df) for df in self.df_lists], it, sizes)
+
+    def _mix(self, itrs: list, order: Iterator, sizes: list[int]) -> Iterator:
         try:
             for k in order:
                 try:
@@ -163,9 +256,23 @@ class RandomMixData(_MultiFlow, RNGDataFlow):
                         f"RandomMixData: flow {k} ({type(self.df_lists[k]).__name__}) yielded fewer "
                         f"datapoints than its len() of {sizes[k]}") from None
         finally:
-            for it in itrs:
-                if hasattr(it, "close"):
-                    it.close()
+            _close_all(itrs)
+
+    def state_dict(self) -> dict:
+        pending = self.__dict__.get("_bf_pending")
+        if pending is not None:
+            own = dict(pending)
+        elif epoch_live(self):
+            own = {"rng": self._epoch_rng, "pos": iterator_position(self._it, len(self._order))}
+        else:
+            own = {"rng": self._rng_now(), "pos": 0}
+        return {**own, "children": self._children_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        rng = check_rng_field(state)
+        pos = check_count(state, "pos")
+        load_children(self.df_lists, field(state, "children", list))
+        self._bf_pending = {"rng": rng, "pos": pos}
 
 
 class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
@@ -175,7 +282,12 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
     at the end of the epoch the buffer drains in random order. Each datapoint is emitted ``num_reuse``
     times. ``shuffle_interval`` is accepted for tensorpack compatibility and has no effect: this buffer
     reshuffles on every datapoint.
+
+    Its state is the default one (see :meth:`DataFlow.state_dict`): resuming replays the epoch so far,
+    reading the wrapped flow again up to the saved point.
     """
+
+    _bf_state_mode = "count"  # the buffer holds datapoints: replay the epoch from its start
 
     def __init__(self, ds: DataFlow, buffer_size: int, num_reuse: int = 1, shuffle_interval: Any = None,
                  seed: int | None = None) -> None:

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from .base import RNGDataFlow
 from .imgaug.geometry import shape2d
 from .imgaug.transform import cv2
+from .order import IndexedSource
 
 __all__ = ["ImageFromFile", "read_image"]
 
@@ -30,17 +30,19 @@ def read_image(path: str, flags: int | None = None) -> np.ndarray:
     return img
 
 
-class ImageFromFile(RNGDataFlow):
+class ImageFromFile(IndexedSource):
     """Yield ``[image]`` for each file: ``(h, w, 3)`` RGB uint8 with ``channel=3``, ``(h, w, 1)`` grey with
     ``channel=1``; resized to ``resize`` (an int or ``(h, w)``) when given; in a new random order every
-    epoch with ``shuffle=True``.
+    epoch with ``shuffle=True``. ``shard=(rank, world)`` or ``"auto"`` reads this rank's part of every
+    epoch (see :mod:`bridgeflow.shard`); its state is the epoch and the position in it.
 
     Example:
         >>> df = ImageFromFile(sorted(glob.glob("photos/*.jpg")), resize=(224, 224))  # doctest: +SKIP
     """
 
     def __init__(self, files: Sequence[str], channel: int = 3, resize: Any = None, shuffle: bool = False,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, *, shard: tuple[int, int] | str | None = None,
+                 drop_last: bool = False) -> None:
         if isinstance(files, (str, bytes)) or not len(files):
             raise ValueError(f"ImageFromFile needs a non-empty list of image files, got {files!r}")
         if int(channel) not in (1, 3):
@@ -50,20 +52,24 @@ class ImageFromFile(RNGDataFlow):
         self.resize = None if resize is None else shape2d(resize, "ImageFromFile resize")
         self.shuffle = shuffle
         self.seed = seed
+        self._init_order(len(self.files), shuffle, shard, drop_last)
 
     def __len__(self) -> int:
-        return len(self.files)
+        return self._order.length()
 
-    def __iter__(self) -> Iterator[list]:
+    def _identity(self) -> dict:
+        return {"files": len(self.files)}
+
+    def _read(self, runs: list, pos: int) -> Iterator[list]:
         c = cv2()
         flags = c.IMREAD_GRAYSCALE if self.channel == 1 else c.IMREAD_COLOR
-        order = self.rng.permutation(len(self.files)) if self.shuffle else range(len(self.files))
-        for i in order:
-            img = read_image(self.files[i], flags)
-            if self.resize is not None:
-                img = c.resize(img, (self.resize[1], self.resize[0]))
-            if self.channel == 3:
-                img = img[:, :, ::-1]  # OpenCV decodes BGR
-            else:
-                img = img.reshape(img.shape[0], img.shape[1], 1)
-            yield [np.ascontiguousarray(img)]
+        for it, _, _ in self._order.iters(runs, pos):
+            for i in it:
+                img = read_image(self.files[i], flags)
+                if self.resize is not None:
+                    img = c.resize(img, (self.resize[1], self.resize[0]))
+                if self.channel == 3:
+                    img = img[:, :, ::-1]  # OpenCV decodes BGR
+                else:
+                    img = img.reshape(img.shape[0], img.shape[1], 1)
+                yield [np.ascontiguousarray(img)]

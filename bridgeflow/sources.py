@@ -1,21 +1,34 @@
-"""Flows that produce datapoints from Python objects: lists, generators, iterables and fake data."""
+"""Flows that produce datapoints from Python objects: lists, generators, iterables and fake data.
+
+All of them can save their position (``state_dict()``): a list by its epoch and position (its shuffle
+is rebuilt from two integers), fake data by its random generator, a generator function or a
+re-iterable by counting and skipping. A generator *object* or a one-shot iterator cannot be replayed:
+their ``state_dict()`` raises :class:`~bridgeflow.state.NotResumableError` saying what to pass instead.
+"""
 
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, RNGDataFlow
+from .base import DataFlow, RNGDataFlow, epoch_live, take_pending
 from .errors import LengthUnknownError
+from .order import IndexedSource, iterator_position
+from .state import StateMismatchError, check_count, check_rng_field, field, rng_state, set_rng_state
 
 __all__ = ["DataFromGenerator", "DataFromIterable", "DataFromList", "FakeData"]
 
 
-class DataFromList(RNGDataFlow):
+class DataFromList(IndexedSource):
     """Datapoints from a list (or any sequence), optionally shuffled every epoch.
+
+    ``shard=(rank, world)`` or ``"auto"`` reads only this rank's part (see :mod:`bridgeflow.shard`):
+    every rank then needs the same ``seed``; ``set_epoch(n)`` picks epoch ``n``'s order. Its state is
+    the epoch and the position in it (see :mod:`bridgeflow.order`).
 
     Example:
         >>> df = DataFromList([[0, "a"], [1, "b"]], shuffle=False)
@@ -23,34 +36,50 @@ class DataFromList(RNGDataFlow):
         [[0, 'a'], [1, 'b']]
     """
 
-    def __init__(self, lst: Sequence, shuffle: bool = True, seed: int | None = None) -> None:
+    def __init__(self, lst: Sequence, shuffle: bool = True, seed: int | None = None, *,
+                 shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> None:
         if not hasattr(lst, "__len__") or not hasattr(lst, "__getitem__"):
             raise TypeError(f"DataFromList needs a sequence, got {type(lst).__name__}; use DataFromIterable")
         self.lst = lst
         self.shuffle = shuffle
         self.seed = seed
+        self._init_order(len(lst), shuffle, shard, drop_last)
 
     def __len__(self) -> int:
-        return len(self.lst)
+        return self._order.length() if self._order.shard is not None else len(self.lst)
 
     def __getitem__(self, index: int) -> Any:
-        return self.lst[index]
+        if self._order.shard is None:
+            return self.lst[index]
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"DataFromList index {index} out of range for this rank's {n} datapoints")
+        return self.lst[self._order.shard_index(index % n)]
 
-    def __iter__(self) -> Iterator:
-        if not self.shuffle:
-            yield from self.lst
-            return
+    def _sync_length(self) -> None:
+        if len(self.lst) != self._order.n:  # the list grew or shrank since: read it as it is now
+            self._order.n = len(self.lst)
+
+    def _read(self, runs: list, pos: int) -> Iterator:
         lst = self.lst
-        for i in self.rng.permutation(len(lst)):
-            yield lst[i]
+        if not self.shuffle and self._order.shard is None and type(lst) in (list, tuple):
+            yield from self._order.items(lst, pos)
+            return
+        get = lst.__getitem__
+        for it, _, _ in self._order.iters(runs, pos):
+            yield from map(get, it)
 
 
 class DataFromGenerator(DataFlow):
     """Datapoints from a generator function, called anew for every epoch.
 
-    A generator *object* can be passed too, but it can be iterated only once (a second epoch raises).
-    ``size`` gives ``len()`` when the generator's length is known.
+    A generator *object* can be passed too, but it can be iterated only once (a second epoch raises) and
+    cannot be resumed. ``size`` gives ``len()`` when the generator's length is known. Resuming calls the
+    function again and skips the datapoints already delivered, so the function must give the same
+    datapoints each call.
     """
+
+    _bf_state_mode = "count"
 
     def __init__(self, gen: Callable[[], Iterable] | Iterator, size: int | None = None) -> None:
         if not callable(gen) and not inspect.isgenerator(gen) and not hasattr(gen, "__next__"):
@@ -74,9 +103,21 @@ class DataFromGenerator(DataFlow):
         self._used = True
         yield from self._gen
 
+    def _bf_not_resumable(self) -> str | None:
+        if not callable(self._gen):
+            return ("it was given a generator object, which cannot be rewound to a saved position; pass the "
+                    "generator function instead (DataFromGenerator(make) rather than DataFromGenerator(make()))")
+        return super()._bf_not_resumable()
+
 
 class DataFromIterable(DataFlow):
-    """Datapoints from any iterable; ``len()`` is the iterable's when it has one."""
+    """Datapoints from any iterable; ``len()`` is the iterable's when it has one.
+
+    Resuming iterates it again and skips the datapoints already delivered: an iterable that gives the
+    same items each time (a list, a range) resumes exactly; a one-shot iterator cannot be resumed.
+    """
+
+    _bf_state_mode = "count"
 
     def __init__(self, iterable: Iterable) -> None:
         if not hasattr(iterable, "__iter__"):
@@ -92,6 +133,12 @@ class DataFromIterable(DataFlow):
 
     def __iter__(self) -> Iterator:
         yield from self._itr
+
+    def _bf_not_resumable(self) -> str | None:
+        if hasattr(self._itr, "__next__"):
+            return (f"it wraps a {type(self._itr).__name__}, a one-shot iterator that cannot be rewound to a "
+                    "saved position; pass a list, or a DataFromGenerator of a function that makes the iterator")
+        return super()._bf_not_resumable()
 
 
 def _as_dtypes(dtype: Any, n: int) -> list[np.dtype]:
@@ -128,6 +175,8 @@ class FakeData(RNGDataFlow):
         self.domain = domain
         self.seed = seed
         self._fixed: list[np.ndarray] | None = None
+        self._it: Iterator[int] = iter(range(0))
+        self._start = 0
 
     def __len__(self) -> int:
         if self.size is None:
@@ -150,16 +199,51 @@ class FakeData(RNGDataFlow):
 
     def reset_state(self) -> None:
         super().reset_state()
+        self._fixed_rng = rng_state(self.rng) if not self.random else None
+        self._make_fixed()
+
+    def _make_fixed(self) -> None:
         if not self.random:
             self._fixed = [self._make(s, d) for s, d in zip(self.shapes, self.dtypes)]
             for a in self._fixed:
                 a.flags.writeable = False
 
     def __iter__(self) -> Iterator[list[np.ndarray]]:
-        n = 0
-        while self.size is None or n < self.size:
-            if self._fixed is not None:
-                yield list(self._fixed)
-            else:
-                yield [self._make(s, d) for s, d in zip(self.shapes, self.dtypes)]
-            n += 1
+        pending = take_pending(self)
+        start = 0
+        if pending is not None:
+            if pending["fixed"] is not None:  # the same fixed arrays as the run that saved the state
+                set_rng_state(self.rng, pending["fixed"])
+                self._fixed_rng = pending["fixed"]
+                self._make_fixed()
+            if pending["rng"] is not None:
+                set_rng_state(self.rng, pending["rng"])
+            start = pending["pos"]
+        it = iter(range(start, self.size if self.size is not None else sys.maxsize))
+        self._it, self._start = it, start
+        return self._produce(it)
+
+    def _produce(self, it: Iterator[int]) -> Iterator[list[np.ndarray]]:
+        fixed = self._fixed
+        if fixed is not None:
+            for _ in it:
+                yield list(fixed)
+            return
+        make, specs = self._make, list(zip(self.shapes, self.dtypes))
+        for _ in it:
+            yield [make(s, d) for s, d in specs]
+
+    def state_dict(self) -> dict:
+        """The random generator's state now and the position in the epoch (datapoints are not replayed)."""
+        pending = self.__dict__.get("_bf_pending")
+        if pending is not None:
+            return dict(pending)
+        pos = self._start + iterator_position(self._it, 0) if epoch_live(self) else 0
+        return {"size": self.size, "rng": rng_state(getattr(self, "rng", None)),
+                "fixed": self.__dict__.get("_fixed_rng"), "pos": pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        if field(state, "size", (int, type(None))) != self.size:
+            raise StateMismatchError(f"the state is for size={state['size']}, this flow has size={self.size}")
+        rng, fixed = check_rng_field(state, "rng"), check_rng_field(state, "fixed")
+        self._bf_pending = {"size": self.size, "rng": rng, "fixed": fixed, "pos": check_count(state, "pos")}

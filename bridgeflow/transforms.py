@@ -2,6 +2,11 @@
 
 Every transform accepts list/tuple datapoints (components addressed by position) and dict datapoints
 (components addressed by key), and keeps the datapoint's type: a tuple stays a tuple.
+
+State: a transform that holds nothing between two datapoints (map, filter, select, print) saves only
+its child's state; the others add their own position (repeats done, datapoints into the epoch, the
+cache's epoch). Each ``__iter__`` opens its child's iterator at once, so a loaded state is taken up by
+the ``iter()`` call itself, even if the iterator is dropped before its first datapoint.
 """
 
 from __future__ import annotations
@@ -12,8 +17,20 @@ from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, ProxyDataFlow, RNGDataFlow
+from .base import DataFlow, ProxyDataFlow, RNGDataFlow, epoch_live, take_pending
 from .errors import DatapointError, LengthUnknownError
+from .order import EpochOrder
+from .state import (
+    StateError,
+    StateMismatchError,
+    check_count,
+    check_rng_field,
+    child_state,
+    field,
+    load_child,
+    rng_state,
+    set_rng_state,
+)
 
 __all__ = [
     "CacheData",
@@ -81,6 +98,8 @@ class MapData(ProxyDataFlow):
     ``len()`` is the wrapped flow's, which overcounts when ``func`` drops datapoints (as in tensorpack).
     """
 
+    _bf_state_mode = "own"  # its child's state: nothing is held between two datapoints
+
     def __init__(self, ds: DataFlow, func: Callable[[Any], Any]) -> None:
         super().__init__(ds)
         if not callable(func):
@@ -88,9 +107,12 @@ class MapData(ProxyDataFlow):
         self.func = func
 
     def __iter__(self) -> Iterator:
+        return self._map(iter(self.ds))
+
+    def _map(self, source: Iterator) -> Iterator:
         func = self.func
         types = _DATAPOINT_TYPES
-        for dp in self.ds:
+        for dp in source:
             out = func(dp)
             if out is None:
                 continue
@@ -102,6 +124,8 @@ class MapData(ProxyDataFlow):
 class MapDataComponent(ProxyDataFlow):
     """Apply ``func`` to one component (a position, or a key of dict datapoints); ``None`` drops it."""
 
+    _bf_state_mode = "own"
+
     def __init__(self, ds: DataFlow, func: Callable[[Any], Any], index: Hashable = 0) -> None:
         super().__init__(ds)
         if not callable(func):
@@ -110,8 +134,11 @@ class MapDataComponent(ProxyDataFlow):
         self.index = index
 
     def __iter__(self) -> Iterator:
+        return self._map(iter(self.ds))
+
+    def _map(self, source: Iterator) -> Iterator:
         func, index = self.func, self.index
-        for dp in self.ds:
+        for dp in source:
             out = func(get_component(dp, index, "MapDataComponent"))
             if out is None:
                 continue
@@ -121,6 +148,8 @@ class MapDataComponent(ProxyDataFlow):
 class FilterData(ProxyDataFlow):
     """Keep the datapoints for which ``predicate(dp)`` is true. Its length is unknown."""
 
+    _bf_state_mode = "own"
+
     def __init__(self, ds: DataFlow, predicate: Callable[[Any], bool]) -> None:
         super().__init__(ds)
         self.predicate = predicate
@@ -129,8 +158,11 @@ class FilterData(ProxyDataFlow):
         raise LengthUnknownError("FilterData cannot know how many datapoints pass its predicate")
 
     def __iter__(self) -> Iterator:
+        return self._filter(iter(self.ds))
+
+    def _filter(self, source: Iterator) -> Iterator:
         pred = self.predicate
-        for dp in self.ds:
+        for dp in source:
             if pred(dp):
                 yield dp
 
@@ -144,9 +176,14 @@ class SelectComponent(ProxyDataFlow):
             raise TypeError(f"SelectComponent needs a sequence of indices or keys, got {idxs!r}")
         self.idxs = list(idxs)
 
+    _bf_state_mode = "own"
+
     def __iter__(self) -> Iterator:
+        return self._select(iter(self.ds))
+
+    def _select(self, source: Iterator) -> Iterator:
         idxs = self.idxs
-        for dp in self.ds:
+        for dp in source:
             try:
                 if isinstance(dp, dict):
                     yield {k: dp[k] for k in idxs}
@@ -168,6 +205,7 @@ class RepeatedData(ProxyDataFlow):
         if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < -1:
             raise ValueError(f"RepeatedData num must be a count >= 0 or -1 (forever), got {num!r}")
         self.num = int(num)
+        self._done = 0  # passes over ds completed in this epoch
 
     def __len__(self) -> int:
         if self.num == -1:
@@ -175,34 +213,106 @@ class RepeatedData(ProxyDataFlow):
         return len(self.ds) * self.num
 
     def __iter__(self) -> Iterator:
-        done = 0
-        while self.num == -1 or done < self.num:
+        pending = take_pending(self)
+        self._done = pending["done"] if pending is not None else 0
+        first = iter(self.ds) if self.num == -1 or self._done < self.num else None
+        return self._repeat(first, pending is not None)
+
+    def _repeat(self, it: Iterator | None, resumed: bool) -> Iterator:
+        while self.num == -1 or self._done < self.num:
             empty = True
-            for dp in self.ds:
+            for dp in it if it is not None else self.ds:
                 empty = False
                 yield dp
-            if empty and self.num == -1:
+            it = None
+            if empty and self.num == -1 and not resumed:  # a resumed pass may have nothing left
                 raise DatapointError("RepeatedData(num=-1) wraps a flow that yielded nothing; it would spin")
-            done += 1
+            resumed = False
+            self._done += 1
+
+    def state_dict(self) -> dict:
+        pending = self.__dict__.get("_bf_pending")
+        done = pending["done"] if pending is not None else self._done if epoch_live(self) else 0
+        return {"num": self.num, "done": done, "child": child_state(self.ds)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if field(state, "num", int) != self.num:
+            raise StateMismatchError(f"the state is for num={state['num']}, this flow repeats num={self.num}")
+        done = check_count(state, "done")
+        load_child(self.ds, field(state, "child", dict))
+        self._bf_pending = {"done": done}
 
 
 class RepeatedDataPoint(ProxyDataFlow):
-    """Yield every datapoint ``num`` times in a row (the same object each time)."""
+    """Yield every datapoint ``num`` times in a row (the same object each time).
+
+    Its state is its child's state before the current datapoint plus the repeats done, so it asks its
+    child for a state once per datapoint read.
+    """
 
     def __init__(self, ds: DataFlow, num: int) -> None:
         super().__init__(ds)
         if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < 1:
             raise ValueError(f"RepeatedDataPoint num must be a positive count, got {num!r}")
         self.num = int(num)
+        self._before: Any = None  # the child's state before the current datapoint (or the StateError)
+        self._rep = 0
 
     def __len__(self) -> int:
         return len(self.ds) * self.num
 
     def __iter__(self) -> Iterator:
-        num = self.num
-        for dp in self.ds:
-            for _ in range(num):
+        pending = take_pending(self)
+        self._rep = pending["rep"] if pending is not None else 0
+        self._before = _state_or_error(self.ds)  # before iter(): the loaded state, if any
+        return self._repeat(iter(self.ds), self._rep)
+
+    def _repeat(self, source: Iterator, skip: int) -> Iterator:
+        num, ds = self.num, self.ds
+        first = True
+        while True:
+            if not first:
+                self._before = _state_or_error(ds)
+                self._rep = 0
+            first = False
+            try:
+                dp = next(source)
+            except StopIteration:
+                return
+            for i in range(skip, num):
+                self._rep = i + 1
                 yield dp
+            skip = 0
+
+    def state_dict(self) -> dict:
+        pending = self.__dict__.get("_bf_pending")
+        if pending is not None:
+            return {"num": self.num, "rep": pending["rep"], "child": child_state(self.ds)}
+        if epoch_live(self):
+            return {"num": self.num, "rep": self._rep, "child": _raise_stored(self._before)}
+        return {"num": self.num, "rep": 0, "child": child_state(self.ds)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if field(state, "num", int) != self.num:
+            raise StateMismatchError(f"the state is for num={state['num']}, this flow repeats num={self.num}")
+        rep = check_count(state, "rep")
+        load_child(self.ds, field(state, "child", dict))
+        self._bf_pending = {"rep": rep}
+
+
+def _state_or_error(flow: Any) -> Any:
+    """``flow``'s state now, or the StateError saying why there is none (raised only if a state is asked
+    for: iterating a flow nobody saves must not fail)."""
+    try:
+        return child_state(flow)
+    except StateError as exc:
+        return exc
+
+
+def _raise_stored(value: Any) -> Any:
+    if isinstance(value, StateError):
+        raise type(value)(value.reason, value.path)
+    return value
 
 
 class FixedSizeData(ProxyDataFlow):
@@ -218,15 +328,20 @@ class FixedSizeData(ProxyDataFlow):
         self._size = int(size)
         self.keep_state = keep_state
         self._itr: Iterator | None = None
+        self._n = 0
 
     def __len__(self) -> int:
         return self._size
 
     def __iter__(self) -> Iterator:
-        if self._itr is None or not self.keep_state:
-            self._itr = iter(self.ds)
-        n = 0
-        while n < self._size:
+        pending = take_pending(self)
+        self._n = pending["pos"] if pending is not None else 0
+        if pending is not None or self._itr is None or not self.keep_state:
+            self._itr = iter(self.ds)  # after a load: continues the child's saved epoch, if it was carried
+        return self._fixed()
+
+    def _fixed(self) -> Iterator:
+        while self._n < self._size:
             try:
                 dp = next(self._itr)
             except StopIteration:
@@ -235,10 +350,29 @@ class FixedSizeData(ProxyDataFlow):
                     dp = next(self._itr)
                 except StopIteration:
                     raise DatapointError("FixedSizeData wraps a flow that yielded nothing") from None
-            n += 1
+            self._n += 1
             yield dp
         if not self.keep_state:
             self._itr = None
+
+    def state_dict(self) -> dict:
+        pending = self.__dict__.get("_bf_pending")
+        if pending is not None:
+            own = dict(pending)
+        else:
+            live = epoch_live(self)
+            # between epochs the child's iteration is carried only with keep_state
+            own = {"pos": self._n if live else 0,
+                   "carried": self._itr is not None and (live or self.keep_state) and _alive(self._itr)}
+        return {"size": self._size, "keep_state": self.keep_state, **own, "child": child_state(self.ds)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if field(state, "size", int) != self._size:
+            raise StateMismatchError(f"the state is for size={state['size']}, this flow has size={self._size}")
+        pos = check_count(state, "pos")
+        carried = field(state, "carried", bool)
+        load_child(self.ds, field(state, "child", dict))
+        self._bf_pending = {"pos": pos, "carried": carried}
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
@@ -252,10 +386,18 @@ class FixedSizeData(ProxyDataFlow):
         super().close()
 
 
+def _alive(it: Any) -> bool:
+    """Whether an iterator (a generator) can still yield: not exhausted or closed."""
+    frame = getattr(it, "gi_frame", False)
+    return frame is not None
+
+
 class CacheData(ProxyDataFlow, RNGDataFlow):
     """Remember the first epoch in memory and replay it afterwards, optionally reshuffled.
 
     An epoch interrupted before its end is not cached; the next epoch reads the wrapped flow again.
+    Its state is the wrapped flow's state when the cached epoch began plus the position: resuming reads
+    that epoch again to rebuild the cache (the cache itself is never part of a state).
     """
 
     def __init__(self, ds: DataFlow, shuffle: bool = False, seed: int | None = None) -> None:
@@ -263,6 +405,9 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
         self.shuffle = shuffle
         self.seed = seed
         self._cache: list | None = None
+        self._buffer: list = []
+        self._start: Any = None  # the child's state when the (filling) epoch began
+        self._order: EpochOrder | None = None
 
     def reset_state(self) -> None:
         ProxyDataFlow.reset_state(self)
@@ -274,17 +419,81 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
         return len(self.ds)
 
     def __iter__(self) -> Iterator:
+        pending = take_pending(self)
+        if pending is not None:
+            self._cache = None
+            self._start = pending["child"]
+            if pending["rng"] is not None:
+                set_rng_state(self.rng, pending["rng"])
+            if pending["filled"]:  # rebuild the cache from the child's saved epoch, then resume in it
+                self._fill_silently(iter(self.ds), None)
+                self._order.load(pending["order"])
+                return self._replay(*self._order.begin())
+            source = iter(self.ds)
+            self._buffer = self._fill_silently(source, pending["pos"])
+            return self._fill(source, self._buffer)
         if self._cache is not None:
-            order = self.rng.permutation(len(self._cache)) if self.shuffle else range(len(self._cache))
-            cache = self._cache
-            for i in order:
-                yield cache[i]
-            return
-        buffer = []
-        for dp in self.ds:
+            return self._replay(*self._order.begin())
+        self._start = _state_or_error(self.ds)
+        self._buffer = []
+        return self._fill(iter(self.ds), self._buffer)
+
+    def _fill_silently(self, source: Iterator, count: int | None) -> list:
+        """Read ``count`` datapoints (or the whole epoch, which then becomes the cache) without yielding."""
+        buffer: list = []
+        end = object()
+        while count is None or len(buffer) < count:
+            dp = next(source, end)
+            if dp is end:
+                break
+            buffer.append(dp)
+        if count is not None and len(buffer) < count:
+            raise StateMismatchError(f"rebuilding the cache read {len(buffer)} datapoints of the wrapped flow, "
+                                     f"the state says {count} were delivered")
+        if count is None:
+            self._set_cache(buffer)
+        return buffer
+
+    def _set_cache(self, buffer: list) -> None:
+        self._cache = buffer
+        self._order = EpochOrder(len(buffer), self.shuffle, None, "CacheData")
+        self._order.reset(self.rng)
+
+    def _fill(self, source: Iterator, buffer: list) -> Iterator:
+        for dp in source:
             buffer.append(dp)
             yield dp
-        self._cache = buffer
+        self._set_cache(buffer)
+
+    def _replay(self, runs: list, pos: int) -> Iterator:
+        cache = self._cache
+        for it, _, _ in self._order.iters(runs, pos):
+            yield from map(cache.__getitem__, it)
+
+    def state_dict(self) -> dict:
+        pending = self.__dict__.get("_bf_pending")
+        if pending is not None:
+            return dict(pending)
+        live = epoch_live(self)
+        if self._cache is not None:
+            return {"filled": True, "child": _raise_stored(self._start), "pos": 0,
+                    "order": self._order.state(live), "rng": None}
+        rng = rng_state(getattr(self, "rng", None))  # the cache's shuffle will be drawn from it
+        if live:  # filling: the child's epoch from its start, of which len(buffer) datapoints were read
+            return {"filled": False, "child": _raise_stored(self._start), "pos": len(self._buffer), "order": None,
+                    "rng": rng}
+        return {"filled": False, "child": child_state(self.ds), "pos": 0, "order": None, "rng": rng}
+
+    def load_state_dict(self, state: dict) -> None:
+        filled = field(state, "filled", bool)
+        pos = check_count(state, "pos")
+        child = field(state, "child", dict)
+        order = field(state, "order", (dict, type(None)))
+        if filled and order is None:
+            raise StateMismatchError("the state says the cache was filled but holds no cache order")
+        rng = check_rng_field(state)
+        load_child(self.ds, child)
+        self._bf_pending = {"filled": filled, "child": child, "pos": pos, "order": order, "rng": rng}
 
 
 def describe_datapoint(dp: Any, max_depth: int = 3, max_list: int = 3, _depth: int = 0) -> str:
@@ -319,8 +528,13 @@ class PrintData(ProxyDataFlow):
         self.max_list = max_list
         self.level = level
 
+    _bf_state_mode = "own"  # its child's state (after a resume it logs the first datapoints it yields)
+
     def __iter__(self) -> Iterator:
-        for i, dp in enumerate(self.ds):
+        return self._print(iter(self.ds))
+
+    def _print(self, source: Iterator) -> Iterator:
+        for i, dp in enumerate(source):
             if i < self.num:
                 log.log(self.level, "PrintData %s, datapoint %d:\n%s", self.name, i,
                         describe_datapoint(dp, self.max_depth, self.max_list))

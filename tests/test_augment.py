@@ -4,12 +4,14 @@ and plain-function augmentors; seeding in parallel workers."""
 from __future__ import annotations
 
 import logging
+import os
 
 import albumentations as A
 import numpy as np
 import pytest
 import torch
 
+import bridgeflow as bf
 from bridgeflow import (
     AugmentImageComponent,
     AugmentImageComponents,
@@ -126,18 +128,32 @@ def test_contract_and_reproducibility():
 
 def test_workers_augment_differently_and_reproducibly(leak_check):
     same = [[np.arange(100, dtype=np.uint8).reshape(10, 10, 1), 0]] * 8
+    make = lambda: AugmentImageComponent(DataFromList(same, shuffle=False), [imgaug.RandomCrop(3)])
 
-    def crops_of(seed):
-        df = MultiProcessRunner(AugmentImageComponent(DataFromList(same, shuffle=False), [imgaug.RandomCrop(3)]),
-                                num_proc=2, num_prefetch=4, seed=seed)
-        with df:
+    def stream(worker_seed):  # what a worker with this seed yields: its copy is reset inside its seed scope
+        df = make()
+        with worker_seed_scope(worker_seed):
             df.reset_state()
-            return sorted(int(dp[0][0, 0, 0]) for dp in df)
+        return [int(dp[0][0, 0, 0]) for _ in range(3) for dp in df]
 
-    a, b = crops_of(11), crops_of(11)
-    assert a == b, "the same stage seed must give the same augmentations"
-    assert len(set(a)) > 2, "both workers cropped the same windows"
-    assert crops_of(12) != a
+    expected = [stream(11), stream(12)]  # the stage's seed 11 gives workers 0 and 1 the seeds 11 and 12
+    assert expected[0] == stream(11), "the same worker seed must give the same augmentations"
+    assert expected[0] != expected[1], "two workers cropped the same windows"
+
+    def per_worker(seed):
+        tagged = bf.MapData(make(), lambda dp: [int(dp[0][0, 0, 0]), os.getpid()])
+        with MultiProcessRunner(tagged, num_proc=2, num_prefetch=4, seed=seed) as df:
+            df.reset_state()
+            out: dict = {}
+            for crop, pid in (dp for _ in range(2) for dp in df):
+                out.setdefault(pid, []).append(crop)
+            return list(out.values())
+
+    # Which worker delivers how many depends on timing, but each worker's own sequence is its stream's prefix.
+    got = per_worker(11)
+    assert sum(map(len, got)) == 16
+    matched = [next(k for k, e in enumerate(expected) if e[:len(seq)] == seq) for seq in got]
+    assert len(set(matched)) == len(got), f"two workers gave the same stream: {got}"
 
 
 # --- several components, coordinates ------------------------------------------------------------------
@@ -255,3 +271,35 @@ def test_torchvision_style_transform():
                                      [StandInRandomHorizontalFlip(p=1.0)]))
     np.testing.assert_array_equal(gray[0][0], [[2, 1, 0], [5, 4, 3]])
     assert isinstance(imgaug.as_augmentor(StandInRandomHorizontalFlip()), imgaug.TorchvisionAugmentor)
+
+
+def test_augmented_flows_resume_with_the_same_random_draws():
+    from bridgeflow.testing import check_resumable
+
+    def make():
+        src = DataFromList(images(9), shuffle=True, seed=3)
+        augs = imgaug.AugmentorList([imgaug.RandomCrop(4), imgaug.RandomApplyAug(imgaug.Flip(horiz=True), 0.5),
+                                     imgaug.Brightness(20)])
+        augs.seed = 7  # the children are seeded from the list's generator
+        return AugmentImageComponent(src, augs)
+
+    first = check_resumable(make, positions=[0, 1, 4, 9])
+    assert len(first) == 9
+    def two():
+        augs = imgaug.AugmentorList([imgaug.RandomCrop(3)])
+        augs.seed = 1
+        return AugmentImageComponents(DataFromList([[im, im.copy(), i] for im, i in images(5)], shuffle=False),
+                                      augs, index=(0, 1))
+
+    check_resumable(two)
+
+
+def test_augmented_state_names_a_different_pipeline():
+    from bridgeflow.state import StateMismatchError
+
+    a = AugmentImageComponent(DataFromList(images(3), shuffle=False), [imgaug.RandomCrop(4)])
+    a.reset_state()
+    state = a.state_dict()
+    b = AugmentImageComponent(DataFromList(images(3), shuffle=False), [imgaug.RandomCrop(4), imgaug.Flip(horiz=True)])
+    with pytest.raises(StateMismatchError, match="AugmentImageComponent.*2 augmentors' generators, this flow has 3"):
+        b.load_state_dict(state)

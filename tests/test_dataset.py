@@ -149,3 +149,23 @@ def test_cifar_images_cannot_be_changed_in_place(tmp_path):
     img, _ = next(iter(df))
     with pytest.raises(ValueError, match="read-only"):
         img += 1
+
+
+def test_datasets_resume_and_shard(imagenet):
+    from bridgeflow.testing import check_resumable
+
+    check_resumable(lambda: dataset.ILSVRC12Files(imagenet, "train", meta_dir=meta(imagenet), seed=1))
+    check_resumable(lambda: dataset.ILSVRC12(imagenet, "val", meta_dir=meta(imagenet), shuffle=True, seed=2),
+                    positions=[0, 2, 5])
+    whole = sorted(map(tuple, dataset.ILSVRC12Files(imagenet, "train", meta_dir=meta(imagenet), shuffle=False)))
+    parts = [list(dataset.ILSVRC12Files(imagenet, "train", meta_dir=meta(imagenet), seed=5, shard=(r, 3)))
+             for r in range(3)]
+    assert [len(p) for p in parts] == [4, 4, 4]
+    assert sorted(tuple(dp) for p in parts for dp in p) == whole
+
+
+def test_cifar_resumes(tmp_path):
+    root = dataset.write_fake_cifar(str(tmp_path), 10, per_batch=3)
+    from bridgeflow.testing import check_resumable
+
+    check_resumable(lambda: dataset.Cifar10("train", dir=root, allow_pickle=True, seed=4), positions=[0, 5, 15])

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import RNGDataFlow
+from ..order import IndexedSource
 from ..serialize.errors import PickleNotAllowedError
 from ._files import dataset_path, require_path
 
@@ -73,7 +73,7 @@ def _read(files: Sequence[str], classnum: int) -> tuple[np.ndarray, np.ndarray]:
     return imgs, np.concatenate(labels)
 
 
-class CifarBase(RNGDataFlow):
+class CifarBase(IndexedSource):
     """``[image, label]``: uint8 ``(32, 32, 3)`` RGB images and int labels of CIFAR-10 or CIFAR-100.
 
     Args:
@@ -82,13 +82,15 @@ class CifarBase(RNGDataFlow):
         dir: the folder that holds the extracted archive (see the module docstring).
         cifar_classnum: 10 or 100.
         allow_pickle: read the pickled batches; required, because unpickling can run code.
+        shard: ``(rank, world)`` or ``"auto"``: this rank's part of every epoch (see :mod:`bridgeflow.shard`).
 
     The images are read-only views of one array: copy before changing one in place
     (``AugmentImageComponent`` copies by default).
     """
 
     def __init__(self, train_or_test: str, shuffle: bool | None = None, dir: str | None = None,
-                 cifar_classnum: int = 10, *, allow_pickle: bool = False, seed: int | None = None) -> None:
+                 cifar_classnum: int = 10, *, allow_pickle: bool = False, seed: int | None = None,
+                 shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> None:
         if train_or_test not in ("train", "test"):
             raise ValueError(f"train_or_test must be 'train' or 'test', got {train_or_test!r}")
         if cifar_classnum not in (10, 100):
@@ -112,16 +114,19 @@ class CifarBase(RNGDataFlow):
         self.shuffle = train_or_test == "train" if shuffle is None else shuffle
         self.seed = seed
         self._images, self._labels = _read(self.fs, cifar_classnum)
+        self._init_order(len(self._labels), self.shuffle, shard, drop_last)
 
     def __len__(self) -> int:
-        return len(self._labels)
+        return self._order.length()
 
-    def __iter__(self) -> Iterator[list]:
-        n = len(self._labels)
-        order = self.rng.permutation(n) if self.shuffle else range(n)
+    def _identity(self) -> dict:
+        return {"images": len(self._labels)}
+
+    def _read(self, runs: list, pos: int) -> Iterator[list]:
         images, labels = self._images, self._labels
-        for k in order:
-            yield [images[k], int(labels[k])]
+        for it, _, _ in self._order.iters(runs, pos):
+            for k in it:
+                yield [images[k], int(labels[k])]
 
     def _split_files(self, names: Sequence[str]) -> list[str]:
         train, test, _ = _files(self.dir, self.cifar_classnum)
@@ -159,13 +164,17 @@ class Cifar10(CifarBase):
     """CIFAR-10: ``Cifar10('train', allow_pickle=True)`` (see :class:`CifarBase`)."""
 
     def __init__(self, train_or_test: str, shuffle: bool | None = None, dir: str | None = None,
-                 *, allow_pickle: bool = False, seed: int | None = None) -> None:
-        super().__init__(train_or_test, shuffle, dir, 10, allow_pickle=allow_pickle, seed=seed)
+                 *, allow_pickle: bool = False, seed: int | None = None,
+                 shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> None:
+        super().__init__(train_or_test, shuffle, dir, 10, allow_pickle=allow_pickle, seed=seed, shard=shard,
+                         drop_last=drop_last)
 
 
 class Cifar100(CifarBase):
     """CIFAR-100 with its 100 fine labels (see :class:`CifarBase`)."""
 
     def __init__(self, train_or_test: str, shuffle: bool | None = None, dir: str | None = None,
-                 *, allow_pickle: bool = False, seed: int | None = None) -> None:
-        super().__init__(train_or_test, shuffle, dir, 100, allow_pickle=allow_pickle, seed=seed)
+                 *, allow_pickle: bool = False, seed: int | None = None,
+                 shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> None:
+        super().__init__(train_or_test, shuffle, dir, 100, allow_pickle=allow_pickle, seed=seed, shard=shard,
+                         drop_last=drop_last)

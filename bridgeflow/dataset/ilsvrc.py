@@ -19,10 +19,8 @@ import logging
 import os
 from collections.abc import Iterator
 
-import numpy as np
-
-from ..base import RNGDataFlow
 from ..image_sources import read_image
+from ..order import IndexedSource
 from ._files import dataset_path, require_path
 
 __all__ = ["ILSVRC12", "ILSVRC12Files", "ILSVRCMeta"]
@@ -91,7 +89,7 @@ class ILSVRCMeta:
         return structure
 
 
-class ILSVRC12Files(RNGDataFlow):
+class ILSVRC12Files(IndexedSource):
     """``[path, label]`` for every image of ILSVRC12 ``name`` ('train', 'val' or 'test').
 
     Args:
@@ -101,10 +99,12 @@ class ILSVRC12Files(RNGDataFlow):
         shuffle: a new random order every epoch; default True for 'train'.
         dir_structure: 'original' (flat val/test folders) or 'train' (synset folders); guessed when None.
             'train' is always 'train'.
+        shard: ``(rank, world)`` or ``"auto"``: this rank's part of every epoch (see :mod:`bridgeflow.shard`).
     """
 
     def __init__(self, dir: str, name: str, meta_dir: str | None = None, shuffle: bool | None = None,
-                 dir_structure: str | None = None, *, seed: int | None = None) -> None:
+                 dir_structure: str | None = None, *, seed: int | None = None,
+                 shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> None:
         if name not in _NAMES:
             raise ValueError(f"ILSVRC12 name must be one of {_NAMES}, got {name!r}")
         dir = os.path.expanduser(dir)
@@ -125,14 +125,22 @@ class ILSVRC12Files(RNGDataFlow):
                          f"it is listed in {name}.txt of the metadata; is {self.full_dir} complete, and is "
                          f"dir_structure={dir_structure!r} right?")
 
-    def __len__(self) -> int:
-        return len(self.imglist)
+        self._init_order(len(self.imglist), self.shuffle, shard, drop_last)
 
-    def __iter__(self) -> Iterator[list]:
-        order = self.rng.permutation(len(self.imglist)) if self.shuffle else np.arange(len(self.imglist))
-        for k in order:
-            fname, label = self.imglist[k]
-            yield [os.path.join(self.full_dir, fname), label]
+    def __len__(self) -> int:
+        return self._order.length()
+
+    def _identity(self) -> dict:
+        return {"images": len(self.imglist)}
+
+    def _read(self, runs: list, pos: int) -> Iterator[list]:
+        for it, _, _ in self._order.iters(runs, pos):
+            for k in it:
+                fname, label = self.imglist[k]
+                yield self._item(os.path.join(self.full_dir, fname), label)
+
+    def _item(self, path: str, label: int) -> list:
+        return [path, label]
 
 
 class ILSVRC12(ILSVRC12Files):
@@ -141,6 +149,5 @@ class ILSVRC12(ILSVRC12Files):
     Same arguments as :class:`ILSVRC12Files`; an image that cannot be read raises an error naming it.
     """
 
-    def __iter__(self) -> Iterator[list]:
-        for fname, label in super().__iter__():
-            yield [read_image(fname), label]
+    def _item(self, path: str, label: int) -> list:
+        return [read_image(path), label]

@@ -140,6 +140,7 @@ class WorkerPool:
         self._started = False
         self._closed = False
         self.interrupted = False  # an exception cut a receive short: a result may be lost (see get)
+        self.last_task_id = -1  # the task id (put()'s return value) of the result get() returned last
         self._reset_counters()
         # statistics
         self.results_received = 0
@@ -388,6 +389,7 @@ class WorkerPool:
             want = next(iter(self._ready))
             worker, kind, value = self._ready.pop(want)
         self._owner.pop(want, None)
+        self.last_task_id = want
         self.results_returned += 1
         self.wait_time += time.perf_counter() - t0
         if kind == _OK:

@@ -16,70 +16,41 @@ use them differ between workers (forked workers would otherwise share one RNG st
 source per iteration and drops anything in flight when an iteration ends early. ``strict=False`` (the
 default) keeps the workers busy across epoch boundaries: an iteration yields ``len(ds)`` results and the
 next one continues where it stopped (a source without ``len()`` always runs strict).
+
+State (``state_dict()``): a map stage saves its source's state at the oldest datapoint the consumer has
+not received (see :mod:`bridgeflow.parallel.progress`), so work in flight is redone on resume, never
+lost or repeated. Ordered stages resume exactly; ``ordered=False`` resumes with every datapoint not yet
+received exactly once, in an order that may differ. A runner saves each worker's copy's state at the
+last datapoint received from it; on resume each worker restores its copy (the interleaving of the
+workers may differ). Randomness *inside* ``map_func`` (or a runner worker's use of the global RNGs) is
+not restored: resuming is exact for a deterministic ``map_func``, and only in distribution for random
+augmentation.
 """
 
 from __future__ import annotations
 
 import collections
-import copy
 import functools
 import itertools
 import logging
-import os
-import pickle
-import random
-import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
-from ..base import DataFlow, ProxyDataFlow, worker_seed_scope
+from ..base import DataFlow, epoch_live, take_pending
 from ..batch import batch_datapoints
-from ..errors import DatapointError, LengthUnknownError
+from ..errors import LengthUnknownError
+from ..state import StateMismatchError, check_count, child_state, field, load_child
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
-from .pool import EXHAUSTED, WorkerContext, WorkerPool, check_seconds, describe_unpicklable
+from .common import ParallelStage, check_picklable, check_positive, chunk_size, forever, seed_worker_globals
+from .fused import EPOCH_END, BatchPlan, BatchTask, Stacked, batch_bytes, unstack
+from .pool import WorkerContext, WorkerPool
+from .progress import SourceLedger, check_source_position
+from .runners import MultiProcessRunner, MultiThreadRunner
 
 __all__ = ["MultiProcessMapData", "MultiProcessRunner", "MultiThreadMapData", "MultiThreadRunner"]
 
 log = logging.getLogger(__name__)
-
-
-def seed_worker_globals(seed: int) -> None:
-    """Seed Python's and numpy's global RNGs in a worker."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-
-
-class _BatchTask:
-    """A group of source datapoints that a worker maps and, if none is dropped, stacks into one batch."""
-
-    __slots__ = ("items", "size", "use_list", "pad_value")
-
-    def __init__(self, items: list, size: int, use_list: Any, pad_value: Any) -> None:
-        self.items, self.size, self.use_list, self.pad_value = items, size, use_list, pad_value
-
-    def __reduce__(self) -> tuple:
-        return _BatchTask, (self.items, self.size, self.use_list, self.pad_value)
-
-
-class _Stacked:
-    """A batch stacked in a worker (as opposed to a list of mapped datapoints)."""
-
-    __slots__ = ("batch",)
-
-    def __init__(self, batch: Any) -> None:
-        self.batch = batch
-
-    def __reduce__(self) -> tuple:
-        return _Stacked, (self.batch,)
-
-
-def _batch_bytes(dps: list) -> int:
-    """Bytes the stacked arrays of a batch will take, judged from its first datapoint."""
-    first = dps[0]
-    values = first.values() if isinstance(first, dict) else first
-    return sum(v.nbytes for v in values if isinstance(v, np.ndarray)) * len(dps)
 
 
 def _map_init(map_func: Callable[[Any], Any], ctx: WorkerContext) -> Callable[[Any], Any]:
@@ -88,7 +59,7 @@ def _map_init(map_func: Callable[[Any], Any], ctx: WorkerContext) -> Callable[[A
     who = f"map_func {getattr(map_func, '__qualname__', map_func)!s}"
 
     def run(payload: Any) -> Any:
-        if type(payload) is not _BatchTask:
+        if type(payload) is not BatchTask:
             out = map_func(payload)
             return out if out is None or type(out) in _DATAPOINT_TYPES else check_datapoint(out, who)
         mapped = []
@@ -100,138 +71,46 @@ def _map_init(map_func: Callable[[Any], Any], ctx: WorkerContext) -> Callable[[A
             return mapped
         alloc = None
         if writer is not None:  # stack straight into shared memory: the only copy of the bytes
-            writer.reserve(_batch_bytes(mapped) + 4096)
+            writer.reserve(batch_bytes(mapped) + 4096)
             alloc = writer.alloc
-        return _Stacked(batch_datapoints(mapped, payload.use_list, payload.pad_value, alloc))
+        return Stacked(batch_datapoints(mapped, payload.use_list, payload.pad_value, alloc))
 
     return run
 
 
-def _chunk_size(buffer_size: int, num_workers: int) -> int:
-    """Tasks per message: big enough to amortize a message (~20 us), small enough that every worker
-    holds at least two chunks of the buffer, so none of them idles while the consumer catches up."""
-    return max(1, min(16, buffer_size // (2 * num_workers)))
-
-
-def _check_positive(value: Any, what: str, who: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{who}: {what} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-class _StageStats:
-    """Counters every parallel stage keeps, to show whether the producer or the consumer is slow."""
-
-    def __init__(self) -> None:
-        self.datapoints = 0
-        self.started: float | None = None
-
-    def as_dict(self, pool: WorkerPool | None, capacity: int) -> dict[str, float]:
-        if pool is None or self.started is None:
-            return {}
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        return {
-            "datapoints": self.datapoints,
-            "workers": pool.num_workers,
-            "buffer_fill": min(1.0, pool.fill_average() / max(capacity, 1)),
-            "consumer_wait_s": pool.wait_time,
-            "consumer_wait_frac": min(1.0, pool.wait_time / elapsed),
-        }
-
-
-class _ParallelStage(ProxyDataFlow):
-    """What the map stages and the runners share: a pool started in ``reset_state``, closed in ``close``."""
-
-    _processes = True
-    _pool: WorkerPool | None = None
-    timeout: float | None = None
-    stall_warning: float | None = 60.0
-    _mapping_hooks: Any = None
-
-    def _new_pool(self) -> WorkerPool:
-        raise NotImplementedError
-
-    def _pool_options(self) -> dict[str, Any]:
-        """The WorkerPool arguments every stage passes alike (``timeout``, stall warning, mapping hooks)."""
-        return {"timeout": self.timeout, "stall_warning": self.stall_warning, "mapping_hooks": self._mapping_hooks}
-
-    def set_mapping_hooks(self, hooks: Any) -> None:
-        """Tell ``hooks`` about this stage's shared-memory slab mappings, now and after any restart of its
-        workers (see :meth:`WorkerPool.set_mapping_hooks`); ``None`` removes them."""
-        self._mapping_hooks = hooks
-        if self._pool is not None:
-            self._pool.set_mapping_hooks(hooks)
-
-    def reset_state(self) -> None:
-        self._close_pool()
-        self._stats = _StageStats()
-        self._pool = self._new_pool().start()
-
-    def _close_pool(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
-
-    def close(self) -> None:
-        self._close_pool()
-        super().close()
-
-    def stats(self) -> dict[str, float]:
-        return self._stats.as_dict(self._pool, self._capacity) if hasattr(self, "_stats") else {}
-
-    def _live_pool(self) -> WorkerPool:
-        """The pool to iterate with: a new one when the last iteration was interrupted mid-receive."""
-        pool = self._pool
-        if pool is None:
-            raise RuntimeError(f"{type(self).__name__} is closed; call reset_state() to start it again")
-        if pool.interrupted:
-            log.warning("%s: the last iteration was interrupted while receiving a result; starting new workers",
-                        type(self).__name__)
-            self._close_pool()
-            pool = self._pool = self._new_pool().start()
-        return pool
-
-    def _get(self, pool: WorkerPool) -> Any:
-        if self._stats.started is None:
-            self._stats.started = time.perf_counter()
-        return pool.get()[1]
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.pop("_pool", None)  # a copy sent elsewhere starts its own workers
-        state.pop("_mapping_hooks", None)  # and has its own mappings
-        return state
-
-
-class _MapStage(_ParallelStage):
+class _MapStage(ParallelStage):
     def __init__(self, ds: DataFlow, num_workers: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
                  strict: bool = False, ordered: bool = True, *, start_method: str | None = None,
                  seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
         super().__init__(ds)
         who = type(self).__name__
-        self.timeout = check_seconds(timeout, "timeout", who)
-        self.stall_warning = check_seconds(stall_warning, "stall_warning", who)
-        self.num_workers = _check_positive(num_workers, "the number of workers", who)
+        self._set_waits(timeout, stall_warning)
+        self.num_workers = check_positive(num_workers, "the number of workers", who)
         if not callable(map_func):
             raise TypeError(f"{who}: map_func must be callable, got {map_func!r}")
         self.map_func = map_func
-        self.buffer_size = _check_positive(buffer_size, "buffer_size", who)
+        self.buffer_size = check_positive(buffer_size, "buffer_size", who)
         self.strict = strict
         self.ordered = ordered
         self.start_method = start_method
         self.seed = seed
         self._capacity = self.buffer_size
         self._carry: Iterator | None = None
-        self._batched: _BatchPlan | None = None  # fused batching: groups in flight into the next epoch
+        self._batched: BatchPlan | None = None  # fused batching: groups in flight into the next epoch
+        self._plan: BatchPlan | None = None  # the fused plan of the epoch in progress
+        self._ledger: SourceLedger | None = None  # the source stream's positions (None: no stream)
+        self._taken = 0  # results taken in the (unbatched) epoch in progress
+        self._skips: collections.deque = collections.deque()  # after an unordered resume: runs received already
+        self._index_of: dict[int, int] = {}  # unordered: task id -> pull index
 
     def _new_pool(self) -> WorkerPool:
         if self._processes and self.start_method not in (None, "fork"):
-            _check_picklable(self.map_func, "map_func", type(self).__name__, self.start_method)
-        self._carry = self._batched = None
+            check_picklable(self.map_func, "map_func", type(self).__name__, self.start_method)
+        self._carry = self._batched = self._ledger = None
         return WorkerPool(functools.partial(_map_init, self.map_func), self.num_workers,
                           processes=self._processes, start_method=self.start_method, name=type(self).__name__,
                           base_seed=self.seed, ordered=self.ordered,
-                          chunk_size=_chunk_size(self.buffer_size, self.num_workers), **self._pool_options())
+                          chunk_size=chunk_size(self.buffer_size, self.num_workers), **self._pool_options())
 
     def reset_state(self) -> None:
         self.ds.reset_state()
@@ -245,31 +124,142 @@ class _MapStage(_ParallelStage):
         except LengthUnknownError:
             return None
 
+    # --- the source stream --------------------------------------------------------------------------
+
+    def _new_ledger(self) -> SourceLedger:
+        """Positions of a new stream of the source, starting where the source is now."""
+        self._skips.clear()
+        self._index_of.clear()
+        self._ledger = SourceLedger(self.ds)
+        return self._ledger
+
+    def _carried(self) -> Iterator:
+        """The endless stream of source datapoints that non-strict epochs share."""
+        if self._carry is None:
+            self._carry = forever(self.ds, type(self).__name__)
+            self._new_ledger()
+        return self._carry
+
+    def _drop_in_flight(self, pool: WorkerPool) -> None:
+        """Forget the work in flight (not the carried stream): the stream goes on after it, as a new one."""
+        plan, self._batched = self._batched, None
+        if plan is not None:
+            plan.close()
+        if pool.outstanding:
+            pool.discard_outstanding()
+            if self._carry is not None:
+                self._new_ledger()
+
+    def _resume(self, pool: WorkerPool, pending: dict, size: int | None, fused: bool) -> Iterator:
+        """Take a loaded state: the source (loaded already) is at a snapshot; pull and discard the datapoints
+        received after it; the runs received above are skipped when they come. Returns the source stream."""
+        plan, self._batched = self._batched, None
+        if plan is not None:
+            plan.close()
+        if pool.outstanding:
+            pool.discard_outstanding()
+        if size is None:
+            source = iter(self.ds)
+        else:
+            if self._carry is not None:
+                self._carry.close()
+            source = self._carry = forever(self.ds, type(self).__name__, resumed=True)
+        ledger = self._new_ledger()
+        ledger.snapshot()  # the loaded state, as the source gives it back
+        replay = pending["replay"]
+        for i in range(replay):
+            try:
+                next(source)
+            except StopIteration:
+                raise StateMismatchError(f"resuming replays {replay} datapoints of the source after its saved "
+                                         f"state, but it ended after {i}") from None
+        ledger.pulled = ledger.low = replay
+        for offset, length in pending["skip"]:
+            ledger.done[replay + offset] = length
+            if not fused:
+                self._skips.append((replay + offset, length))
+        return source
+
+    def _pull(self, source: Iterator) -> Any:
+        """The next source datapoint, counted (and the source's state noted every so often)."""
+        ledger = self._ledger
+        while self._skips and self._skips[0][0] == ledger.pulled:  # received before the state was saved
+            _, length = self._skips.popleft()
+            for _ in range(length):
+                self._next(source)
+            ledger.pulled += length
+        if ledger.pulled >= ledger.next_snap:
+            ledger.snapshot()
+        dp = self._next(source)
+        ledger.pulled += 1
+        return dp
+
+    def _next(self, source: Iterator) -> Any:
+        try:
+            return next(source)
+        except StopIteration:
+            raise
+        except BaseException:
+            # The source raised, so its generator is finished: the next epoch must start a new pass (a
+            # finished generator would raise StopIteration, or end every later epoch at once).
+            if self._carry is source:
+                self._carry = self._ledger = None
+            raise
+
+    def _put(self, pool: WorkerPool, source: Iterator) -> None:
+        task = pool.put(self._pull(source))
+        if not self.ordered:
+            self._index_of[task] = self._ledger.pulled - 1
+
+    def _took(self, pool: WorkerPool) -> None:
+        """Bookkeeping for one result taken from the pool (the consumer receives it, or it was dropped)."""
+        self._taken += 1
+        if self.ordered:
+            self._ledger.low += 1
+        else:
+            self._ledger.received(self._index_of.pop(pool.last_task_id), 1)
+
+    # --- iteration ----------------------------------------------------------------------------------
+
     def __iter__(self) -> Iterator:
         pool = self._live_pool()
+        pending = take_pending(self)
         if self._batched is not None:  # groups of a fused BatchData are in flight: not datapoints
-            self._batched = None
-            pool.discard_outstanding()
+            self._drop_in_flight(pool)
         size = self._epoch_size()
-        if size is None:
-            yield from self._strict_epoch(pool)
+        self._taken = 0
+        self._plan = None
+        if pending is not None:
+            fused = pending["batch"]
+            if fused is not None and (pending["taken"] or fused["held"]):
+                raise StateMismatchError("the state was saved under a BatchData (batches made in the workers), "
+                                         "this stage is iterated without one", [type(self).__name__])
+            source = self._resume(pool, pending, size, fused=False)
+            self._taken = pending["taken"]
+        elif size is None:
+            source = iter(self.ds)
+            self._new_ledger()
         else:
-            yield from self._carried_epoch(pool, size)
+            source = self._carried()
+        if size is None:
+            return self._strict_epoch(pool, source)
+        return self._carried_epoch(pool, size)
 
-    def _strict_epoch(self, pool: WorkerPool) -> Iterator:
-        source = iter(self.ds)
+    def _strict_epoch(self, pool: WorkerPool, source: Iterator) -> Iterator:
+        ledger = self._ledger
         more = True
         try:
             while more and pool.outstanding < self.buffer_size:
                 try:
-                    pool.put(next(source))
+                    self._put(pool, source)
                 except StopIteration:
                     more = False
             while pool.outstanding:
                 out = self._get(pool)
+                self._took(pool)
                 if more:
                     try:
-                        pool.put(next(source))
+                        self._put(pool, source)
                     except StopIteration:
                         more = False
                 if out is not None:
@@ -280,28 +270,20 @@ class _MapStage(_ParallelStage):
                 pool.discard_outstanding()
             if hasattr(source, "close"):
                 source.close()
+            if self._ledger is ledger:  # the source's epoch is over: its own state says where it is
+                self._ledger = None
 
     def _carried_epoch(self, pool: WorkerPool, size: int) -> Iterator:
-        if self._carry is None:
-            self._carry = _forever(self.ds, type(self).__name__)
         carry = self._carry
-        for _ in range(size):
-            while pool.outstanding < self.buffer_size:
-                pool.put(self._next_carried(carry))
+        buffer_size = self.buffer_size
+        while self._taken < size:
+            while pool.outstanding < buffer_size:
+                self._put(pool, carry)
             out = self._get(pool)
+            self._took(pool)
             if out is not None:
                 self._stats.datapoints += 1
                 yield out
-
-    def _next_carried(self, carry: Iterator) -> Any:
-        try:
-            return next(carry)
-        except BaseException:
-            # The source raised, so its generator is finished: the next epoch must start a new pass (a
-            # finished generator would raise StopIteration, or end every later epoch at once).
-            if self._carry is carry:
-                self._carry = None
-            raise
 
     def iter_batched(self, batch_size: int, remainder: bool = False, use_list: Any = False,
                      pad_value: Any = None) -> Iterator:
@@ -314,148 +296,211 @@ class _MapStage(_ParallelStage):
         """
         pool = self._live_pool()
         size = self._epoch_size()
-        state = self._batched
+        pending = take_pending(self)
+        plan = self._batched
         self._batched = None  # this epoch owns the groups in flight until it completes
-        if state is None or not state.continues(pool, batch_size, size, use_list, pad_value):
+        if pending is not None:
+            if plan is not None:
+                plan.close()
+            plan = self._resumed_plan(pool, pending, batch_size, size, use_list, pad_value)
+        elif plan is None or not plan.continues(pool, batch_size, size, use_list, pad_value):
+            if plan is not None:
+                plan.close()
             if pool.outstanding:  # left by an unbatched iteration (or another batch size): not ours
-                pool.discard_outstanding()
-            state = _BatchPlan(pool, batch_size, size, use_list, pad_value, self._groups(batch_size, size))
+                self._drop_in_flight(pool)
+            source = self._carried() if size is not None else iter(self.ds)
+            if size is None:
+                self._new_ledger()
+            plan = BatchPlan(pool, batch_size, size, use_list, pad_value, self._ledger)
+            plan.groups = self._groups(plan, source, 0, None)
+        else:
+            plan.taken = 0
+        self._plan = plan
+        gen = self._batches(pool, plan, remainder)
+        self._bf_gen = weakref.ref(gen)  # the epoch's liveness, as the guard records it for __iter__
+        return gen
+
+    def _resumed_plan(self, pool: WorkerPool, pending: dict, batch_size: int, size: int | None, use_list: Any,
+                      pad_value: Any) -> BatchPlan:
+        fused = pending["batch"]
+        if fused is None and not pending["taken"] and not pending["skip"]:  # between epochs of unbatched ones
+            fused = {"size": batch_size, "offset": 0, "held": 0, "partial": None}
+        if fused is None or fused["size"] != batch_size:
+            saved = "without a BatchData" if fused is None else f"under BatchData({fused['size']})"
+            raise StateMismatchError(f"the state was saved {saved}, this stage is iterated by "
+                                     f"BatchData({batch_size})", [type(self).__name__])
+        source = self._resume(pool, pending, size, fused=True)
+        ledger = self._ledger
+        plan = BatchPlan(pool, batch_size, size, use_list, pad_value, ledger)
+        plan.block_base = ledger.pulled - fused["offset"]
+        plan.skip_starts = {ledger.pulled + offset for offset, _ in pending["skip"]}
+        if fused["partial"] is not None:
+            plan.partial = (ledger.pulled + fused["partial"][0], fused["partial"][1])
+        plan.taken = max(0, pending["taken"] - fused["held"])  # the held groups are taken again
+        quota = None
+        if size is not None:
+            quota = -(-size // batch_size) - pending["taken"] + fused["held"]
+        plan.groups = self._groups(plan, source, fused["offset"], quota)
+        return plan
+
+    def _batches(self, pool: WorkerPool, plan: BatchPlan, remainder: bool) -> Iterator:
+        batch_size, use_list, pad_value = plan.batch_size, plan.use_list, plan.pad_value
+        ledger = plan.ledger
         in_flight = max(2 * self.num_workers, -(-self.buffer_size // batch_size))
         holder: list = []
         complete = False
         try:
-            while state.next_result(in_flight):
+            while plan.next_result(in_flight):
                 out = self._get(pool)
-                if type(out) is _Stacked and not holder:
+                start, length = plan.tasks.pop(pool.last_task_id)
+                plan.taken += 1
+                delivered = 0
+                if plan.partial is not None and plan.partial[0] == start:  # delivered in part before a resume
+                    delivered = plan.partial[1]
+                    plan.partial = None
+                if type(out) is Stacked and not holder and not delivered:
+                    ledger.received(start, length)
                     self._stats.datapoints += batch_size
                     yield out.batch
                     continue
-                holder.extend(_unstack(out.batch) if type(out) is _Stacked else out)
+                items = unstack(out.batch) if type(out) is Stacked else out
+                plan.hold(start, length, len(items), delivered)
+                holder.extend(items[delivered:])
                 while len(holder) >= batch_size:
+                    plan.deliver(batch_size)
                     self._stats.datapoints += batch_size
                     yield batch_datapoints(holder[:batch_size], use_list, pad_value)
                     del holder[:batch_size]
             if remainder and holder:
+                plan.deliver(len(holder))
                 self._stats.datapoints += len(holder)
                 yield batch_datapoints(holder, use_list, pad_value)
+            plan.deliver(len(holder))  # what is left of an epoch is dropped, as BatchData drops it
+            holder.clear()
             complete = True
         finally:
-            if complete and size is not None and self._pool is pool:
-                self._batched = state  # the next epoch takes over the groups already in flight
+            if complete and plan.size is not None and self._pool is pool:
+                self._batched = plan  # the next epoch takes over the groups already in flight
             else:
-                if pool.outstanding and self._pool is pool:
-                    pool.discard_outstanding()
-                state.groups.close()
+                plan.close()
+                if self._pool is pool and self._ledger is ledger:
+                    if plan.size is None:  # a strict epoch is over: the source's own state says where it is
+                        if pool.outstanding:
+                            pool.discard_outstanding()
+                        self._ledger = None
+                    else:
+                        self._drop_in_flight(pool)
 
-    def _groups(self, batch_size: int, size: int | None) -> Iterator:
-        """The groups of source datapoints to map and stack, each epoch followed by ``_EPOCH_END``: one epoch
-        of a fresh ``iter(ds)`` when strict, else epochs of ``size`` from the carried stream, forever."""
+    def _groups(self, plan: BatchPlan, source: Iterator, offset: int, quota: int | None) -> Iterator:
+        """The groups of source datapoints to map and stack, ``(first pull index, datapoints)`` each, and
+        :data:`EPOCH_END` after each epoch's: one epoch of ``source`` when strict; else epochs of ``size``
+        datapoints of the carried stream (the first ``quota`` groups after a resume), forever. Groups start
+        ``offset`` datapoints into an epoch of the source; groups received before a resume are skipped."""
+        ledger, batch_size, size, skip = plan.ledger, plan.batch_size, plan.size, plan.skip_starts
         if size is None:
-            source = iter(self.ds)
             try:
                 while True:
+                    if ledger.pulled >= ledger.next_snap:
+                        ledger.snapshot()
+                    start = ledger.pulled
                     group = list(itertools.islice(source, batch_size))
-                    if group:
-                        yield group
+                    ledger.pulled += len(group)
+                    if group and start not in skip:
+                        yield start, group
                     if len(group) < batch_size:
                         break
             finally:
                 if hasattr(source, "close"):
                     source.close()
-            yield _EPOCH_END
+            yield EPOCH_END
             return
-        if self._carry is None:
-            self._carry = _forever(self.ds, type(self).__name__)
-        carry = self._carry
+        per_epoch = -(-size // batch_size)
+        quota = per_epoch if quota is None else quota
+        sent = 0
         while True:
-            for start in range(0, size, batch_size):
-                yield [self._next_carried(carry) for _ in range(min(batch_size, size - start))]
-            yield _EPOCH_END
+            if sent >= quota:
+                yield EPOCH_END
+                sent, quota = 0, per_epoch
+                continue
+            for at in range(offset, size, batch_size):
+                if ledger.pulled >= ledger.next_snap:
+                    ledger.snapshot()
+                start = ledger.pulled
+                group = [self._next(source) for _ in range(min(batch_size, size - at))]
+                ledger.pulled += len(group)
+                if start in skip:
+                    skip.discard(start)
+                    continue
+                yield start, group
+                sent += 1
+                if sent >= quota:
+                    yield EPOCH_END
+                    sent, quota = 0, per_epoch
+            offset = 0
+
+    # --- state --------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """The source's state at the oldest datapoint the consumer has not received, and the stage's place
+        in its epoch (see :mod:`bridgeflow.parallel.progress`). Costs a few dict entries: the source's
+        state was taken as the stage read it."""
+        pending = self.__dict__.get("_bf_pending")
+        if pending is not None:
+            return dict(pending)
+        head = {"strict": self._epoch_size() is None, "ordered": bool(self.ordered)}
+        ledger = self._ledger
+        if ledger is None:
+            return {**head, "source": child_state(self.ds), "replay": 0, "skip": [], "taken": 0, "batch": None}
+        source, replay, skip = ledger.position()
+        live = epoch_live(self)
+        plan = self._plan if live else self._batched
+        if plan is not None and plan.ledger is ledger:
+            batch = plan.state(plan.taken if live else 0)
+            taken = batch.pop("taken")
+        else:
+            batch, taken = None, self._taken if live else 0
+        return {**head, "source": source, "replay": replay, "skip": skip, "taken": taken, "batch": batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        strict = self._epoch_size() is None
+        if field(state, "strict", bool) != strict:
+            raise StateMismatchError(f"the state is for a {'strict' if state['strict'] else 'carried'} stage, "
+                                     f"this one is {'strict' if strict else 'carried'} (strict=, or a source "
+                                     "without len())")
+        if field(state, "ordered", bool) != bool(self.ordered):
+            raise StateMismatchError(f"the state is for ordered={state['ordered']}, this stage has "
+                                     f"ordered={self.ordered}")
+        source, replay, skip = check_source_position(state)
+        if self.ordered and skip:
+            raise StateMismatchError("an ordered stage's state lists datapoints received out of order")
+        taken = check_count(state, "taken")
+        batch = field(state, "batch", (dict, type(None)))
+        if batch is not None:
+            for key in ("size", "offset", "held"):
+                check_count(batch, key)
+            partial = field(batch, "partial", (list, type(None)))
+            if partial is not None and not (len(partial) == 2 and all(isinstance(v, int) for v in partial)):
+                raise StateMismatchError(f"damaged 'partial' entry {partial!r} in the state")
+        load_child(self.ds, source)
+        self._bf_pending = {"strict": strict, "ordered": bool(self.ordered), "source": source, "replay": replay,
+                            "skip": skip, "taken": taken, "batch": batch}
 
     def close(self) -> None:
-        state, self._batched = self._batched, None
-        if state is not None:
-            state.groups.close()
+        plan, self._batched = self._batched, None
+        if plan is not None:
+            plan.close()
         carry, self._carry = self._carry, None
         if carry is not None:
             carry.close()
+        self._ledger = None
         super().close()
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        state["_carry"] = state["_batched"] = None  # generators of this process's iteration
+        # generators and positions of this process's iteration
+        state["_carry"] = state["_batched"] = state["_plan"] = state["_ledger"] = None
+        state["_skips"], state["_index_of"] = collections.deque(), {}
         return state
-
-
-_EPOCH_END = object()
-
-
-class _BatchPlan:
-    """The groups sent to the workers for fused batching, and how many are in flight per epoch.
-
-    ``pending`` holds ``True`` per group sent (in order) and ``None`` where an epoch ends, so an epoch
-    knows how many results are its own even when groups of the next one are in flight already.
-    """
-
-    def __init__(self, pool: WorkerPool, batch_size: int, size: int | None, use_list: Any, pad_value: Any,
-                 groups: Iterator) -> None:
-        self.pool, self.batch_size, self.size = pool, batch_size, size
-        self.use_list, self.pad_value = use_list, pad_value
-        self.groups = groups
-        self.pending: collections.deque = collections.deque()
-        self.ends = 0  # epoch ends in pending: groups are planned at most one epoch ahead
-        self.exhausted = False
-
-    def continues(self, pool: WorkerPool, batch_size: int, size: int | None, use_list: Any, pad_value: Any) -> bool:
-        return (pool is self.pool and batch_size == self.batch_size and size == self.size
-                and use_list is self.use_list and pad_value is self.pad_value)
-
-    def next_result(self, in_flight: int) -> bool:
-        """Send groups until ``in_flight`` are out; True while this epoch has a result still to get."""
-        pool = self.pool
-        while not self.exhausted and pool.outstanding < in_flight and self.ends < 2:
-            group = next(self.groups, None)
-            if group is None:  # a strict epoch's groups are all sent
-                self.exhausted = True
-            elif group is _EPOCH_END:
-                self.pending.append(None)
-                self.ends += 1
-            else:
-                pool.put(_BatchTask(group, self.batch_size, self.use_list, self.pad_value), flush=True)
-                self.pending.append(True)
-        if not self.pending:
-            return False
-        if self.pending.popleft() is None:
-            self.ends -= 1
-            return False
-        return True
-
-
-def _unstack(batch: Any) -> list:
-    if isinstance(batch, dict):
-        n = len(next(iter(batch.values())))
-        return [{k: v[i] for k, v in batch.items()} for i in range(n)]
-    n = len(batch[0])
-    return [[c[i] for c in batch] for i in range(n)]
-
-
-def _forever(ds: DataFlow, who: str) -> Iterator:
-    while True:
-        empty = True
-        for dp in ds:
-            empty = False
-            yield dp
-        if empty:
-            raise DatapointError(f"{who}: the source flow yielded nothing")
-
-
-def _check_picklable(obj: Any, what: str, who: str, method: str) -> None:
-    try:
-        pickle.dumps(obj)
-    except Exception as exc:
-        raise TypeError(f"{who}: {what} {describe_unpicklable(obj)} cannot be pickled, which "
-                        f"start_method={method!r} needs ({exc}); define it at module level, or use "
-                        "start_method='fork'") from exc
 
 
 class MultiProcessMapData(_MapStage):
@@ -498,115 +543,4 @@ class MultiThreadMapData(_MapStage):
                  strict: bool = False, ordered: bool = True, *, seed: int | None = None,
                  timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
         super().__init__(ds, num_thread, map_func, buffer_size, strict, ordered, seed=seed, timeout=timeout,
-                         stall_warning=stall_warning)
-
-
-# --- runners ------------------------------------------------------------------------------------
-
-
-def _runner_init(make_flow: Callable[[], DataFlow] | DataFlow, ctx: WorkerContext) -> Callable[[Any], Any]:
-    seed_worker_globals(ctx.seed)
-    df = make_flow() if callable(make_flow) and not isinstance(make_flow, DataFlow) else make_flow
-    with worker_seed_scope(ctx.seed):
-        df.reset_state()
-    stream = _forever(df, f"{ctx.stage} worker {ctx.worker_id}")
-    return lambda _: next(stream)
-
-
-def _copy_flow(df: DataFlow) -> DataFlow:
-    try:
-        return pickle.loads(pickle.dumps(df))
-    except Exception:
-        return copy.deepcopy(df)
-
-
-class _RunnerStage(_ParallelStage):
-    def __init__(self, ds: DataFlow, num_workers: int, num_prefetch: int, *, start_method: str | None = None,
-                 seed: int | None = None, factory: Callable[[], DataFlow] | None = None,
-                 timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
-        super().__init__(ds)
-        who = type(self).__name__
-        self.timeout = check_seconds(timeout, "timeout", who)
-        self.stall_warning = check_seconds(stall_warning, "stall_warning", who)
-        self.num_workers = _check_positive(num_workers, "the number of workers", who)
-        self.num_prefetch = _check_positive(num_prefetch, "num_prefetch", who)
-        self.start_method = start_method
-        self.seed = seed
-        self._factory = factory
-        self._capacity = self.num_prefetch
-
-    def reset_state(self) -> None:
-        # The consumer does not iterate ds itself: each worker resets its own copy.
-        super().reset_state()
-
-    def _new_pool(self) -> WorkerPool:
-        make = self._factory if self._factory is not None else self.ds
-        if self._processes and self.start_method not in (None, "fork"):
-            _check_picklable(make, "flow", type(self).__name__, self.start_method)
-        init = functools.partial(_runner_init, make)
-        pool = WorkerPool(init, self.num_workers, processes=self._processes, start_method=self.start_method,
-                          name=type(self).__name__, base_seed=self.seed, ordered=False,
-                          chunk_size=_chunk_size(self.num_prefetch, self.num_workers), **self._pool_options())
-        return pool
-
-    def __iter__(self) -> Iterator:
-        pool = self._live_pool()
-        try:
-            size: int | None = len(self.ds)
-        except LengthUnknownError:
-            size = None
-        n = 0
-        while size is None or n < size:
-            while pool.outstanding < self.num_prefetch:
-                pool.put(None)
-            out = self._get(pool)
-            if out is EXHAUSTED:  # pragma: no cover - workers loop their flow forever
-                continue
-            n += 1
-            self._stats.datapoints += 1
-            yield out
-
-
-class MultiProcessRunner(_RunnerStage):
-    """Run ``num_proc`` copies of ``ds`` in worker processes; yield their datapoints as they come.
-
-    Each worker resets its copy with a distinct seed and loops over it forever. An iteration yields
-    ``len(ds)`` datapoints (forever if ``ds`` has no length) drawn from all workers, so within one
-    iteration a datapoint can appear once per worker: shard the source if that matters. Note the
-    argument order ``(ds, num_proc, num_prefetch)``, which differs from tensorpack's
-    ``(ds, num_prefetch, num_proc)``: pass them by keyword when porting.
-    """
-
-    _processes = True
-
-    def __init__(self, ds: DataFlow, num_proc: int, num_prefetch: int = 16, *, start_method: str | None = None,
-                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
-        super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed, timeout=timeout,
-                         stall_warning=stall_warning)
-        cpus = os.cpu_count() or 1
-        if self.num_workers > 2 * cpus and self.num_workers > self.num_prefetch:
-            log.warning("MultiProcessRunner(ds, num_proc=%d, num_prefetch=%d) starts %d processes on %d CPUs; "
-                        "tensorpack's order is (ds, num_prefetch, num_proc): pass them by keyword when porting",
-                        self.num_workers, self.num_prefetch, self.num_workers, cpus)
-
-
-class MultiThreadRunner(_RunnerStage):
-    """Run ``num_thread`` flows in threads; ``get_df`` (a function returning a new flow) makes each one.
-
-    A DataFlow may be passed instead of a function: each thread then gets a copy of it.
-    """
-
-    _processes = False
-
-    def __init__(self, get_df: Callable[[], DataFlow] | DataFlow, num_thread: int, num_prefetch: int = 16, *,
-                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
-        if isinstance(get_df, DataFlow):
-            proto = get_df
-            factory: Callable[[], DataFlow] = lambda: _copy_flow(proto)
-        elif callable(get_df):
-            factory = get_df
-            proto = get_df()
-        else:
-            raise TypeError(f"MultiThreadRunner needs a DataFlow or a function returning one, got {get_df!r}")
-        super().__init__(proto, num_thread, num_prefetch, seed=seed, factory=factory, timeout=timeout,
                          stall_warning=stall_warning)

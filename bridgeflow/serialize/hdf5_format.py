@@ -38,8 +38,9 @@ from typing import Any
 import numpy as np
 
 from .._deps import require
-from ..base import DataFlow, RNGDataFlow
+from ..base import DataFlow
 from ..errors import BridgeflowError
+from ..order import IndexedSource
 from ._columns import Column, assemble
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes, source_length
 from ._hdf5_check import check_global_heaps, check_superblock, is_variable_length
@@ -85,9 +86,12 @@ class HDF5Serializer:
 
     @staticmethod
     def load(path: str | os.PathLike, data_paths: Sequence[str] | None = None, shuffle: bool = True, *,
-             seed: int | None = None, verify: bool = True) -> HDF5Data:
-        """The flow of datapoints stored at ``path`` (see :class:`HDF5Data`)."""
-        return HDF5Data(path, data_paths=data_paths, shuffle=shuffle, seed=seed, verify=verify)
+             seed: int | None = None, verify: bool = True, shard: tuple[int, int] | str | None = None,
+             drop_last: bool = False) -> HDF5Data:
+        """The flow of datapoints stored at ``path`` (see :class:`HDF5Data`); ``shard=(rank, world)`` or
+        ``"auto"`` reads this rank's part only."""
+        return HDF5Data(path, data_paths=data_paths, shuffle=shuffle, seed=seed, verify=verify, shard=shard,
+                        drop_last=drop_last)
 
 
 def _open(pin: PinnedFile, path: str) -> Any:
@@ -177,7 +181,7 @@ def _describe(f: Any, path: str, data_paths: list[str] | None,
     return "list", columns, lengths.pop(), 0
 
 
-class HDF5Data(RNGDataFlow):
+class HDF5Data(IndexedSource):
     """Datapoints of an HDF5 dataset: ``len()``, ``ds[i]``, sequential (block reads) or shuffled order.
 
     The path is opened once, here, and that file is read for the reader's lifetime; libhdf5 opens it
@@ -185,11 +189,14 @@ class HDF5Data(RNGDataFlow):
     finds a handle inherited through ``fork``. Sequential epochs read ~1 MiB blocks of rows (about one
     chunk); arrays of one block share its memory (writable). Shuffled epochs and ``ds[i]`` read row by
     row. ``data_paths`` picks and orders the components to read. ``verify=False`` skips the checks made
-    before libhdf5 reads the file (see the module doc): only for files you trust.
+    before libhdf5 reads the file (see the module doc): only for files you trust. ``shard=(rank, world)``
+    or ``"auto"`` reads this rank's contiguous part of every epoch (see :mod:`bridgeflow.shard`);
+    ``state_dict()`` is the epoch, the position and the shuffle's entropy (see :mod:`bridgeflow.order`).
     """
 
     def __init__(self, path: str | os.PathLike, data_paths: Sequence[str] | None = None, shuffle: bool = True,
-                 seed: int | None = None, *, verify: bool = True) -> None:
+                 seed: int | None = None, *, verify: bool = True, shard: tuple[int, int] | str | None = None,
+                 drop_last: bool = False) -> None:
         self.path = existing_path(path, "HDF5Data")
         self.shuffle = shuffle
         self.seed = seed
@@ -217,6 +224,7 @@ class HDF5Data(RNGDataFlow):
             raise
         self.names = [c.name for c in self.columns]
         self._ds: list = []
+        self._init_order(self._len, shuffle, shard, drop_last)
 
     def _check_heaps(self) -> None:
         if self.verify:
@@ -247,7 +255,10 @@ class HDF5Data(RNGDataFlow):
                     self._check_heaps()
 
     def __len__(self) -> int:
-        return self._len
+        return self._order.length()
+
+    def _identity(self) -> dict:
+        return {"count": self._len, "bytes": self._held.pin.size()}
 
     def _datasets(self) -> list[tuple[Column, Any, Any, Any, Any]]:
         """(column, dataset, shapes, CRC-32 per row, row offsets) per column, opened once per process.
@@ -389,7 +400,8 @@ class HDF5Data(RNGDataFlow):
             raise CorruptDataError(f"{self.path}: reading rows {start}:{stop} failed ({exc})") from exc
 
     def __getitem__(self, index: int) -> Any:
-        return assemble(self.structure, self.names, self._row(normalize_index(index, self._len, "HDF5Data")))
+        i = self._order.shard_index(normalize_index(index, len(self), "HDF5Data"))
+        return assemble(self.structure, self.names, self._row(i))
 
     def _block_rows(self) -> int:
         """Rows per sequential read: about one chunk of the widest array column (cache-friendly)."""
@@ -398,23 +410,26 @@ class HDF5Data(RNGDataFlow):
             row += int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize if c.kind == "array" else 64
         return max(1, _BLOCK_BYTES // max(row, 1))
 
-    def __iter__(self) -> Iterator[Any]:
-        n, structure, names = self._len, self.structure, self.names
-        if self.shuffle:
-            for i in self.rng.permutation(n).tolist():
-                yield assemble(structure, names, self._row(i))
-            return
+    def _read(self, runs: list, pos: int) -> Iterator[Any]:
+        structure, names = self.structure, self.names
         step = self._block_rows()
-        for start in range(0, n, step):
-            columns = self._block(start, min(n, start + step))
-            if structure == "dict":
-                for row in zip(*columns):
-                    yield dict(zip(names, row))
-            elif structure == "tuple":
-                yield from zip(*columns)
-            else:
-                for row in zip(*columns):
-                    yield list(row)
+        for it, run, skip in self._order.iters(runs, pos):
+            if self.shuffle:
+                for i in it:
+                    yield assemble(structure, names, self._row(i))
+                continue
+            for start in range(run.start + skip, run.stop, step):
+                columns = self._block(start, min(run.stop, start + step))
+                rows = zip(zip(*columns), it)  # ``it`` counts the rows off (the position), after each row
+                if structure == "dict":
+                    for row, _ in rows:
+                        yield dict(zip(names, row))
+                elif structure == "tuple":
+                    for row, _ in rows:
+                        yield row
+                else:
+                    for row, _ in rows:
+                        yield list(row)
 
     def close(self) -> None:
         self._held.release()

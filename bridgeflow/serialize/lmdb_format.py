@@ -43,7 +43,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .._deps import require
-from ..base import DataFlow, RNGDataFlow
+from ..base import DataFlow
+from ..order import IndexedSource
 from ._checksum import crc32
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes
 from ._lmdb_check import check_lmdb_file
@@ -110,9 +111,12 @@ class LMDBSerializer:
 
     @staticmethod
     def load(path: str | os.PathLike, shuffle: bool = True, *, seed: int | None = None,
-             allow_pickle: bool = False, verify: bool | None = None) -> LMDBData:
-        """The flow of datapoints stored at ``path`` (see :class:`LMDBData`)."""
-        return LMDBData(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle, verify=verify)
+             allow_pickle: bool = False, verify: bool | None = None, shard: tuple[int, int] | str | None = None,
+             drop_last: bool = False) -> LMDBData:
+        """The flow of datapoints stored at ``path`` (see :class:`LMDBData`); ``shard=(rank, world)`` or
+        ``"auto"`` reads this rank's part only."""
+        return LMDBData(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle, verify=verify, shard=shard,
+                        drop_last=drop_last)
 
 
 def _commit(lmdb: Any, env: Any, items: list[tuple[bytes, bytes]], append: bool) -> None:
@@ -310,7 +314,7 @@ def _count_meta_keys(txn: Any) -> int:
     return n
 
 
-class LMDBData(RNGDataFlow):
+class LMDBData(IndexedSource):
     """Datapoints of an LMDB dataset: ``len()``, ``ds[i]``, and iteration in order or shuffled.
 
     Sequential epochs are one cursor pass; shuffled epochs read keys in a permutation drawn from
@@ -329,10 +333,16 @@ class LMDBData(RNGDataFlow):
         verify: check the file's pages before mapping it (see the module doc); ``None`` (the default) and
             ``True`` check, within the file's real size; ``False`` skips the check (a damaged page may
             then crash the process).
+        shard: ``(rank, world)`` or ``"auto"``: read only this rank's contiguous part of every epoch's
+            order, all ranks equally long (``drop_last`` drops the remainder instead of wrapping around;
+            see :mod:`bridgeflow.shard`). Shuffled shards need the same ``seed`` on every rank.
+
+    ``state_dict()`` is the epoch, the position and the shuffle's entropy (see :mod:`bridgeflow.order`).
     """
 
     def __init__(self, path: str | os.PathLike, shuffle: bool = True, seed: int | None = None, *,
-                 allow_pickle: bool = False, verify: bool | None = None) -> None:
+                 allow_pickle: bool = False, verify: bool | None = None, shard: tuple[int, int] | str | None = None,
+                 drop_last: bool = False) -> None:
         self.path = existing_path(path, "LMDBData")
         self.shuffle = shuffle
         self.seed = seed
@@ -356,9 +366,13 @@ class LMDBData(RNGDataFlow):
         self._unpickle = allow_pickle and self.meta["codec"] == "pickle"
         self._crc = self.meta["checksum"] is not None
         self.classes: list[str] | None = self.meta["classes"]
+        self._init_order(self.meta["count"], shuffle, shard, drop_last)
 
     def __len__(self) -> int:
-        return self.meta["count"]
+        return self._order.length()
+
+    def _identity(self) -> dict:
+        return {"count": self.meta["count"], "bytes": self._held.pin.size()}
 
     def _environment(self) -> Any:
         return self._held.environment(self.path, not self.shuffle)
@@ -369,7 +383,7 @@ class LMDBData(RNGDataFlow):
 
     def _decode(self, value: Any, index: int) -> Any:
         if value is None:
-            raise CorruptDataError(f"{self.path}: datapoint {index} is missing (count says {len(self)})")
+            raise CorruptDataError(f"{self.path}: datapoint {index} is missing (count says {self.meta['count']})")
         try:
             return decode(self._payload(value), allow_pickle=self._unpickle)
         except DECODE_ERRORS as exc:
@@ -401,7 +415,7 @@ class LMDBData(RNGDataFlow):
         return CorruptDataError(f"{self.path}: datapoint {index}: {exc}")
 
     def __getitem__(self, index: int) -> Any:
-        i = normalize_index(index, len(self), "LMDBData")
+        i = self._order.shard_index(normalize_index(index, len(self), "LMDBData"))
         lmdb = require("lmdb", "LMDBData")
         try:
             with self._environment().begin(buffers=True) as txn:
@@ -418,38 +432,43 @@ class LMDBData(RNGDataFlow):
             raise CorruptDataError(f"{self.path}: the file was cut to {have} bytes while open (its pages need "
                                    f"{need}); it is no longer readable")
 
-    def __iter__(self) -> Iterator[Any]:
+    def _read(self, runs: list, pos: int) -> Iterator[Any]:
         lmdb = require("lmdb", "LMDBData")
         env = self._environment()
         self._check_size(env)  # once an epoch: one fstat
-        n = len(self)
         try:
             with env.begin(buffers=True) as txn:
-                if self.shuffle:
-                    get = txn.get
-                    for i in self.rng.permutation(n).tolist():
-                        yield self._decode(get(_key(i)), i)
-                    return
-                cursor = txn.cursor()
-                cursor.first()
-                allow, i, key, payload = self._unpickle, -1, _KEY.pack, self._payload
-                items = cursor.iternext()
-                # Sizes checked against the file and no CRC: a plain copy. Otherwise an unchecked size must
-                # match its header before it is copied, and a CRC must match.
-                copy = bytearray if self.verified and not self._crc else payload
-                try:  # the hot loop: copy once out of the map, decode zero-copy
-                    for i, (k, value) in zip(range(n), items):
-                        if k != key(i):  # a damaged key would reorder or skip datapoints silently
-                            raise CorruptDataError(f"key {bytes(k)!r} where key {key(i)!r} belongs")
-                        yield decode(copy(value), allow_pickle=allow)
-                except struct.error as exc:
-                    raise CorruptDataError(f"{self.path}: datapoint {i}: stored value too short") from exc
-                except DECODE_ERRORS as exc:
-                    raise self._damaged(i, exc) from exc
-                if i + 1 != n:
-                    raise CorruptDataError(f"{self.path}: {i + 1} datapoints found, its count says {n}")
+                for it, run, skip in self._order.iters(runs, pos):
+                    if self.shuffle:
+                        get = txn.get
+                        for i in it:
+                            yield self._decode(get(_key(i)), i)
+                    else:
+                        yield from self._read_run(txn, it, run.start + skip, run.stop)
         except lmdb.Error as exc:
             raise _wrap(self.path, exc, "reading") from exc
+
+    def _read_run(self, txn: Any, indices: Iterator[int], first: int, stop: int) -> Iterator[Any]:
+        """Datapoints ``first:stop`` by one cursor pass; ``indices`` counts them off (the position)."""
+        cursor = txn.cursor()
+        if not cursor.set_key(_key(first)):
+            raise CorruptDataError(f"{self.path}: datapoint {first} is missing (count says {self.meta['count']})")
+        allow, i, key, payload = self._unpickle, first - 1, _KEY.pack, self._payload
+        items = cursor.iternext()
+        # Sizes checked against the file and no CRC: a plain copy. Otherwise an unchecked size must
+        # match its header before it is copied, and a CRC must match.
+        copy = bytearray if self.verified and not self._crc else payload
+        try:  # the hot loop: copy once out of the map, decode zero-copy
+            for i, (k, value) in zip(indices, items):
+                if k != key(i):  # a damaged key would reorder or skip datapoints silently
+                    raise CorruptDataError(f"key {bytes(k)!r} where key {key(i)!r} belongs")
+                yield decode(copy(value), allow_pickle=allow)
+        except struct.error as exc:
+            raise CorruptDataError(f"{self.path}: datapoint {i}: stored value too short") from exc
+        except DECODE_ERRORS as exc:
+            raise self._damaged(i, exc) from exc
+        if i + 1 != stop:
+            raise CorruptDataError(f"{self.path}: {i + 1} datapoints found, its count says {self.meta['count']}")
 
     def close(self) -> None:
         self._held.release()
@@ -465,4 +484,4 @@ class LMDBData(RNGDataFlow):
         self._finalizer = weakref.finalize(self, self._held.release)
 
     def __repr__(self) -> str:
-        return f"LMDBData({self.path!r}, shuffle={self.shuffle}, n={len(self)})"
+        return f"LMDBData({self.path!r}, shuffle={self.shuffle}, n={self.meta['count']})"

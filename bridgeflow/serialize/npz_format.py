@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ..base import DataFlow, RNGDataFlow
+from ..base import DataFlow
 from ..errors import DatapointError
+from ..order import IndexedSource
 from ._columns import Column, assemble, classify, split_datapoint
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes
 from .atomic import atomic_path, check_target
@@ -159,18 +160,23 @@ class NumpySerializer:
         return count
 
     @staticmethod
-    def load(path: str | os.PathLike, shuffle: bool = True, *, seed: int | None = None) -> NumpyData:
-        """The flow of datapoints stored at ``path`` (see :class:`NumpyData`)."""
-        return NumpyData(path, shuffle=shuffle, seed=seed)
+    def load(path: str | os.PathLike, shuffle: bool = True, *, seed: int | None = None,
+             shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> NumpyData:
+        """The flow of datapoints stored at ``path`` (see :class:`NumpyData`); ``shard=(rank, world)`` or
+        ``"auto"`` reads this rank's part only."""
+        return NumpyData(path, shuffle=shuffle, seed=seed, shard=shard, drop_last=drop_last)
 
 
-class NumpyData(RNGDataFlow):
+class NumpyData(IndexedSource):
     """Datapoints of an ``.npz`` dataset, loaded into memory: ``len()``, ``ds[i]``, optional shuffling.
 
     Arrays returned are views of the loaded column arrays (writable; changing one changes the dataset).
+    ``shard=(rank, world)`` or ``"auto"`` reads this rank's part of every epoch (see
+    :mod:`bridgeflow.shard`); ``state_dict()`` is the epoch and position (see :mod:`bridgeflow.order`).
     """
 
-    def __init__(self, path: str | os.PathLike, shuffle: bool = True, seed: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, shuffle: bool = True, seed: int | None = None, *,
+                 shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> None:
         self.path = existing_path(path, "NumpyData")
         self.shuffle = shuffle
         self.seed = seed
@@ -201,6 +207,11 @@ class NumpyData(RNGDataFlow):
         except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
             raise CorruptDataError(f"{self.path}: damaged npz dataset ({type(exc).__name__}: {exc})") from exc
         self.names = [c.name for c in self.columns]
+        self._init_order(self._len, shuffle, shard, drop_last)
+        self._bytes = os.path.getsize(self.path)
+
+    def _identity(self) -> dict:
+        return {"count": self._len, "bytes": self._bytes}
 
     def _unpack(self, k: int, col: Column, arrays: dict[str, np.ndarray]) -> list:
         a, n = arrays[f"c{k}"], self._len
@@ -225,16 +236,17 @@ class NumpyData(RNGDataFlow):
         return [c.decode("utf-8", "surrogatepass") for c in cells] if col.kind == "str" else cells
 
     def __len__(self) -> int:
-        return self._len
+        return self._order.length()
 
     def __getitem__(self, index: int) -> Any:
-        i = normalize_index(index, self._len, "NumpyData")
+        i = self._order.shard_index(normalize_index(index, len(self), "NumpyData"))
         return assemble(self.structure, self.names, [cells[i] for cells in self._cells])
 
-    def __iter__(self) -> Iterator[Any]:
-        order = self.rng.permutation(self._len).tolist() if self.shuffle else range(self._len)
-        for i in order:
-            yield assemble(self.structure, self.names, [cells[i] for cells in self._cells])
+    def _read(self, runs: list, pos: int) -> Iterator[Any]:
+        structure, names, all_cells = self.structure, self.names, self._cells
+        for it, _, _ in self._order.iters(runs, pos):
+            for i in it:
+                yield assemble(structure, names, [cells[i] for cells in all_cells])
 
     def __repr__(self) -> str:
         return f"NumpyData({self.path!r}, shuffle={self.shuffle}, n={self._len})"

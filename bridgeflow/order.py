@@ -1,0 +1,240 @@
+"""The order a random-access source reads an epoch in: shuffled or not, one rank's shard, how far it got.
+
+``DataFromList`` and the LMDB, HDF5 and npz readers share it. Epoch ``e`` of a shuffled source reads a
+permutation drawn from ``(base, e)``, where ``base`` comes from the flow's seed (and, in a parallel
+worker, the worker's seed): any epoch's order can be rebuilt from two integers, so a state stays
+small however large the dataset, and every rank that uses the same seed draws the same permutation.
+With a shard ``(rank, world)`` the epoch's order is cut into ``world`` contiguous blocks of equal
+length, padded by wrapping around to its start (``drop_last=False``, like torch's
+``DistributedSampler``) or cut short (``drop_last=True``); the rank reads its block. Contiguous blocks
+keep sequential reads sequential (an LMDB cursor, HDF5 block reads).
+
+The position is read off the index iterator itself (``list_iterator``/``range_iterator`` know how far
+they are), so tracking it costs nothing per datapoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .base import RNGDataFlow, epoch_live
+from .shard import check_same_on_every_rank, resolve_shard
+from .state import StateMismatchError, check_count, expect_field, field
+
+__all__ = ["EpochOrder", "IndexedSource"]
+
+Run = Sequence[int]  # a range (sequential reads) or a list of indices (shuffled)
+
+
+def iterator_position(it: Any, run_length: int) -> int:
+    """How many items a ``list_iterator`` or ``range_iterator`` has handed out."""
+    reduced = it.__reduce__()
+    if len(reduced) > 2:
+        return int(reduced[2])
+    return run_length  # an exhausted list iterator forgets its list
+
+
+class EpochOrder:
+    """Indices to read per epoch for a source of ``n`` datapoints, and the position in the current epoch.
+
+    The source calls :meth:`begin` when an iteration starts (in ``__iter__``, not in its generator, so an
+    iterator dropped before its first datapoint still ends the epoch) and reads the indices of
+    :meth:`iters`; :meth:`state` and :meth:`load` save and restore the position.
+    """
+
+    def __init__(self, n: int, shuffle: bool, shard: tuple[int, int, bool] | None, who: str) -> None:
+        self.n = int(n)
+        self.shuffle = bool(shuffle)
+        self.shard = shard
+        self.who = who
+        self.base: int | None = None  # entropy of the permutations, drawn in reset()
+        self.epoch = 0  # the epoch of the last iteration begun
+        self.next_epoch = 0  # the epoch the next iteration reads
+        self._asked: int | None = None  # the last epoch given to set_epoch
+        self._pending: dict | None = None
+        self._it: Any = None  # the index iterator of the current run
+        self._done = 0  # indices of the epoch in runs before the current one
+        self._run_len = 0
+
+    # --- epochs -----------------------------------------------------------------------------------
+
+    def reset(self, rng: np.random.RandomState) -> None:
+        """Draw the permutations' entropy from the flow's generator (seeded in ``reset_state``) and start
+        again from epoch 0, or from the epoch last given to ``set_epoch`` (a loaded state overrides both)."""
+        self.base = int(rng.randint(0, 2**62, dtype=np.int64)) if self.shuffle else None
+        self.next_epoch = self._asked if self._asked is not None else 0
+
+    def set_epoch(self, epoch: int, live: bool) -> None:
+        """The next iteration reads epoch ``epoch``, unless the one in progress is that epoch already."""
+        epoch = int(epoch)
+        if epoch < 0:
+            raise ValueError(f"{self.who}: set_epoch needs an epoch >= 0, got {epoch}")
+        self._asked = epoch
+        if live and epoch == self.epoch:
+            return
+        self.next_epoch = epoch
+
+    def length(self) -> int:
+        """Datapoints per epoch: all of them, or the shard's."""
+        if self.shard is None:
+            return self.n
+        _, world, drop_last = self.shard
+        return self.n // world if drop_last else -(-self.n // world)
+
+    def permutation(self, epoch: int) -> list[int]:
+        if self.base is None:
+            raise RuntimeError(f"{self.who}: reset_state() has not run")
+        return np.random.default_rng([self.base, epoch]).permutation(self.n).tolist()
+
+    def runs(self, epoch: int) -> list[Run]:
+        """The indices of ``epoch`` for this flow (this rank's block when sharded), as one or more runs."""
+        n = self.n
+        if self.shard is None:
+            return [self.permutation(epoch) if self.shuffle else range(n)]
+        rank, _, _ = self.shard
+        m = self.length()
+        lo, hi = rank * m, (rank + 1) * m
+        if n == 0 or m == 0:
+            return []
+        if self.shuffle:
+            order = self.permutation(epoch)
+            return [[order[i % n] for i in range(lo, hi)] if hi > n else order[lo:hi]]
+        runs: list[Run] = []
+        at = lo
+        while at < hi:  # past the end the order wraps around to its start
+            start = at % n
+            take = min(hi - at, n - start)
+            runs.append(range(start, start + take))
+            at += take
+        return runs
+
+    def shard_index(self, i: int) -> int:
+        """The file index of the ``i``-th datapoint of this rank's part in file order (for ``ds[i]``)."""
+        if self.shard is None:
+            return i
+        rank, _, _ = self.shard
+        return (rank * self.length() + i) % self.n
+
+    def begin(self) -> tuple[list[Run], int]:
+        """Start an iteration: the runs of its epoch and the position to start from (a loaded state's)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            if pending["base"] is not None:
+                self.base = pending["base"]
+            epoch, pos = pending["epoch"], pending["pos"]
+        else:
+            epoch, pos = self.next_epoch, 0
+        self.epoch, self.next_epoch = epoch, epoch + 1
+        self._it, self._done, self._run_len = None, pos, 0  # the position until iters() starts
+        return self.runs(epoch), pos
+
+    def iters(self, runs: list[Run], pos: int) -> Iterator[tuple[Iterator[int], Run, int]]:
+        """``(index iterator, run, where in the run it starts)`` per run, the first one advanced to ``pos``;
+        the position is read off the iterator, so the caller may iterate it at full speed."""
+        done = 0
+        for run in runs:
+            n = len(run)
+            if pos >= done + n:
+                done += n
+                continue
+            skip = max(0, pos - done)
+            it = iter(run)
+            if skip:
+                it.__setstate__(skip)
+            self._it, self._done, self._run_len = it, done, n
+            yield it, run, skip
+            done += n
+        self._it, self._done, self._run_len = None, done, 0
+
+    def items(self, seq: Sequence, pos: int) -> Iterator:
+        """The iterator of a list or tuple itself, from ``pos``, for an unsharded sequential epoch: the
+        fastest way through it, and it knows its position like the index iterators do."""
+        it = iter(seq)
+        if pos:
+            it.__setstate__(pos)
+        self._it, self._done, self._run_len = it, 0, len(seq)
+        return it
+
+    def position(self) -> int:
+        it = self._it
+        return self._done if it is None else self._done + iterator_position(it, self._run_len)
+
+    # --- state ------------------------------------------------------------------------------------
+
+    def state(self, live: bool) -> dict:
+        if self._pending is not None:
+            return dict(self._pending)
+        if live:
+            epoch, pos = self.epoch, self.position()
+        else:
+            epoch, pos = self.next_epoch, 0
+        return {"n": self.n, "shuffle": self.shuffle, "shard": None if self.shard is None else list(self.shard),
+                "base": self.base, "epoch": epoch, "pos": pos}
+
+    def load(self, state: dict) -> None:
+        expect_field(state, "n", self.n, "a dataset of length")
+        expect_field(state, "shuffle", self.shuffle, "shuffle=")
+        expect_field(state, "shard", None if self.shard is None else list(self.shard), "shard (rank, world, "
+                                                                                          "drop_last)")
+        base = field(state, "base", (int, type(None)))
+        epoch, pos = check_count(state, "epoch"), check_count(state, "pos")
+        if pos > self.length():
+            raise StateMismatchError(f"the state's position {pos} is past the epoch's {self.length()} datapoints")
+        self._pending = {"n": self.n, "shuffle": self.shuffle, "shard": state["shard"], "base": base,
+                         "epoch": epoch, "pos": pos}
+
+
+class IndexedSource(RNGDataFlow):
+    """A random-access source read in an :class:`EpochOrder`: ``shuffle``, ``shard`` and a resumable position.
+
+    Subclasses call :meth:`_init_order` in ``__init__`` and write ``_read(runs, pos)``, a generator of the
+    datapoints at the indices of :meth:`EpochOrder.iters`. ``_identity()`` may name the file, so that a
+    state saved from another file is refused.
+    """
+
+    _order: EpochOrder
+
+    def _init_order(self, n: int, shuffle: bool, shard: Any, drop_last: bool) -> None:
+        who = type(self).__name__
+        self._order = EpochOrder(n, shuffle, resolve_shard(shard, drop_last, who), who)
+        if self._order.shard is not None and self._order.shard[1] > 1:
+            check_same_on_every_rank(self, who)
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        self._order.reset(self.rng)
+
+    def __iter__(self) -> Iterator:
+        self._sync_length()
+        return self._read(*self._order.begin())
+
+    def _read(self, runs: list[Run], pos: int) -> Iterator:
+        raise NotImplementedError
+
+    def _sync_length(self) -> None:
+        """Hook: follow a change of the data's length since construction."""
+
+    def _identity(self) -> dict | None:
+        """What tells this source's data from another's of the same length (e.g. a file's size)."""
+        return None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration reads epoch ``epoch``'s order (the same on every rank for one seed), unless
+        the iteration in progress reads that epoch already."""
+        self._order.set_epoch(epoch, epoch_live(self))
+
+    def state_dict(self) -> dict:
+        """The epoch, the position in it and the entropy of the shuffle: a few integers."""
+        out = self._order.state(epoch_live(self))
+        out["data"] = self._identity()
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        have = self._identity()
+        saved = field(state, "data", (dict, type(None)))
+        if have is not None and saved is not None and saved != have:
+            raise StateMismatchError(f"the state was saved reading {saved}, this flow reads {have}: another file")
+        self._order.load(state)

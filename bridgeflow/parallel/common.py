@@ -1,0 +1,153 @@
+"""What the parallel stages share: a worker pool started in ``reset_state`` and closed in ``close``, their
+statistics, the endless stream of a flow's epochs, and checks of their arguments."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..base import DataFlow, ProxyDataFlow
+from ..errors import DatapointError
+from .forensics import check_seconds
+from .pool import WorkerPool, describe_unpicklable
+
+__all__ = [
+    "ParallelStage", "check_picklable", "check_positive", "check_seconds", "chunk_size", "forever",
+    "seed_worker_globals",
+]
+
+log = logging.getLogger("bridgeflow.parallel.stages")
+
+
+def seed_worker_globals(seed: int) -> None:
+    """Seed Python's and numpy's global RNGs in a worker."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+def chunk_size(buffer_size: int, num_workers: int) -> int:
+    """Tasks per message: big enough to amortize a message (~20 us), small enough that every worker
+    holds at least two chunks of the buffer, so none of them idles while the consumer catches up."""
+    return max(1, min(16, buffer_size // (2 * num_workers)))
+
+
+def check_positive(value: Any, what: str, who: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{who}: {what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class _StageStats:
+    """Counters every parallel stage keeps, to show whether the producer or the consumer is slow."""
+
+    def __init__(self) -> None:
+        self.datapoints = 0
+        self.started: float | None = None
+
+    def as_dict(self, pool: WorkerPool | None, capacity: int) -> dict[str, float]:
+        if pool is None or self.started is None:
+            return {}
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        return {
+            "datapoints": self.datapoints,
+            "workers": pool.num_workers,
+            "buffer_fill": min(1.0, pool.fill_average() / max(capacity, 1)),
+            "consumer_wait_s": pool.wait_time,
+            "consumer_wait_frac": min(1.0, pool.wait_time / elapsed),
+        }
+
+
+class ParallelStage(ProxyDataFlow):
+    """What the map stages and the runners share: a pool started in ``reset_state``, closed in ``close``."""
+
+    _processes = True
+    _pool: WorkerPool | None = None
+    timeout: float | None = None
+    stall_warning: float | None = 60.0
+    _mapping_hooks: Any = None
+
+    def _new_pool(self) -> WorkerPool:
+        raise NotImplementedError
+
+    def _set_waits(self, timeout: float | None, stall_warning: float | None) -> None:
+        who = type(self).__name__
+        self.timeout = check_seconds(timeout, "timeout", who)
+        self.stall_warning = check_seconds(stall_warning, "stall_warning", who)
+
+    def _pool_options(self) -> dict[str, Any]:
+        """The WorkerPool arguments every stage passes alike (``timeout``, stall warning, mapping hooks)."""
+        return {"timeout": self.timeout, "stall_warning": self.stall_warning, "mapping_hooks": self._mapping_hooks}
+
+    def set_mapping_hooks(self, hooks: Any) -> None:
+        """Tell ``hooks`` about this stage's shared-memory slab mappings, now and after any restart of its
+        workers (see :meth:`WorkerPool.set_mapping_hooks`); ``None`` removes them."""
+        self._mapping_hooks = hooks
+        if self._pool is not None:
+            self._pool.set_mapping_hooks(hooks)
+
+    def reset_state(self) -> None:
+        self._close_pool()
+        self._stats = _StageStats()
+        self._pool = self._new_pool().start()
+
+    def _close_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def close(self) -> None:
+        self._close_pool()
+        super().close()
+
+    def stats(self) -> dict[str, float]:
+        return self._stats.as_dict(self._pool, self._capacity) if hasattr(self, "_stats") else {}
+
+    def _live_pool(self) -> WorkerPool:
+        """The pool to iterate with: a new one when the last iteration was interrupted mid-receive."""
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError(f"{type(self).__name__} is closed; call reset_state() to start it again")
+        if pool.interrupted:
+            log.warning("%s: the last iteration was interrupted while receiving a result; starting new workers",
+                        type(self).__name__)
+            self._close_pool()
+            pool = self._pool = self._new_pool().start()
+        return pool
+
+    def _get(self, pool: WorkerPool) -> Any:
+        if self._stats.started is None:
+            self._stats.started = time.perf_counter()
+        return pool.get()[1]
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_pool", None)  # a copy sent elsewhere starts its own workers
+        state.pop("_mapping_hooks", None)  # and has its own mappings
+        return state
+
+
+def forever(ds: DataFlow, who: str, resumed: bool = False) -> Iterator:
+    """Epoch after epoch of ``ds``; after a resume the first may have nothing left."""
+    while True:
+        empty = True
+        for dp in ds:
+            empty = False
+            yield dp
+        if empty and not resumed:
+            raise DatapointError(f"{who}: the source flow yielded nothing")
+        resumed = False
+
+
+def check_picklable(obj: Any, what: str, who: str, method: str) -> None:
+    try:
+        pickle.dumps(obj)
+    except Exception as exc:
+        raise TypeError(f"{who}: {what} {describe_unpicklable(obj)} cannot be pickled, which "
+                        f"start_method={method!r} needs ({exc}); define it at module level, or use "
+                        "start_method='fork'") from exc

@@ -1,0 +1,215 @@
+"""Runners: every worker iterates its own copy of a flow (reset with a distinct seed); the consumer takes
+datapoints as they come.
+
+State: each worker's copy reports its state every few datapoints along with them (a
+:class:`~bridgeflow.parallel.progress.WorkerSnapshot`), and the consumer keeps, per worker, the state at
+the last datapoint it received from it (:class:`~bridgeflow.parallel.progress.WorkerLedger`). A resume
+starts the workers from those states: each worker's continuation comes exactly once, the interleaving
+of the workers may differ.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+import os
+import pickle
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..base import DataFlow, epoch_live, take_pending, worker_seed_scope
+from ..errors import LengthUnknownError
+from ..state import StateError, StateMismatchError, check_count, field
+from .common import ParallelStage, check_picklable, check_positive, chunk_size, forever, seed_worker_globals
+from .pool import EXHAUSTED, WorkerContext, WorkerPool
+from .progress import WorkerLedger, WorkerSnapshot
+
+__all__ = ["MultiProcessRunner", "MultiThreadRunner"]
+
+log = logging.getLogger("bridgeflow.parallel.stages")
+
+_RUNNER_SNAPSHOT_EVERY = 16  # a runner worker's datapoints between two states of its copy
+
+
+def _runner_init(make_flow: Callable[[], DataFlow] | DataFlow, resume: list[dict] | None,
+                 ctx: WorkerContext) -> Callable[[Any], Any]:
+    seed_worker_globals(ctx.seed)
+    df = make_flow() if callable(make_flow) and not isinstance(make_flow, DataFlow) else make_flow
+    with worker_seed_scope(ctx.seed):
+        df.reset_state()
+    start = resume[ctx.worker_id] if resume is not None else None
+    if start is not None and start["state"] is not None:
+        df.load_state_dict(start["state"])
+    stream = forever(df, f"{ctx.stage} worker {ctx.worker_id}", resumed=start is not None)
+    for _ in range(start["replay"] if start is not None else 0):
+        next(stream)
+    count = 0
+    every = _RUNNER_SNAPSHOT_EVERY
+
+    def task(_: Any) -> Any:
+        # Every so often the datapoint travels with its copy's state just before it was made.
+        nonlocal count, every
+        n = count
+        count += 1
+        if n % every:
+            return next(stream)
+        try:
+            state, error = df.state_dict(), None
+        except StateError as exc:  # reported once; the consumer raises it if a state is asked for
+            state, error, every = None, str(exc), 1 << 62
+        return WorkerSnapshot(next(stream), n, state, error)
+
+    return task
+
+
+def _copy_flow(df: DataFlow) -> DataFlow:
+    try:
+        return pickle.loads(pickle.dumps(df))
+    except Exception:
+        return copy.deepcopy(df)
+
+
+class _RunnerStage(ParallelStage):
+    def __init__(self, ds: DataFlow, num_workers: int, num_prefetch: int, *, start_method: str | None = None,
+                 seed: int | None = None, factory: Callable[[], DataFlow] | None = None,
+                 timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+        super().__init__(ds)
+        who = type(self).__name__
+        self._set_waits(timeout, stall_warning)
+        self.num_workers = check_positive(num_workers, "the number of workers", who)
+        self.num_prefetch = check_positive(num_prefetch, "num_prefetch", who)
+        self.start_method = start_method
+        self.seed = seed
+        self._factory = factory
+        self._capacity = self.num_prefetch
+        self._workers: WorkerLedger | None = None
+        self._started_with: dict | None = None  # the loaded state the workers were started from
+        self._n = 0  # datapoints yielded in the epoch in progress
+
+    def reset_state(self) -> None:
+        # The consumer does not iterate ds itself: each worker resets its own copy.
+        super().reset_state()
+
+    def _new_pool(self) -> WorkerPool:
+        make = self._factory if self._factory is not None else self.ds
+        if self._processes and self.start_method not in (None, "fork"):
+            check_picklable(make, "flow", type(self).__name__, self.start_method)
+        pending = self.__dict__.get("_bf_pending")  # loaded before reset_state(): start from it directly
+        self._started_with = pending
+        starts = pending["workers"] if pending is not None else None
+        self._workers = WorkerLedger([(w["state"], w["replay"]) for w in starts] if starts is not None
+                                     else [(None, 0)] * self.num_workers)
+        init = functools.partial(_runner_init, make, starts)
+        pool = WorkerPool(init, self.num_workers, processes=self._processes, start_method=self.start_method,
+                          name=type(self).__name__, base_seed=self.seed, ordered=False,
+                          chunk_size=chunk_size(self.num_prefetch, self.num_workers), **self._pool_options())
+        return pool
+
+    def __iter__(self) -> Iterator:
+        pending = self.__dict__.get("_bf_pending")
+        if pending is not None and self._started_with is not pending:  # loaded after reset_state()
+            self._close_pool()
+            self._pool = self._new_pool().start()
+        take_pending(self)
+        self._started_with = None
+        pool = self._live_pool()
+        try:
+            size: int | None = len(self.ds)
+        except LengthUnknownError:
+            size = None
+        self._n = pending["taken"] if pending is not None else 0
+        return self._run(pool, size)
+
+    def _run(self, pool: WorkerPool, size: int | None) -> Iterator:
+        workers = self._workers
+        while size is None or self._n < size:
+            while pool.outstanding < self.num_prefetch:
+                pool.put(None)
+            if self._stats.started is None:
+                self._stats.started = time.perf_counter()
+            worker, out = pool.get()
+            if out is EXHAUSTED:  # pragma: no cover - workers loop their flow forever
+                continue
+            if type(out) is WorkerSnapshot:
+                workers.record(worker, out)
+                out = out.dp
+            workers.received[worker] += 1
+            self._n += 1
+            self._stats.datapoints += 1
+            yield out
+
+    def state_dict(self) -> dict:
+        """Each worker's copy's state at the last datapoint received from it (a snapshot plus datapoints
+        to replay), and the position in the epoch. A resume restarts the workers from these."""
+        pending = self.__dict__.get("_bf_pending")
+        if pending is not None:
+            return dict(pending)
+        workers = self._workers.positions() if self._workers is not None else \
+            [{"state": None, "replay": 0} for _ in range(self.num_workers)]
+        return {"num_workers": self.num_workers, "workers": workers, "taken": self._n if epoch_live(self) else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        if field(state, "num_workers", int) != self.num_workers:
+            raise StateMismatchError(f"the state is for {state['num_workers']} workers, this stage has "
+                                     f"{self.num_workers}: each worker's copy has its own position")
+        workers = field(state, "workers", list)
+        if len(workers) != self.num_workers:
+            raise StateMismatchError(f"the state lists {len(workers)} workers' positions for {self.num_workers}")
+        for w in workers:
+            if not isinstance(w, dict):
+                raise StateMismatchError(f"damaged worker position {w!r} in the state")
+            field(w, "state", (dict, type(None)))
+            check_count(w, "replay")
+        self._bf_pending = {"num_workers": self.num_workers, "workers": workers, "taken": check_count(state, "taken")}
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state["_workers"] = state["_started_with"] = None
+        return state
+
+
+class MultiProcessRunner(_RunnerStage):
+    """Run ``num_proc`` copies of ``ds`` in worker processes; yield their datapoints as they come.
+
+    Each worker resets its copy with a distinct seed and loops over it forever. An iteration yields
+    ``len(ds)`` datapoints (forever if ``ds`` has no length) drawn from all workers, so within one
+    iteration a datapoint can appear once per worker: shard the source if that matters. Note the
+    argument order ``(ds, num_proc, num_prefetch)``, which differs from tensorpack's
+    ``(ds, num_prefetch, num_proc)``: pass them by keyword when porting.
+    """
+
+    _processes = True
+
+    def __init__(self, ds: DataFlow, num_proc: int, num_prefetch: int = 16, *, start_method: str | None = None,
+                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+        super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed, timeout=timeout,
+                         stall_warning=stall_warning)
+        cpus = os.cpu_count() or 1
+        if self.num_workers > 2 * cpus and self.num_workers > self.num_prefetch:
+            log.warning("MultiProcessRunner(ds, num_proc=%d, num_prefetch=%d) starts %d processes on %d CPUs; "
+                        "tensorpack's order is (ds, num_prefetch, num_proc): pass them by keyword when porting",
+                        self.num_workers, self.num_prefetch, self.num_workers, cpus)
+
+
+class MultiThreadRunner(_RunnerStage):
+    """Run ``num_thread`` flows in threads; ``get_df`` (a function returning a new flow) makes each one.
+
+    A DataFlow may be passed instead of a function: each thread then gets a copy of it.
+    """
+
+    _processes = False
+
+    def __init__(self, get_df: Callable[[], DataFlow] | DataFlow, num_thread: int, num_prefetch: int = 16, *,
+                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+        if isinstance(get_df, DataFlow):
+            proto = get_df
+            factory: Callable[[], DataFlow] = lambda: _copy_flow(proto)
+        elif callable(get_df):
+            factory = get_df
+            proto = get_df()
+        else:
+            raise TypeError(f"MultiThreadRunner needs a DataFlow or a function returning one, got {get_df!r}")
+        super().__init__(proto, num_thread, num_prefetch, seed=seed, factory=factory, timeout=timeout,
+                         stall_warning=stall_warning)

@@ -1,0 +1,301 @@
+"""State of the parallel stages: ordered map stages resume exactly (strict and carried, fused batching), unordered
+ones give every datapoint not received exactly once, runners restart each worker's copy where it was, and a
+process killed with SIGKILL after saving its state is continued by a new one as if nothing happened."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import bridgeflow as bf
+from bridgeflow.base import RNGDataFlow, worker_seed_scope
+from bridgeflow.parallel import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData, MultiThreadRunner
+from bridgeflow.state import NotResumableError, StateMismatchError
+from bridgeflow.testing import check_resumable
+
+STAGES = {"threads": MultiThreadMapData, "processes": MultiProcessMapData}
+
+
+def src(n=40, seed=3):
+    return bf.DataFromList([[i] for i in range(n)], shuffle=True, seed=seed)
+
+
+def times_ten(dp):
+    return [dp[0] * 10, np.full(3, dp[0], np.int32)]
+
+
+def drop_some(dp):
+    return None if dp[0] % 7 == 3 else [dp[0] * 10, np.full(3, dp[0], np.int32)]
+
+
+def jittery(dp):
+    time.sleep(random.random() * 0.002)  # results come back out of order
+    return None if dp[0] % 11 == 5 else [dp[0]]
+
+
+def jittery_keep(dp):
+    time.sleep(random.random() * 0.002)
+    return [dp[0]]
+
+
+@pytest.mark.parametrize("fn", [times_ten, drop_some])
+@pytest.mark.parametrize("fused", [False, True], ids=["unbatched", "fused-batches"])
+@pytest.mark.parametrize("strict", [False, True], ids=["carried", "strict"])
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_ordered_map_stage_resumes_exactly(kind, strict, fused, fn, leak_check):
+    def make():
+        stage = STAGES[kind](src(), 2, fn, buffer_size=8, strict=strict)
+        return bf.BatchData(stage, 4, remainder=strict) if fused else stage
+
+    check_resumable(make, epochs=3)
+
+
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_fused_batches_resume_after_every_batch(kind, leak_check):
+    """Groups with dropped datapoints go through the holder, split across batches: every split resumes."""
+    make = lambda: bf.BatchData(STAGES[kind](src(45), 2, drop_some, buffer_size=6), 4, remainder=True)
+    n = len(check_resumable(make, positions=[0]))
+    check_resumable(make, positions=range(n + 1))
+
+
+def test_process_stage_under_spawn_resumes(leak_check):
+    check_resumable(lambda: bf.BatchData(MultiProcessMapData(src(30), 2, times_ten, buffer_size=8,
+                                                             start_method="spawn"), 4), positions=[3])
+
+
+def test_map_stage_over_a_resumable_pipeline(leak_check):
+    def make():
+        inner = bf.LocallyShuffleData(bf.RepeatedData(src(9), 2), 4, seed=1)
+        return bf.BatchData(MultiProcessMapData(inner, 2, drop_some, buffer_size=8), 3, remainder=True)
+
+    check_resumable(make, epochs=3)
+
+
+def _flat(batches, fused):
+    return [int(v) for b in batches for v in b[0]] if fused else [int(dp[0]) for dp in batches]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unbatched", "fused-batches"])
+@pytest.mark.parametrize("strict", [False, True], ids=["carried", "strict"])
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_unordered_map_stage_gives_every_datapoint_not_received_exactly_once(kind, strict, fused, leak_check):
+    """Unique ids across epochs (FixedSizeData over a long list): what came before the state and what comes
+    after never overlap, nothing comes twice, and nothing of the first two epochs is lost."""
+    drops = (lambda i: False) if fused else (lambda i: i % 11 == 5)
+    fn = jittery_keep if fused else jittery
+
+    def make():
+        source = bf.FixedSizeData(bf.DataFromList([[i] for i in range(100_000)], shuffle=False), 40)
+        stage = STAGES[kind](source, 2, fn, buffer_size=8, ordered=False, strict=strict)
+        return bf.BatchData(stage, 2) if fused else stage
+
+    for k in (0, 3, 9, 18):
+        with make() as f:
+            it = iter(f)
+            before = [next(it) for _ in range(k)]
+            state = json.loads(json.dumps(f.state_dict()))
+            it.close()
+        with make() as g:
+            g.load_state_dict(state)
+            rest, following = list(g), list(g)
+            more = []
+            if not strict:  # late results (a worker descheduled on a busy machine) come in a later epoch
+                for _ in range(8):
+                    if {i for i in range(80) if not drops(i)} <= set(_flat(before + rest + following + more, fused)):
+                        break
+                    more += list(g)
+        got, after = _flat(before, fused), _flat(rest, fused) + _flat(following, fused) + _flat(more, fused)
+        assert not set(got) & set(after), f"after {k}: datapoints received twice"
+        assert len(after) == len(set(after)), f"after {k}: a datapoint came twice after the resume"
+        if strict:  # each epoch is one epoch of the source, whatever the order
+            assert sorted(got + _flat(rest, fused)) == [i for i in range(40) if not drops(i)]
+            assert sorted(_flat(following, fused)) == [i for i in range(40, 80) if not drops(i)]
+        else:  # an epoch is a count of results, and which ones depends on timing: none is lost
+            assert {i for i in range(80) if not drops(i)} <= set(got) | set(after)
+            if fused:
+                assert len(before) + len(rest) == len(following) == 20
+
+
+class Tagged(RNGDataFlow):
+    """Each copy draws a tag at reset, then numbers and random values: a worker's stream is recognisable."""
+
+    def __init__(self, n=10, seed=None):
+        self.n, self.seed = n, seed
+
+    def reset_state(self):
+        super().reset_state()
+        self.tag = int(self.rng.randint(1 << 30))
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield [self.tag, i, int(self.rng.randint(1000))]
+
+
+def _by_tag(dps):
+    out: dict = {}
+    for tag, i, v in dps:
+        out.setdefault(tag, []).append((i, v))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["processes", "threads"])
+def test_runner_restarts_each_worker_where_it_was(kind, leak_check):
+    make = (lambda: MultiProcessRunner(Tagged(), 2, 4, seed=7)) if kind == "processes" else \
+        (lambda: MultiThreadRunner(lambda: Tagged(), 2, 4, seed=7))
+    streams = {}
+    for w in range(2):  # what each worker's copy yields, epoch after epoch
+        copy = Tagged()
+        with worker_seed_scope(7 + w):
+            copy.reset_state()
+        streams.update(_by_tag([dp for _ in range(5) for dp in copy]))
+    for k in (0, 3, 10, 17):
+        with make() as f:
+            it = iter(f)
+            before = [next(it) for _ in range(min(k, 10))]
+            if k >= 10:
+                before += list(it)
+                it = iter(f)
+                before += [next(it) for _ in range(k - 10)]
+            state = json.loads(json.dumps(f.state_dict()))
+            it.close()
+        with make() as g:
+            g.load_state_dict(state)
+            after = list(g) + list(g)
+        assert len(after) == 20 - k % 10  # the epoch goes on where it was, then a whole one
+        for tag, seq in _by_tag(before + after).items():
+            assert seq == streams[tag][:len(seq)], f"after {k}: worker {tag} did not continue its own stream"
+
+
+def test_runner_state_loaded_after_reset_restarts_the_workers(leak_check):
+    with MultiProcessRunner(Tagged(), 2, 4, seed=7) as f:
+        it = iter(f)
+        before = [next(it) for _ in range(4)]
+        state = f.state_dict()
+        pids = None
+        it.close()
+    with MultiProcessRunner(Tagged(), 2, 4, seed=7) as g:
+        g.reset_state()
+        pids = g._pool.pids
+        g.load_state_dict(state)
+        after = list(g)
+        assert g._pool.pids != pids  # started again, from the saved states
+    assert len(before) + len(after) == 10
+
+
+def test_state_of_an_unresumable_source_is_refused_but_iteration_works(leak_check):
+    df = MultiProcessMapData(bf.DataFromGenerator([i] for i in range(30)), 2, times_ten, buffer_size=4)
+    with df:
+        assert sorted(dp[0] for dp in df) == [i * 10 for i in range(30)]
+        with pytest.raises(NotResumableError, match=r"^MultiProcessMapData/DataFromGenerator: it was given a "
+                                                    r"generator object"):
+            df.state_dict()
+
+
+def test_stage_mismatches_are_named(leak_check):
+    with MultiThreadMapData(src(), 2, times_ten) as f:
+        it = iter(f)
+        next(it)
+        state = f.state_dict()
+        it.close()
+    with pytest.raises(StateMismatchError, match=r"^MultiThreadMapData: the state is for ordered=True"):
+        MultiThreadMapData(src(), 2, times_ten, ordered=False).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="for a carried stage, this one is strict"):
+        MultiThreadMapData(src(), 2, times_ten, strict=True).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=r"^MultiThreadMapData/DataFromList: the state is for a dataset of "
+                                                 r"length 40"):
+        MultiThreadMapData(src(41), 2, times_ten).load_state_dict(state)
+    with MultiThreadMapData(src(), 2, times_ten) as g:
+        g.load_state_dict(state)
+        with pytest.raises(StateMismatchError, match=r"saved without a BatchData, this stage is iterated by "
+                                                     r"BatchData\(4\)"):
+            list(bf.BatchData(g, 4))
+    runner_state = MultiThreadRunner(lambda: Tagged(), 2, 4).state_dict()
+    with pytest.raises(StateMismatchError, match=r"^MultiThreadRunner: the state is for 2 workers, this stage has 3"):
+        MultiThreadRunner(lambda: Tagged(), 3, 4).load_state_dict(runner_state)
+
+
+def test_state_dict_with_many_in_flight_is_small(leak_check):
+    """256 datapoints in flight in 2 processes: the state holds a source state and a few integers."""
+    with bf.BatchData(MultiProcessMapData(src(5000), 2, times_ten, buffer_size=256), 8) as df:
+        it = iter(df)
+        for _ in range(5):
+            next(it)
+        state = df.state_dict()
+        assert len(json.dumps(state)) < 1500
+        assert state["child"]["replay"] <= 64 + 256
+        it.close()
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    import numpy as np
+    import bridgeflow as bf
+    from bridgeflow.parallel import MultiProcessMapData
+
+    def square(dp):
+        return None if dp[0] % 9 == 4 else [dp[0], np.full(4, dp[0] * dp[0], np.int64)]
+
+    def make():
+        source = bf.LocallyShuffleData(bf.DataFromList([[i] for i in range(300)], shuffle=True, seed=1), 16, seed=2)
+        return bf.BatchData(MultiProcessMapData(source, 2, square, buffer_size=32), 8)
+
+    out_path, state_path, stop_after = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    df = make()
+    if os.path.exists(state_path):
+        with open(state_path) as f:
+            df.load_state_dict(json.load(f))
+    n = 0
+    with open(out_path, "a") as out:
+        for epoch in range(2):
+            for ids, values in df:
+                out.write(json.dumps([ids.tolist(), values[:, 0].tolist()]) + "\\n")
+                out.flush()
+                n += 1
+                if n == stop_after:  # save, tell the parent, and wait to be killed
+                    with open(state_path + ".tmp", "w") as f:
+                        json.dump(df.state_dict(), f)
+                    os.replace(state_path + ".tmp", state_path)
+                    print("saved", flush=True)
+                    time.sleep(600)
+    print("done", flush=True)
+""")
+
+
+def test_process_killed_after_saving_is_continued_by_a_new_one(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(KILL_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]))
+
+    def run(out, state, stop_after, kill):
+        proc = subprocess.Popen([sys.executable, str(script), str(out), str(state), str(stop_after)],
+                                stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        try:
+            line = proc.stdout.readline()
+            if kill:
+                assert line.strip() == "saved"
+                os.killpg(proc.pid, signal.SIGKILL)  # the consumer and its workers, no cleanup
+            assert proc.wait(timeout=120) in ((-signal.SIGKILL,) if kill else (0,))
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return [json.loads(x) for x in out.read_text().splitlines()]
+
+    whole = run(tmp_path / "whole.jsonl", tmp_path / "none.json", -1, kill=False)
+    assert len(whole) == 2 * 33  # 300 - 33 dropped = 267 datapoints per epoch: 33 whole batches
+    first = run(tmp_path / "a.jsonl", tmp_path / "state.json", 19, kill=True)
+    assert len(first) == 19
+    second = run(tmp_path / "b.jsonl", tmp_path / "state.json", -1, kill=False)
+    assert first + second == whole
