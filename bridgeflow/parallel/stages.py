@@ -106,7 +106,7 @@ class _MapStage(ParallelStage):
     def _new_pool(self) -> WorkerPool:
         if self._processes and self.start_method not in (None, "fork"):
             check_picklable(self.map_func, "map_func", type(self).__name__, self.start_method)
-        self._carry = self._batched = self._ledger = None
+        self._drop_iteration()  # the last pool's carried stream and plans: a new pool starts anew
         return WorkerPool(functools.partial(_map_init, self.map_func), self.num_workers,
                           processes=self._processes, start_method=self.start_method, name=type(self).__name__,
                           base_seed=self.seed, ordered=self.ordered,
@@ -485,14 +485,17 @@ class _MapStage(ParallelStage):
         self._bf_pending = {"strict": strict, "ordered": bool(self.ordered), "source": source, "replay": replay,
                             "skip": skip, "taken": taken, "batch": batch}
 
-    def close(self) -> None:
-        plan, self._batched = self._batched, None
-        if plan is not None:
+    def _drop_iteration(self) -> None:
+        """Close the carried source stream and the fused plans, so the source is free to be read again."""
+        for plan in {id(p): p for p in (self._batched, self._plan) if p is not None}.values():
             plan.close()
-        carry, self._carry = self._carry, None
+        carry = self._carry
+        self._batched = self._plan = self._carry = self._ledger = None
         if carry is not None:
             carry.close()
-        self._ledger = None
+
+    def close(self) -> None:
+        self._drop_iteration()
         super().close()
 
     def __getstate__(self) -> dict:
