@@ -32,7 +32,6 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
-import pickle
 import queue
 import select
 import signal
@@ -238,7 +237,7 @@ class WorkerPool:
         context = mp.get_context(self.start_method)
         if context.get_start_method() != "fork":
             try:
-                pickle.dumps(self.init_fn)
+                _dumps_as_launched(self.init_fn)
             except Exception as exc:
                 self.close()
                 raise TypeError(
@@ -544,9 +543,30 @@ class WorkerPool:
         return self._fill_sum / self._fill_samples if self._fill_samples else 0.0
 
 
+class _LaunchCheck:
+    """Stands in for the process being launched while :func:`_dumps_as_launched` pickles."""
+
+    def duplicate_for_child(self, fd: int) -> int:
+        return fd
+
+    DupFd = duplicate_for_child  # multiprocessing's name for it
+
+
+def _dumps_as_launched(obj: Any) -> bytes:
+    """Pickle ``obj`` as starting a spawn/forkserver process does: multiprocessing's own objects (a Lock,
+    Value or Event) pickle only while a process is being launched, so the check pretends to be one."""
+    from multiprocessing import context, reduction
+
+    context.set_spawning_popen(_LaunchCheck())
+    try:
+        return bytes(reduction.ForkingPickler.dumps(obj))
+    finally:
+        context.set_spawning_popen(None)
+
+
 def _picklable(obj: Any) -> bool:
     try:
-        pickle.dumps(obj)
+        _dumps_as_launched(obj)
     except Exception:
         return False
     return True
