@@ -110,7 +110,7 @@ class LoaderIter(_compat.BaseLoaderIter):
             record.rng_first, record.sampler_epoch = resume.get("rng_first"), resume.get("sampler_epoch")
             record.yielded, record.last_worker = resume["yielded"], resume.get("last_worker")
             record.workers, record.exhausted = resume.get("workers"), resume.get("exhausted")
-            record.flow = resume.get("flow")
+            record.flow, record.flow_ended = resume.get("flow"), resume.get("flow_ended", False)
         record.base_seed, record.shared_seed = self._base_seed, self._shared_seed
 
     def _new_shared_seed(self, loader: Any, resume: dict | None) -> None:
@@ -128,8 +128,9 @@ class LoaderIter(_compat.BaseLoaderIter):
                 self._record.snapshot_rngs(loader)
         return next(self._sampler_iter)
 
-    def _note_flow(self, record: EpochRecord) -> None:
+    def _note_flow(self, record: EpochRecord, fetcher: Fetcher) -> None:
         """After a DataFlow batch is delivered: the flow's position between it and the next one."""
+        record.flow_ended = fetcher.ended
         if record.problem is None:
             record.flow, record.problem = flow_state(self._dataset)
 
@@ -192,6 +193,8 @@ class SingleLoaderIter(LoaderIter):
                                      resolve_collate(self._collate_fn, in_worker=False), self._drop_last, saved)
         if self._fetcher.stateful and self._kind != COLLATE:
             record.live = self._fetcher  # its state is read when the loader's state is asked for
+        if resume and resume.get("flow_ended"):
+            self._fetcher.ended = True  # the flow ran out with the last batch delivered: nothing is left
         if resume and self._kind == ITERABLE and saved is None and resume["yielded"]:
             self._fast_forward(resume["yielded"])
 
@@ -211,12 +214,12 @@ class SingleLoaderIter(LoaderIter):
         except StopIteration:
             self._record.finished = True
             if self._kind == COLLATE:
-                self._note_flow(self._record)
+                self._note_flow(self._record, self._fetcher)
             self.shutdown()
             raise
         self._record.yielded += 1
         if self._kind == COLLATE:
-            self._note_flow(self._record)
+            self._note_flow(self._record, self._fetcher)
         return data
 
     def shutdown(self) -> None:

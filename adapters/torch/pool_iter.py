@@ -138,6 +138,7 @@ class PoolLoaderIter(LoaderIter):
                 record.flow, record.problem = flow_state(self._dataset)  # where this epoch starts
             self._source = make_fetcher(ITERABLE, self._dataset, self._auto_collation, _keep_samples,
                                         self._drop_last)
+            self._source.ended = record.flow_ended
             self._flow_before[self._pulled] = record.flow
         for _ in range(self._max_tasks):
             self._try_put()
@@ -200,6 +201,8 @@ class PoolLoaderIter(LoaderIter):
         record = self._record
         record.yielded += 1
         record.last_worker = worker
+        if self._source is not None:
+            record.flow_ended = self._source.ended and record.yielded == self._pulled
         if self._source is not None and record.problem is None:
             # the position to resume from is the flow's before it gave the next batch's samples
             before_next = self._flow_before.pop(record.yielded, _NOT_PULLED)

@@ -167,6 +167,7 @@ class EpochRecord:
         self.workers: list[Any] | None = None  # per worker: its dataset's state after its last batch
         self.live: Any = None  # num_workers=0: the fetcher whose state is read when asked
         self.flow: Any = None
+        self.flow_ended = False  # the flow ran out while the last delivered batch was read: the epoch is over
         self.problem: str | None = None  # why this epoch's position cannot be exported
         try:
             self.length: int | None = len(loader._index_sampler) if loader._bf_kind != "collate" else len(loader)
@@ -225,7 +226,8 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
     state.update(
         started=True, yielded=record.yielded, base_seed=record.base_seed, shared_seed=record.shared_seed,
         rng_first=record.rng_first, sampler_epoch=record.sampler_epoch, last_worker=record.last_worker,
-        exhausted=record.exhausted, workers=copy.deepcopy(workers), flow=copy.deepcopy(record.flow))
+        exhausted=record.exhausted, workers=copy.deepcopy(workers), flow=copy.deepcopy(record.flow),
+        flow_ended=record.flow_ended)
     return state
 
 
