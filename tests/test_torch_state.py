@@ -38,6 +38,13 @@ class Tagged(tud.Dataset):
         return (int(i), -1, -1) if info is None else (int(i), info.id, info.seed)
 
 
+class Drawing(Tagged):
+    """Draws from torch's global RNG: in this process with num_workers=0, seeded per worker otherwise."""
+
+    def __getitem__(self, i: int):
+        return (*super().__getitem__(i), torch.randint(1 << 30, ()).item())
+
+
 class CallCounting(Tagged):
     """A map-style dataset with a state: how many samples this copy has read (one copy per worker)."""
 
@@ -234,6 +241,15 @@ def _samples(batch):
     if isinstance(batch[0], list):  # collated: columns
         return list(zip(*batch))
     return [batch]
+
+
+def test_resume_draws_nothing_from_the_global_rng(leak_check):
+    """With the global RNG restored from the checkpoint (as Lightning does), draws made by the dataset in
+    this process continue exactly: resuming must not draw from it (torchdata draws an unused seed). Worker
+    processes restart their streams from their seeds instead (as torchdata's do)."""
+    ref = check_resume(lambda: DataLoader(Drawing(), batch_size=3, shuffle=True, generator=_gen()),
+                       ks=[0, 1, 2, -1])
+    assert len({s[-1] for b in ref[0] for s in _samples(b)}) == 11
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
