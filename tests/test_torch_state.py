@@ -280,6 +280,53 @@ def test_state_before_iterating_and_loading_nothing(leak_check):
     assert len([plain(b) for b in again]) == 3
 
 
+class Failing(Tagged):
+    def __getitem__(self, i: int):
+        if i == 4:
+            raise KeyError(f"sample {i} is corrupt")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_that_raised_counts_as_consumed(num_workers, leak_check):
+    """State taken after a batch raised: the resumed loader neither reads that batch again nor skips one."""
+    def make():
+        return DataLoader(Failing(), batch_size=2, num_workers=num_workers)
+
+    def take(it, n):
+        out = []
+        for _ in range(n):
+            try:
+                out.append(plain(next(it)))
+            except KeyError:
+                out.append("error")
+        return out
+
+    loader = make()
+    it = iter(loader)
+    first = take(it, 3)
+    assert first[2] == "error"
+    state = loader.state_dict()
+    rest = [plain(b) for b in it]
+    del it
+    loader.close()
+    again = make()
+    again.load_state_dict(state)
+    assert [plain(b) for b in again] == rest and len(rest) == 3
+    again.close()
+
+
+def test_unordered_workers_refuse_a_mid_epoch_state(leak_check):
+    with DataLoader(Tagged(), batch_size=2, num_workers=2, in_order=False) as loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(NotImplementedError, match="in_order=False"):
+            loader.state_dict()
+        list(it)
+        assert loader.state_dict()["finished"] is True
+        del it
+
+
 # --- iterable datasets -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("workers", [dict(num_workers=0), dict(num_workers=2),

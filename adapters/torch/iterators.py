@@ -207,6 +207,8 @@ class SingleLoaderIter(LoaderIter):
                 self._fetcher.fetch(next(self._sampler_iter))
             except StopIteration:
                 break
+            except Exception as exc:  # raised to the consumer in the interrupted run already
+                log.debug("fast-forward: a dropped batch raised %r again", exc)
 
     def _next_data(self) -> Any:
         try:
@@ -217,10 +219,16 @@ class SingleLoaderIter(LoaderIter):
                 self._note_flow(self._record, self._fetcher)
             self.shutdown()
             raise
+        except Exception:  # a batch that raised is consumed too: a resume must not read it again
+            self._consumed()
+            raise
+        self._consumed()
+        return data
+
+    def _consumed(self) -> None:
         self._record.yielded += 1
         if self._kind == COLLATE:
             self._note_flow(self._record, self._fetcher)
-        return data
 
     def shutdown(self) -> None:
         if not self.closed:

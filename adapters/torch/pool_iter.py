@@ -10,6 +10,7 @@ samples are pulled, and the one matching the last delivered batch is what ``load
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import itertools
@@ -113,12 +114,16 @@ class PoolLoaderIter(LoaderIter):
 
     def _start_epoch(self, resume: dict | None = None) -> None:
         record = self._record
+        if self._unordered:
+            record.problem = ("with in_order=False and workers, batches arrive as they are ready and the loader "
+                              "does not record which ones were delivered")
         self._active = [True] * self._num_workers
         self._cycle = itertools.cycle(range(self._num_workers))
         self._discard = 0  # batches of a fast-forward: read again and dropped
         self._source_error, self._source_failed = None, False
         self._pulled = 0  # DataFlow batches pulled this epoch
         self._flow_before: dict[int, Any] = {}  # DataFlow position before pulling batch n
+        self._owners: collections.deque[int] = collections.deque()  # worker of each task in flight, in order
         if resume is not None:
             if resume.get("exhausted"):
                 self._active = [not e for e in resume["exhausted"]]
@@ -196,6 +201,8 @@ class PoolLoaderIter(LoaderIter):
             else:
                 return
         self._pool.put(task, worker=worker)
+        if not self._unordered:
+            self._owners.append(worker)
 
     def _delivered(self, worker: int) -> None:
         record = self._record
@@ -231,8 +238,18 @@ class PoolLoaderIter(LoaderIter):
             try:
                 worker, result = self._get()
             except Exception:  # the dataset's error: keep the pipeline full, as torch does, then raise
+                if self.closed:
+                    raise
+                owner = self._owners.popleft() if self._owners else None
                 self._try_put()
+                if self._discard:  # a fast-forward reads it again: the consumer saw this error already
+                    self._discard -= 1
+                    continue
+                if owner is not None:
+                    self._delivered(owner)  # consumed: a resume must not read it again
                 raise
+            if self._owners:
+                self._owners.popleft()
             if result is self._exhausted:
                 self._active[worker] = False
                 self._record.note_exhausted(worker, self._num_workers)
