@@ -70,6 +70,17 @@ def test_recreated_from_its_attributes_with_a_new_sampler(leak_check):
     assert [int(x) for b in again for x in b[1]] == [1, 3, 5, 7, 9, 11]
 
 
+def test_a_dataflow_refuses_an_injected_sampler_saying_what_to_do():
+    """Lightning under DDP re-creates loaders with a DistributedSampler; a DataFlow cannot be indexed."""
+    flow = bridgeflow.DataFromList([[i] for i in range(8)], shuffle=False)
+    loader = DataLoader(flow, batch_size=2)
+    again = type(loader)(flow, batch_size=2, sampler=loader.sampler)  # its own placeholder sampler: fine
+    assert [b[0].tolist() for b in again] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    with pytest.raises(ValueError, match="shard the flow per rank.*use_distributed_sampler=False"):
+        DataLoader(flow, batch_size=2, sampler=tud.DistributedSampler(flow, num_replicas=2, rank=0))
+    flow.close()
+
+
 def test_worker_count_warning_has_torchs_words():
     too_many = (os.cpu_count() or 1) + 3
     messages = []
