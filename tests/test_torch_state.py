@@ -347,6 +347,19 @@ def test_iterable_without_state_is_fast_forwarded(num_workers, caplog, leak_chec
     assert "read again and dropped" in caplog.text
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_shuffled_datapipe_resumes(num_workers, leak_check):
+    """A DataPipe reshuffles with a seed drawn per epoch; the state keeps it, the pipe is fast-forwarded."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    def make():
+        pipe = IterableWrapper(range(12)).shuffle().sharding_filter()
+        return DataLoader(pipe, batch_size=3, shuffle=True, num_workers=num_workers)
+
+    ref = check_resume(make, ks=[0, 1, 3, 5, -1])
+    assert ref[0] != ref[1] and sorted(x for b in ref[0] for x in b) == list(range(12))
+
+
 # --- DataFlows ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("workers", [dict(num_workers=0), dict(num_workers=2),
