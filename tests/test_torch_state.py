@@ -343,7 +343,7 @@ def test_iterable_with_state_resumes_per_worker(workers, leak_check):
 def test_iterable_without_state_is_fast_forwarded(num_workers, caplog, leak_check):
     with caplog.at_level(logging.WARNING, logger="bridgeflow.adapters.torch"):
         check_resume(lambda: DataLoader(UnevenStream(stateful=False), batch_size=2, num_workers=num_workers),
-                     ks=[1, 4])
+                     ks=[1, 4, 5, -1])  # 5 and the last: after worker 0 ran dry
     assert "read again and dropped" in caplog.text
 
 

@@ -125,17 +125,18 @@ class PoolLoaderIter(LoaderIter):
         self._flow_before: dict[int, Any] = {}  # DataFlow position before pulling batch n
         self._owners: collections.deque[int] = collections.deque()  # worker of each task in flight, in order
         if resume is not None:
-            if resume.get("exhausted"):
-                self._active = [not e for e in resume["exhausted"]]
-            stateless_iterable = self._kind == ITERABLE and not resume.get("workers")
-            if stateless_iterable and resume["yielded"]:
-                log.warning("resuming %s: neither the dataset nor its iterator has state_dict()/"
-                            "load_state_dict(), so the %d batches already delivered this epoch are read again "
-                            "and dropped", type(self._dataset).__name__, resume["yielded"])
+            if self._kind == ITERABLE and not resume.get("workers"):  # the whole epoch again, from the start
+                if resume["yielded"]:
+                    log.warning("resuming %s: neither the dataset nor its iterator has state_dict()/"
+                                "load_state_dict(), so the %d batches already delivered this epoch are read "
+                                "again and dropped", type(self._dataset).__name__, resume["yielded"])
                 self._discard = resume["yielded"]
-            elif resume.get("last_worker") is not None:
-                for _ in range(resume["last_worker"] + 1):  # the next batch goes where it went before
-                    next(self._cycle)
+            else:
+                if resume.get("exhausted"):
+                    self._active = [not e for e in resume["exhausted"]]
+                if resume.get("last_worker") is not None:
+                    for _ in range(resume["last_worker"] + 1):  # the next batch goes where it went before
+                        next(self._cycle)
             self._pulled = resume["yielded"]
         if self._kind == COLLATE:  # the flow is read here; workers only collate
             close_source(self._source)

@@ -152,6 +152,19 @@ def _config(loader: Any) -> dict:
     return config
 
 
+def _epoch_length(loader: Any) -> int | None:
+    """Batches in an epoch when known (without torch's ``len(loader)``, which records the length it saw)."""
+    try:
+        if loader._bf_kind != "collate":
+            return len(loader._index_sampler)
+        n, size = len(loader.dataset), loader.batch_size
+    except Exception:
+        return None
+    if size is None:
+        return n
+    return n // size if loader.drop_last else -(-n // size)
+
+
 class EpochRecord:
     """The progress of one epoch, updated by its iterator as it delivers batches."""
 
@@ -169,10 +182,7 @@ class EpochRecord:
         self.flow: Any = None
         self.flow_ended = False  # the flow ran out while the last delivered batch was read: the epoch is over
         self.problem: str | None = None  # why this epoch's position cannot be exported
-        try:
-            self.length: int | None = len(loader._index_sampler) if loader._bf_kind != "collate" else len(loader)
-        except Exception:
-            self.length = None
+        self.length = _epoch_length(loader)
 
     def snapshot_rngs(self, loader: Any) -> None:
         """Before the epoch's first index: the generators the sampler may draw from, and its epoch."""
