@@ -5,8 +5,6 @@ If a torch release moves them, these fail first and point at the one module to f
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 import torch
@@ -21,11 +19,46 @@ def clean_worker_info():
     _compat.clear_worker_info()
 
 
-def test_worker_info_global_and_class_exist():
+def test_worker_info_global_and_class_exist(clean_worker_info):
+    """What set_worker_info relies on: the module global, and a WorkerInfo built from these keywords that
+    gives them back (torch 2.13 makes it a dataclass, 2.11 does not: only the behaviour counts)."""
     assert hasattr(_compat.WORKER_MODULE, "_worker_info")
-    fields = {f.name for f in dataclasses.fields(_compat.WORKER_MODULE.WorkerInfo)}
-    assert {"id", "num_workers", "seed", "dataset"} <= fields
     assert tud.get_worker_info() is None  # the test process is not a worker
+    dataset = object()
+    info = _compat.WORKER_MODULE.WorkerInfo(id=2, num_workers=3, seed=77, dataset=dataset)
+    assert (info.id, info.num_workers, info.seed, info.dataset) == (2, 3, 77, dataset)
+    _compat.WORKER_MODULE._worker_info = info
+    assert tud.get_worker_info() is info
+
+
+def test_loader_internals_the_adapter_subclasses_or_reads_exist():
+    """The iterator base class bridgeflow's iterators derive from (Lightning recognises iterators by it),
+    the placeholder sampler of iterable datasets and the dataset-kind enum torch's loader sets."""
+    assert isinstance(_compat.BaseLoaderIter, type)
+    loader = tud.DataLoader(tud.TensorDataset(torch.zeros(2)))
+    assert isinstance(iter(loader), _compat.BaseLoaderIter)
+    assert loader._dataset_kind == _compat.DatasetKind.Map
+
+    class Stream(tud.IterableDataset):
+        def __iter__(self):
+            return iter([1, 2])
+
+    stream_loader = tud.DataLoader(Stream())
+    assert isinstance(stream_loader.sampler, _compat.InfiniteConstantSampler)
+    assert stream_loader._dataset_kind == _compat.DatasetKind.Iterable
+    assert stream_loader._index_sampler is stream_loader.batch_sampler and stream_loader._auto_collation
+
+
+def test_datapipe_settings_functions_shard_and_seed():
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    pipe = IterableWrapper(range(6)).sharding_filter()
+    _compat.apply_sharding(pipe, 2, 1)
+    assert list(pipe) == [1, 3, 5]
+    shuffled = IterableWrapper(range(20)).shuffle().set_shuffle(True)
+    orders = [list(_compat.apply_random_seed(shuffled, torch.Generator().manual_seed(4))) for _ in range(2)]
+    assert orders[0] == orders[1] != list(range(20))
+    assert _compat.distributed_settings() == (1, 0) and _compat.seed_group() is None
 
 
 def test_set_worker_info_is_what_get_worker_info_returns(clean_worker_info):

@@ -11,5 +11,6 @@ Example:
 from .iterators import LoaderStateError
 from .loader import DataLoader
 from .prefetcher import CUDAPrefetcher, DeviceUnavailableError
+from .state import ResumeStateError
 
-__all__ = ["CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "LoaderStateError"]
+__all__ = ["CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "LoaderStateError", "ResumeStateError"]

@@ -23,17 +23,27 @@ torch = require("torch", "bridgeflow.adapters.torch")
 import torch.utils.data as tud  # noqa: E402  (after the require() that explains a missing torch)
 
 __all__ = [
+    "BaseLoaderIter",
+    "DatasetKind",
+    "InfiniteConstantSampler",
+    "IterDataPipe",
+    "MapDataPipe",
     "WORKER_MODULE",
     "accelerator_available",
+    "apply_random_seed",
+    "apply_sharding",
     "clear_worker_info",
     "cpu_count",
     "current_accelerator_type",
     "default_collate",
     "default_convert",
+    "distributed_settings",
     "fast_default_collate",
     "get_worker_info",
     "numpy_seed",
     "set_worker_info",
+    "seed_group",
+    "share_seed",
     "torch_generate_state",
     "worker_info_suspended",
 ]
@@ -44,6 +54,43 @@ WORKER_MODULE = tud._utils.worker
 default_collate = tud.default_collate
 default_convert = tud.default_convert
 get_worker_info = tud.get_worker_info
+
+# Private: the base class of torch's epoch iterators (code such as Lightning's CombinedLoader recognises
+# DataLoader iterators by it), the placeholder sampler of iterable datasets and the dataset-kind enum.
+BaseLoaderIter = tud.dataloader._BaseDataLoaderIter
+InfiniteConstantSampler = tud.dataloader._InfiniteConstantSampler
+DatasetKind = tud.dataloader._DatasetKind
+
+IterDataPipe = tud.IterDataPipe
+MapDataPipe = tud.MapDataPipe
+apply_sharding = tud.graph_settings.apply_sharding
+apply_random_seed = tud.graph_settings.apply_random_seed
+
+
+def distributed_settings() -> tuple[int, int]:
+    """``(world_size, rank)`` of the default process group, ``(1, 0)`` outside ``torch.distributed``."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def seed_group() -> Any:
+    """The process group DataPipe seeds are shared over: a new gloo group under ``torch.distributed`` (a
+    collective call: every rank creates its iterator), else None. torch makes one per iterator."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.new_group(backend="gloo")
+    return None
+
+
+def share_seed(generator: Any, group: Any) -> int:
+    """The DataPipe shuffle seed of one epoch: drawn from ``generator`` (the global RNG when None) and,
+    with a ``group``, rank 0's value sent to every rank, as torch does."""
+    seed = torch.empty((), dtype=torch.int64).random_(generator=generator)
+    if group is not None:
+        torch.distributed.broadcast(seed, src=0, group=group)
+    return int(seed.item())
 
 
 def set_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) -> None:
@@ -115,7 +162,7 @@ def _stack_numpy(arrays: list[np.ndarray]) -> Any:
 
 def _fast_tensor_fn(batch: list, *, collate_fn_map: dict | None = None) -> Any:
     first = batch[0]
-    if all(type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided
+    if all(type(t) is torch.Tensor and not t.is_nested and t.device.type == "cpu" and t.layout == torch.strided
            and not t.requires_grad and not t.is_conj() and not t.is_neg() and t.dtype == first.dtype
            for t in batch):
         try:

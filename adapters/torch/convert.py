@@ -52,8 +52,9 @@ class TensorBox:
 
 
 def _boxable(t: Any) -> bool:
-    return (type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided
-            and not t.is_conj() and not t.is_neg() and not t.is_quantized)
+    # A nested tensor has no single shape for numpy: it travels pickled, as torch sends it.
+    return (type(t) is torch.Tensor and not t.is_nested and t.device.type == "cpu"
+            and t.layout == torch.strided and not t.is_conj() and not t.is_neg() and not t.is_quantized)
 
 
 def box_tensor(t: Any) -> Any:

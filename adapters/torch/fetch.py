@@ -9,6 +9,10 @@ A fetcher reads one task's samples from the dataset and collates them, with torc
 - collate: the task carries the samples themselves (a bridgeflow DataFlow is iterated in the consumer and
   only collation runs in the workers).
 
+A dataset (or the iterator ``iter(dataset)`` returns) with ``state_dict()``/``load_state_dict()`` has its
+state read after each batch (:meth:`Fetcher.state`) and sent along with it (:class:`WithState`), and
+restored when a fetcher is made from a saved state: torchdata's convention.
+
 :func:`init_worker` is the pool's ``init_fn``: it seeds ``random``, ``torch`` and ``numpy`` and sets
 ``torch.utils.data.get_worker_info()`` as torch's worker loop does, runs ``worker_init_fn``, and returns the
 task function. An error in ``worker_init_fn`` or in ``iter(dataset)`` is raised by that worker's first task,
@@ -27,6 +31,7 @@ import numpy as np
 from . import _compat
 from ._compat import torch
 from .convert import pack
+from .state import is_stateful
 
 __all__ = [
     "COLLATE",
@@ -36,6 +41,7 @@ __all__ = [
     "FastCollate",
     "Reset",
     "StopFromDataset",
+    "WithState",
     "WorkerSpec",
     "init_worker",
     "make_fetcher",
@@ -57,6 +63,16 @@ class Fetcher:
         self.drop_last = drop_last
         self.ended = False
         self.iterator = iter(dataset) if kind == ITERABLE else None
+        self.stateful = is_stateful(dataset) or (self.iterator is not None and is_stateful(self.iterator))
+
+    def state(self) -> dict | None:
+        """The dataset's and its iterator's states (torchdata's convention), None when neither has one."""
+        if not self.stateful:
+            return None
+        it = self.iterator
+        own = is_stateful(self.dataset) and (it is None or it is not self.dataset)
+        return {"dataset": self.dataset.state_dict() if own else None,
+                "iter": it.state_dict() if it is not None and is_stateful(it) else None, "ended": self.ended}
 
     def fetch(self, task: Any) -> Any:
         if self.kind == MAP:
@@ -92,9 +108,16 @@ class Fetcher:
         return samples
 
 
-def make_fetcher(kind: str, dataset: Any, auto_collation: bool, collate_fn: Callable,
-                 drop_last: bool) -> Fetcher:
-    return Fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
+def make_fetcher(kind: str, dataset: Any, auto_collation: bool, collate_fn: Callable, drop_last: bool,
+                 saved: dict | None = None) -> Fetcher:
+    """A fetcher; ``saved`` (from :meth:`Fetcher.state`) restores the dataset before ``iter(dataset)`` and
+    the iterator after, as torchdata does."""
+    if saved is not None and saved.get("dataset") is not None:
+        dataset.load_state_dict(saved["dataset"])
+    fetcher = Fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
+    if saved is not None and saved.get("iter") is not None:
+        fetcher.iterator.load_state_dict(saved["iter"])
+    return fetcher
 
 
 @dataclass
@@ -109,15 +132,37 @@ class WorkerSpec:
     base_seed: int
     num_workers: int
     worker_init_fn: Callable[[int], None] | None = None
+    shared_seed: int | None = None  # a DataPipe's shuffle seed for this epoch
+    world_size: int = 1  # torch.distributed settings, for DataPipe sharding
+    rank: int = 0
+    saved: list | None = None  # per worker, the dataset state to resume from (Fetcher.state)
 
 
 class Reset:
-    """Task that restarts a persistent worker's fetcher for a new epoch (a fresh ``iter(dataset)``)."""
+    """Task that restarts a persistent worker's fetcher for a new epoch (a fresh ``iter(dataset)``); its
+    result is the worker's dataset state at the start of that epoch (None without one)."""
 
-    __slots__ = ()
+    __slots__ = ("shared_seed",)
+
+    def __init__(self, shared_seed: int | None = None) -> None:
+        self.shared_seed = shared_seed
 
     def __reduce__(self):
-        return (Reset, ())
+        return (Reset, (self.shared_seed,))
+
+
+class WithState:
+    """A worker's result plus its dataset's state right after producing it (an exception if reading the
+    state failed: the batch still arrives, a later ``state_dict()`` says why it cannot)."""
+
+    __slots__ = ("data", "state")
+
+    def __init__(self, data: Any, state: Any) -> None:
+        self.data = data
+        self.state = state
+
+    def __reduce__(self):
+        return (WithState, (self.data, self.state))
 
 
 class StopFromDataset:
@@ -152,35 +197,50 @@ def resolve_collate(fn: Callable, in_worker: bool) -> Callable:
     return FastCollate(in_worker) if fn is _compat.default_collate else fn
 
 
+def _state_of(fetcher: Fetcher) -> Any:
+    try:
+        return fetcher.state()
+    except Exception as exc:
+        return exc
+
+
 class _WorkerTask:
     """The task function of one worker: holds its fetcher and a pending start-up error."""
 
-    def __init__(self, spec: WorkerSpec, worker_id: int) -> None:
+    def __init__(self, spec: WorkerSpec, worker_id: int, dataset: Any) -> None:
         self.spec = spec
         self.worker_id = worker_id
+        self.dataset = dataset
         self.error: BaseException | None = None
         self.fetcher: Fetcher | None = None
         self.failed: BaseException | None = None  # the start-up error, once reported
         self.collate_fn = resolve_collate(spec.collate_fn, in_worker=True)
         try:
+            if isinstance(dataset, (_compat.IterDataPipe, _compat.MapDataPipe)):
+                # torch shards a DataPipe over every worker of every rank before worker_init_fn runs
+                _compat.apply_sharding(dataset, spec.num_workers * spec.world_size,
+                                       worker_id * spec.world_size + spec.rank)
             if spec.worker_init_fn is not None:
                 spec.worker_init_fn(worker_id)
-            self.fetcher = self._new_fetcher()
+            self.fetcher = self._new_fetcher(None if spec.saved is None else spec.saved[worker_id])
         except Exception as exc:
             self.error = exc
 
-    def _new_fetcher(self) -> Fetcher:
+    def _new_fetcher(self, saved: dict | None = None) -> Fetcher:
         s = self.spec
-        return make_fetcher(s.kind, s.dataset, s.auto_collation, self.collate_fn, s.drop_last)
+        return make_fetcher(s.kind, self.dataset, s.auto_collation, self.collate_fn, s.drop_last, saved)
 
     def __call__(self, task: Any) -> Any:
         if isinstance(task, Reset):  # a new epoch of persistent workers: a fresh iter(dataset), as torch
+            if task.shared_seed is not None and isinstance(self.dataset, _compat.IterDataPipe):
+                self.dataset = _compat.apply_random_seed(self.dataset, _generator(task.shared_seed))
             try:
                 self.fetcher = self._new_fetcher()
             except Exception as exc:  # reported by this worker's first batch, as at start-up
                 self.fetcher = None
                 self.error = self.error or exc
-            return None
+                return None
+            return _state_of(self.fetcher) if self.fetcher.stateful else None
         if self.error is not None:
             error, self.error = self.error, None
             self.failed = error
@@ -197,7 +257,15 @@ class _WorkerTask:
             if self.spec.kind == ITERABLE:
                 raise
             return StopFromDataset()
+        if self.fetcher.stateful:
+            return WithState(pack(data), _state_of(self.fetcher))
         return pack(data)
+
+
+def _generator(seed: int) -> Any:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
 
 
 def seed_worker(base_seed: int, worker_id: int) -> int:
@@ -218,5 +286,8 @@ def init_worker(spec: WorkerSpec, ctx: Any) -> Callable[[Any], Any]:
     """
     torch.set_num_threads(1)
     seed = seed_worker(spec.base_seed, ctx.worker_id)
-    _compat.set_worker_info(ctx.worker_id, spec.num_workers, seed, spec.dataset)
-    return _WorkerTask(spec, ctx.worker_id)
+    dataset = spec.dataset
+    if spec.shared_seed is not None and isinstance(dataset, _compat.IterDataPipe):
+        dataset = _compat.apply_random_seed(dataset, _generator(spec.shared_seed))
+    _compat.set_worker_info(ctx.worker_id, spec.num_workers, seed, dataset)
+    return _WorkerTask(spec, ctx.worker_id, dataset)

@@ -1,69 +1,64 @@
-"""The two epoch iterators behind :class:`~bridgeflow.adapters.torch.DataLoader`.
+"""The epoch iterators behind :class:`~bridgeflow.adapters.torch.DataLoader`: what they share, and the one
+that reads in this process (``num_workers=0``); :mod:`.pool_iter` has the one that drives worker processes.
 
-:class:`SingleLoaderIter` reads in this process (``num_workers=0``). :class:`PoolLoaderIter` drives a
-bridgeflow :class:`~bridgeflow.parallel.pool.WorkerPool` with torch's task discipline: at most
-``prefetch_factor * num_workers`` tasks in flight; task ``k`` goes to the next worker in a round-robin cycle
-that skips workers whose iterable dataset ran out; results come back in task order. Both draw the workers'
-base seed from the loader's ``generator`` before the sampler runs, exactly where torch draws it, so the
-random streams of sampler and workers match torch's.
+Both draw the workers' base seed from the loader's ``generator`` before the sampler runs, exactly where torch
+draws it (after a DataPipe's shuffle seed), so the random streams of sampler and workers match torch's.
+They are ``_BaseDataLoaderIter`` subclasses, so code that recognises torch's iterators by class (Lightning's
+``CombinedLoader``) treats them as such, but none of torch's iterator code runs. Each keeps its epoch's
+:class:`~bridgeflow.adapters.torch.state.EpochRecord` up to date for ``loader.state_dict()``.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-import itertools
 import logging
-import operator
 import warnings
 import weakref
 from typing import Any
 
-from bridgeflow.errors import BridgeflowError, WorkerError
+from bridgeflow.errors import BridgeflowError
 
 from . import _compat
 from ._compat import torch
-from .convert import map_structure, unpack
-from .fetch import (
-    COLLATE,
-    ITERABLE,
-    MAP,
-    Fetcher,
-    Reset,
-    StopFromDataset,
-    WorkerSpec,
-    init_worker,
-    make_fetcher,
-    resolve_collate,
-)
+from .convert import map_structure
+from .fetch import COLLATE, ITERABLE, MAP, Fetcher, make_fetcher, resolve_collate
+from .state import EpochRecord, apply_generators, flow_state, replayed_indices
 
-__all__ = ["LoaderStateError", "PoolLoaderIter", "SingleLoaderIter"]
+__all__ = ["LoaderStateError", "SingleLoaderIter", "close_source"]
 
 log = logging.getLogger(__name__)
-
-
-def _supports_unordered(pool_cls: type) -> bool:
-    return "ordered" in inspect.signature(pool_cls).parameters
-
-
-def _keep_samples(samples: Any) -> Any:
-    return samples
 
 
 def _pin(data: Any) -> Any:
     return map_structure(data, lambda t: t.pin_memory(), (torch.Tensor,))
 
 
-def _close_source(fetcher: Fetcher | None) -> None:
+def close_source(fetcher: Fetcher | None) -> None:
+    """End the iteration a fetcher holds (a DataFlow's generator releases the flow for its next reader)."""
     close = getattr(getattr(fetcher, "iterator", None), "close", None)
     if close is not None:
         close()
 
 
-class _LoaderIter:
-    """What both iterators share: seeds, pinning, and torch's warning for an over-long iterable."""
+def _seeded(seed: int) -> Any:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
 
-    def __init__(self, loader: Any) -> None:
+
+class LoaderStateError(BridgeflowError, ValueError, AssertionError):
+    """Options that torch accepts at construction but refuses when iteration starts (with an
+    ``AssertionError``; this error is one too, and a ``ValueError``)."""
+
+
+class LoaderIter(_compat.BaseLoaderIter):
+    """What both iterators share: seeds, the sampler (replayed on resume), pinning, the epoch record, and
+    torch's warning for an over-long iterable.
+
+    ``resume`` is a checked ``state_dict`` of an epoch in progress; None starts a fresh epoch.
+    """
+
+    def __init__(self, loader: Any, record: EpochRecord, resume: dict | None) -> None:
+        self._loader_ref = weakref.ref(loader)  # weak: a persistent iterator is held by its loader
         self._kind = loader._bf_kind
         self._dataset = loader.dataset
         self._auto_collation = loader._auto_collation
@@ -72,22 +67,74 @@ class _LoaderIter:
         self._collate_fn = loader.collate_fn
         self._num_workers = loader.num_workers
         self._timeout = loader.timeout
-        self._len_called = loader._IterableDataset_len_called
+        self._persistent_workers = loader.persistent_workers
+        self._world_size, self._rank = _compat.distributed_settings()
         if loader.pin_memory and loader.pin_memory_device:
             warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the "
-                          f"device, ignore pin_memory_device='{loader.pin_memory_device}'.", stacklevel=3)
+                          f"device, ignore pin_memory_device='{loader.pin_memory_device}'.", stacklevel=4)
         if loader.pin_memory and not _compat.accelerator_available():
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device "
-                          "pinned memory won't be used.", stacklevel=3)
+                          "pinned memory won't be used.", stacklevel=4)
         self._pin_memory = (loader.pin_memory and _compat.accelerator_available()
                             and _compat.current_accelerator_type() != "mps")
-        self._sampler_iter = iter(self._index_sampler)
-        # Drawn here, before the sampler's first draw, as torch draws it: the streams then match torch's.
-        self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
-        self._num_yielded = 0
         self.closed = False
+        self._seed_group = _compat.seed_group() if isinstance(self._dataset, _compat.IterDataPipe) else None
+        self._start(loader, record, resume)
 
-    def __iter__(self) -> _LoaderIter:
+    def _start(self, loader: Any, record: EpochRecord, resume: dict | None, first: bool = True) -> None:
+        """Start an epoch: the first (``first``), or another on the same workers (persistent workers keep
+        their seeds, as torch's ``_reset`` does). Draws from the loader's generator in torch's order."""
+        self._record = record
+        self._len_called = loader._IterableDataset_len_called
+        self._sampler_iter = None
+        if first:
+            self._shared_seed = None
+            self._new_shared_seed(loader, resume)
+        if resume is None:
+            self._sampler_iter = iter(self._index_sampler)
+            if first:
+                self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+            else:
+                self._new_shared_seed(loader, None)
+            self._rng_pending = self._kind == MAP
+            self._num_yielded = 0
+        else:
+            self._base_seed = resume["base_seed"]
+            if self._kind == MAP:
+                self._sampler_iter = replayed_indices(loader, resume, resume["yielded"])
+            else:  # placeholders: nothing to replay; the generators continue from where they were
+                apply_generators(loader, resume.get("rng_now"))
+                self._sampler_iter = iter(self._index_sampler)
+            self._rng_pending = False
+            self._num_yielded = resume["yielded"]
+            record.rng_first, record.sampler_epoch = resume.get("rng_first"), resume.get("sampler_epoch")
+            record.yielded, record.last_worker = resume["yielded"], resume.get("last_worker")
+            record.workers, record.exhausted = resume.get("workers"), resume.get("exhausted")
+            record.flow, record.flow_ended = resume.get("flow"), resume.get("flow_ended", False)
+        record.base_seed, record.shared_seed = self._base_seed, self._shared_seed
+
+    def _new_shared_seed(self, loader: Any, resume: dict | None) -> None:
+        """A DataPipe's shuffle seed for the epoch, and its graph reshuffled with it (torch's order)."""
+        if isinstance(self._dataset, _compat.IterDataPipe):
+            self._shared_seed = (resume["shared_seed"] if resume
+                                 else _compat.share_seed(loader.generator, self._seed_group))
+            self._dataset = _compat.apply_random_seed(self._dataset, _seeded(self._shared_seed))
+
+    def _next_index(self) -> Any:
+        if self._rng_pending:  # the epoch's first index: snapshot what the sampler may draw from
+            self._rng_pending = False
+            loader = self._loader_ref()
+            if loader is not None:
+                self._record.snapshot_rngs(loader)
+        return next(self._sampler_iter)
+
+    def _note_flow(self, record: EpochRecord, fetcher: Fetcher) -> None:
+        """After a DataFlow batch is delivered: the flow's position between it and the next one."""
+        record.flow_ended = fetcher.ended
+        if record.problem is None:
+            record.flow, record.problem = flow_state(self._dataset)
+
+    def __iter__(self) -> LoaderIter:
         return self
 
     def __len__(self) -> int:
@@ -110,179 +157,80 @@ class _LoaderIter:
     def _next_data(self) -> Any:
         raise NotImplementedError
 
-    def reset(self, loader: Any) -> None:
+    def reset(self, loader: Any, record: EpochRecord) -> None:
         raise NotImplementedError
 
     def shutdown(self) -> None:
         self.closed = True
 
+    # torch's names, for code that calls them on a DataLoader iterator
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self.reset(loader, EpochRecord(loader))
 
-class LoaderStateError(BridgeflowError, ValueError, AssertionError):
-    """Options that torch accepts at construction but refuses when iteration starts (with an
-    ``AssertionError``; this error is one too, and a ``ValueError``)."""
+    def _shutdown_workers(self) -> None:
+        self.shutdown()
+
+    def __getstate__(self):
+        raise TypeError(f"{type(self).__name__} holds an epoch in progress and cannot be pickled")
 
 
-class SingleLoaderIter(_LoaderIter):
+class SingleLoaderIter(LoaderIter):
     """One epoch read in this process."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, record: EpochRecord, resume: dict | None = None) -> None:
         if loader.timeout != 0:
             raise LoaderStateError(f"timeout={loader.timeout} needs num_workers > 0: with num_workers=0 "
                                    "batches are read in this process and cannot time out")
-        super().__init__(loader)
+        self._fetcher: Fetcher | None = None
+        super().__init__(loader, record, resume)
+        if isinstance(self._dataset, (_compat.IterDataPipe, _compat.MapDataPipe)):
+            _compat.apply_sharding(self._dataset, self._world_size, self._rank)
         kind = ITERABLE if self._kind == COLLATE else self._kind
+        if self._kind == COLLATE and resume is None:
+            record.flow, record.problem = flow_state(self._dataset)  # where this epoch starts
+        saved = resume["workers"][0] if resume and resume.get("workers") else None
         self._fetcher = make_fetcher(kind, self._dataset, self._auto_collation,
-                                     resolve_collate(self._collate_fn, in_worker=False), self._drop_last)
+                                     resolve_collate(self._collate_fn, in_worker=False), self._drop_last, saved)
+        if self._fetcher.stateful and self._kind != COLLATE:
+            record.live = self._fetcher  # its state is read when the loader's state is asked for
+        if resume and resume.get("flow_ended"):
+            self._fetcher.ended = True  # the flow ran out with the last batch delivered: nothing is left
+        if resume and self._kind == ITERABLE and saved is None and resume["yielded"]:
+            self._fast_forward(resume["yielded"])
+
+    def _fast_forward(self, batches: int) -> None:
+        log.warning("resuming %s: neither the dataset nor its iterator has state_dict()/load_state_dict(), so "
+                    "the %d batches already delivered this epoch are read again and dropped",
+                    type(self._dataset).__name__, batches)
+        for _ in range(batches):
+            try:
+                self._fetcher.fetch(next(self._sampler_iter))
+            except StopIteration:
+                break
+            except Exception as exc:  # raised to the consumer in the interrupted run already
+                log.debug("fast-forward: a dropped batch raised %r again", exc)
 
     def _next_data(self) -> Any:
         try:
-            index = next(self._sampler_iter)
-            return self._fetcher.fetch(index)
+            data = self._fetcher.fetch(self._next_index())
         except StopIteration:
+            self._record.finished = True
+            if self._kind == COLLATE:
+                self._note_flow(self._record, self._fetcher)
             self.shutdown()
             raise
+        except Exception:  # a batch that raised is consumed too: a resume must not read it again
+            self._consumed()
+            raise
+        self._consumed()
+        return data
+
+    def _consumed(self) -> None:
+        self._record.yielded += 1
+        if self._kind == COLLATE:
+            self._note_flow(self._record, self._fetcher)
 
     def shutdown(self) -> None:
         if not self.closed:
             self.closed = True
-            _close_source(self._fetcher)
-
-    def __del__(self) -> None:
-        if not getattr(self, "closed", True):
-            self.shutdown()
-
-
-class PoolLoaderIter(_LoaderIter):
-    """Epochs read by a bridgeflow worker pool; kept across epochs with ``persistent_workers``."""
-
-    def __init__(self, loader: Any) -> None:
-        if loader.prefetch_factor <= 0:
-            raise LoaderStateError(f"prefetch_factor={loader.prefetch_factor}: with num_workers > 0 "
-                                   "prefetch_factor must be at least 1")
-        super().__init__(loader)
-        # torch takes any integer (True is one worker) and fails on a float with this same TypeError
-        self._num_workers = operator.index(self._num_workers)
-        from bridgeflow.parallel.pool import EXHAUSTED, WorkerPool
-
-        self._exhausted = EXHAUSTED
-        self._persistent = loader.persistent_workers
-        self._max_tasks = loader.prefetch_factor * self._num_workers
-        self._source: Fetcher | None = None
-        self._source_error: BaseException | None = None  # the DataFlow raised: raised after earlier batches
-        self._source_failed = False
-        spec = WorkerSpec(
-            kind=self._kind,
-            dataset=None if self._kind == COLLATE else self._dataset,
-            auto_collation=self._auto_collation, collate_fn=self._collate_fn, drop_last=self._drop_last,
-            base_seed=self._base_seed, num_workers=self._num_workers, worker_init_fn=loader.worker_init_fn)
-        options = {}
-        # in_order=False: map-style results as they are ready (iterables keep order: their workers run dry)
-        self._unordered = not loader.in_order and self._kind == MAP and _supports_unordered(WorkerPool)
-        if self._unordered:
-            options["ordered"] = False
-        self._pool = WorkerPool(functools.partial(init_worker, spec), self._num_workers, processes=True,
-                                start_method=loader.start_method, name="DataLoader",
-                                base_seed=self._base_seed, **options)
-        self._finalizer = weakref.finalize(self, self._pool.close)
-        try:
-            self._pool.start()
-            self._start_epoch()
-        except BaseException:
-            self.shutdown()
-            raise
-
-    def _start_epoch(self) -> None:
-        self._active = [True] * self._num_workers
-        self._cycle = itertools.cycle(range(self._num_workers))
-        self._source_error, self._source_failed = None, False
-        if self._kind == COLLATE:  # the flow is read here; workers only collate
-            _close_source(self._source)
-            self._source = make_fetcher(ITERABLE, self._dataset, self._auto_collation, _keep_samples,
-                                        self._drop_last)
-        for _ in range(self._max_tasks):
-            self._try_put()
-
-    def reset(self, loader: Any) -> None:
-        """Start another epoch on the same workers (``persistent_workers=True``)."""
-        self._sampler_iter = iter(self._index_sampler)
-        self._num_yielded = 0
-        self._len_called = loader._IterableDataset_len_called
-        while self._pool.outstanding > 0:  # results of the epoch left early are dropped, errors included
-            try:
-                self._get()
-            except WorkerError:
-                raise
-            except Exception as exc:
-                log.debug("dropping a result of the previous epoch: %r", exc)
-        for worker in range(self._num_workers):
-            self._pool.put(Reset(), worker=worker)
-        for _ in range(self._num_workers):
-            self._get()
-        self._start_epoch()
-
-    def _get(self) -> tuple[int, Any]:
-        timeout = self._timeout if self._timeout > 0 else None
-        try:
-            return self._pool.get(timeout=timeout)
-        except TimeoutError as exc:
-            self.shutdown()
-            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from exc
-        except WorkerError:
-            self.shutdown()
-            raise
-
-    def _try_put(self) -> None:
-        if self.closed or self._source_failed:
-            return
-        try:
-            task = next(self._sampler_iter)
-            if self._source is not None:
-                task = self._source.fetch(task)
-        except StopIteration:
-            return
-        except Exception as exc:  # the DataFlow failed: raise it after the batches read before it
-            self._source_error, self._source_failed = exc, True
-            return
-        worker = None  # unordered: the pool picks the least busy worker
-        if not self._unordered:
-            for _ in range(self._num_workers):
-                worker = next(self._cycle)
-                if self._active[worker]:
-                    break
-            else:
-                return
-        self._pool.put(task, worker=worker)
-
-    def _next_data(self) -> Any:
-        while True:
-            if self.closed:
-                raise StopIteration
-            if self._pool.outstanding <= 0:
-                if self._source_error is not None:
-                    error, self._source_error = self._source_error, None
-                    raise error
-                if not self._persistent:
-                    self.shutdown()
-                else:
-                    _close_source(self._source)
-                raise StopIteration
-            try:
-                worker, result = self._get()
-            except Exception:  # the dataset's error: keep the pipeline full, as torch does, then raise
-                self._try_put()
-                raise
-            if result is self._exhausted:
-                self._active[worker] = False
-                self._try_put()
-                continue
-            self._try_put()
-            if isinstance(result, StopFromDataset):
-                raise StopIteration
-            return unpack(result)
-
-    def shutdown(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        _close_source(self._source)
-        self._finalizer()
+            close_source(self._fetcher)

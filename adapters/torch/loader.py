@@ -1,20 +1,24 @@
-"""``DataLoader``: torch's constructor and batches, bridgeflow's workers and shared-memory transport.
+"""``DataLoader``: a ``torch.utils.data.DataLoader`` subclass running on bridgeflow's workers.
 
 Switch by changing one import::
 
     from bridgeflow.adapters.torch import DataLoader   # instead of torch.utils.data.DataLoader
 
-Arguments, validation errors, ``len()``, sampler and batch_sampler handling, the random streams (worker seeds
-and shuffles drawn from ``generator``), ``get_worker_info()`` inside workers and the task-to-worker
-assignment follow torch, so the same arguments give the same batches. Workers are bridgeflow's
-:class:`~bridgeflow.parallel.pool.WorkerPool`: batches come back through reused shared memory, arrays and
-tensors without pickling their bytes.
+It *is* a torch DataLoader (``isinstance`` holds, ``DataLoader[T]`` works), built by torch's own
+constructor, so arguments, validation errors, attributes, ``len()``, default samplers and DataPipe settings are
+torch's, and frameworks that re-create a loader from its ``__init__`` arguments (Lightning injecting a
+``DistributedSampler``) get this class back. Only the iterator differs: batches come from a bridgeflow
+:class:`~bridgeflow.parallel.pool.WorkerPool` through reused shared memory, with torch's random streams (worker
+seeds, shuffles drawn from ``generator``), ``get_worker_info()``, DataPipe sharding and task-to-worker
+assignment, so the same arguments give the same batches. ``state_dict()``/``load_state_dict()`` resume an
+epoch exactly (see :mod:`bridgeflow.adapters.torch.state`).
 
 Differences, on purpose:
 
 - a bridgeflow :class:`~bridgeflow.DataFlow` is accepted as ``dataset``: it is length-free, iterated once
   per epoch in this process, and with ``num_workers > 0`` only ``collate_fn`` runs in the workers (put
-  parallel stages inside the flow to parallelise the flow itself);
+  parallel stages inside the flow to parallelise the flow itself). A flow has one reader at a time: a new
+  ``iter(loader)`` ends the previous iterator's epoch (persistent workers restart it, as torch's do);
 - ``in_order=False`` hands out map-style batches as they are ready, as torch does; iterable datasets and
   DataFlows keep their order (torch allows, never promises, reordering);
 - a tensor that a worker returns without collation (``batch_size=None``, a custom ``collate_fn``) arrives
@@ -25,7 +29,6 @@ Differences, on purpose:
 - a worker whose ``worker_init_fn`` or ``iter(dataset)`` failed raises that error with its first batch
   (as torch), then a ``RuntimeError`` naming it for its later map-style batches; an iterable worker is
   then exhausted (torch raises an ``UnboundLocalError`` for each);
-- DataPipes get no sharding or shuffle settings (torch deprecated them);
 - ``close()`` ends persistent workers now instead of at garbage collection.
 
 Example:
@@ -38,73 +41,58 @@ Example:
 
 from __future__ import annotations
 
-import math
 import multiprocessing as python_multiprocessing
-import warnings
-from collections.abc import Callable, Iterable
-from typing import Any
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from bridgeflow.base import DataFlow
 
 from . import _compat
 from ._compat import torch
 from .fetch import COLLATE, ITERABLE, MAP
+from .state import EpochRecord, apply_generators, check_state, export_state
 
 __all__ = ["DataLoader"]
 
 _tud = torch.utils.data
-_FROZEN_AFTER_INIT = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+T_co = TypeVar("T_co", covariant=True)
 
 
-class InfiniteConstantSampler(_tud.Sampler):
-    """Yields ``None`` forever: the placeholder sampler of an iterable dataset (one per sample)."""
-
-    def __iter__(self):
-        while True:
-            yield None
-
-
-def _check_counts(num_workers: int, timeout: float, prefetch_factor: int | None,
-                  persistent_workers: bool) -> int | None:
-    """Validate the worker-count options in torch's order and with torch's messages."""
-    if num_workers < 0:
-        raise ValueError("num_workers option should be non-negative; "
-                         "use num_workers=0 to disable multiprocessing.")
-    if timeout < 0:
-        raise ValueError("timeout option should be non-negative")
-    if num_workers == 0 and prefetch_factor is not None:
-        raise ValueError("prefetch_factor option could only be specified in multiprocessing."
-                         "let num_workers > 0 to enable multiprocessing, "
-                         "otherwise set prefetch_factor to None.")
-    if num_workers > 0 and prefetch_factor is None:
-        prefetch_factor = 2
-    elif prefetch_factor is not None and prefetch_factor < 0:
-        raise ValueError("prefetch_factor option should be non-negative")
-    if persistent_workers and num_workers == 0:
-        raise ValueError("persistent_workers option needs num_workers > 0")
-    return prefetch_factor
-
-
-def _check_iterable_args(what: str, shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
+def _check_flow_args(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
+    """A DataFlow is a stream: like an IterableDataset it takes no shuffle or sampler (torch's messages)."""
     if shuffle not in {False, None}:
-        raise ValueError(f"DataLoader with {what}: expected unspecified shuffle option, "
-                         f"but got shuffle={shuffle}")
-    if sampler is not None:
-        raise ValueError(f"DataLoader with {what}: expected unspecified sampler option, "
-                         f"but got sampler={sampler}")
+        raise ValueError(f"DataLoader with DataFlow: expected unspecified shuffle option, but got shuffle={shuffle}")
+    if sampler is not None and not isinstance(sampler, _compat.InfiniteConstantSampler):
+        hint = ""
+        if isinstance(sampler, _tud.distributed.DistributedSampler):
+            hint = (" (a distributed sampler: Lightning injects one under DDP; a DataFlow cannot be indexed, "
+                    "so shard the flow per rank and pass use_distributed_sampler=False to the Trainer)")
+        raise ValueError(f"DataLoader with DataFlow: expected unspecified sampler option, but got "
+                         f"sampler={sampler}{hint}")
     if batch_sampler is not None:
-        raise ValueError(f"DataLoader with {what}: expected unspecified batch_sampler option, "
-                         f"but got batch_sampler={batch_sampler}")
+        raise ValueError(f"DataLoader with DataFlow: expected unspecified batch_sampler option, but got "
+                         f"batch_sampler={batch_sampler}")
 
 
-class DataLoader:
+class DataLoader(_tud.DataLoader[T_co]):
     """Drop-in replacement for ``torch.utils.data.DataLoader`` running on bridgeflow's worker pool.
 
     Takes exactly torch's arguments (see the module docstring for the few differences). ``dataset`` may
-    be a map-style dataset, a ``torch.utils.data.IterableDataset`` or a bridgeflow ``DataFlow``.
-    """
+    be a map-style dataset, a ``torch.utils.data.IterableDataset`` (DataPipes included) or a bridgeflow
+    ``DataFlow``.
 
-    __initialized = False
+    Example:
+        >>> loader = DataLoader(list(range(6)), batch_size=2, shuffle=True,
+        ...                     generator=torch.Generator().manual_seed(0))
+        >>> it = iter(loader); first = next(it)
+        >>> state = loader.state_dict()             # plain data: torch.save or json.dump it
+        >>> again = DataLoader(list(range(6)), batch_size=2, shuffle=True,
+        ...                    generator=torch.Generator().manual_seed(0))
+        >>> again.load_state_dict(state)
+        >>> [b.tolist() for b in again] == [b.tolist() for b in it]
+        True
+    """
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
                  sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
@@ -113,99 +101,22 @@ class DataLoader:
                  multiprocessing_context: Any = None, generator: Any = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True) -> None:
-        prefetch_factor = _check_counts(num_workers, timeout, prefetch_factor, persistent_workers)
-        self.dataset = dataset
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
-        self.pin_memory = pin_memory
-        self.pin_memory_device = pin_memory_device
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
-        self.in_order = in_order
-
-        if isinstance(dataset, DataFlow):
+        is_flow = isinstance(dataset, DataFlow)
+        if is_flow:
+            _check_flow_args(shuffle, sampler, batch_sampler)
+            shuffle, sampler = None, _compat.InfiniteConstantSampler()
+        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+                         pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+                         prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                         pin_memory_device=pin_memory_device, in_order=in_order)
+        if is_flow:
             self._bf_kind = COLLATE
-            _check_iterable_args("DataFlow", shuffle, sampler, batch_sampler)
-        elif isinstance(dataset, _tud.IterableDataset):
-            self._bf_kind = ITERABLE
-            _check_iterable_args("IterableDataset", shuffle, sampler, batch_sampler)
+            self._dataset_kind = _compat.DatasetKind.Iterable
         else:
-            self._bf_kind = MAP
-            shuffle = bool(shuffle)
-        self._dataset_kind = _tud._DatasetKind.Map if self._bf_kind == MAP else _tud._DatasetKind.Iterable
-
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, "
-                                 "sampler, and drop_last")
-            batch_size, drop_last = None, False
-        elif batch_size is None and drop_last:
-            raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive "
-                             "with drop_last")
-
-        if sampler is None:
-            if self._bf_kind != MAP:
-                sampler = InfiniteConstantSampler()
-            elif shuffle:
-                sampler = _tud.RandomSampler(dataset, generator=generator)
-            else:
-                sampler = _tud.SequentialSampler(dataset)
-        if batch_size is not None and batch_sampler is None:
-            batch_sampler = _tud.BatchSampler(sampler, batch_size, drop_last)
-
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
-        self.generator = generator
-        if collate_fn is None:
-            collate_fn = _compat.default_collate if self._auto_collation else _compat.default_convert
-        self.collate_fn = collate_fn
-        self.persistent_workers = persistent_workers
-        self.__initialized = True
-        self._IterableDataset_len_called: int | None = None
-        self._iterator: Any = None
-        self.check_worker_number_rationality()
-
-    # --- attributes guarded as torch guards them --------------------------------------------------
-
-    @property
-    def multiprocessing_context(self) -> Any:
-        return self.__multiprocessing_context
-
-    @multiprocessing_context.setter
-    def multiprocessing_context(self, context: Any) -> None:
-        if context is not None:
-            if self.num_workers <= 0:
-                raise ValueError("multiprocessing_context can only be used with multi-process loading "
-                                 f"(num_workers > 0), but got num_workers={self.num_workers}")
-            if isinstance(context, str):
-                valid = torch.multiprocessing.get_all_start_methods()
-                if context not in valid:
-                    raise ValueError(f"multiprocessing_context option should specify a valid start method "
-                                     f"in {valid!r}, but got multiprocessing_context={context!r}")
-                context = torch.multiprocessing.get_context(context)
-            if not isinstance(context, python_multiprocessing.context.BaseContext):
-                raise TypeError("multiprocessing_context option should be a valid context object or a "
-                                "string specifying the start method, but got "
-                                f"multiprocessing_context={context}")
-        self.__multiprocessing_context = context
-
-    def __setattr__(self, attr: str, val: Any) -> None:
-        if self.__initialized and attr in _FROZEN_AFTER_INIT:
-            raise ValueError(f"{attr} attribute should not be set after {type(self).__name__} is initialized")
-        super().__setattr__(attr, val)
-
-    @property
-    def _auto_collation(self) -> bool:
-        return self.batch_sampler is not None
-
-    @property
-    def _index_sampler(self) -> Iterable:
-        return self.batch_sampler if self._auto_collation else self.sampler
+            self._bf_kind = ITERABLE if self._dataset_kind == _compat.DatasetKind.Iterable else MAP
+        self._bf_record: EpochRecord | None = None  # the progress of the latest iterator's epoch
+        self._bf_pending: dict | None = None  # a loaded state, applied by the next iter()
+        self._bf_latest: Any = None  # weak reference to the latest iterator
 
     @property
     def start_method(self) -> str:
@@ -218,36 +129,85 @@ class DataLoader:
 
     # --- iteration ----------------------------------------------------------------------------------
 
-    def _get_iterator(self) -> Any:
-        from .iterators import PoolLoaderIter, SingleLoaderIter
-
+    def _bf_new_iterator(self, record: EpochRecord, resume: dict | None) -> Any:
         if self.num_workers == 0:
-            return SingleLoaderIter(self)
+            from .iterators import SingleLoaderIter
+
+            return SingleLoaderIter(self, record, resume)
+        from .pool_iter import PoolLoaderIter
+
         self.check_worker_number_rationality()
-        return PoolLoaderIter(self)
+        return PoolLoaderIter(self, record, resume)
+
+    def _get_iterator(self) -> Any:
+        """A fresh epoch iterator (torch's hook; ``iter(loader)`` is what applies a loaded state)."""
+        return self._bf_new_iterator(EpochRecord(self), None)
+
+    def _bf_apply_pending(self) -> dict | None:
+        """Apply a loaded state's parts that come before an iterator: the dataset's and flow's states and,
+        at an epoch boundary, the generators. Returns the state when it resumes an epoch in progress."""
+        state, self._bf_pending = self._bf_pending, None
+        if state is None:
+            return None
+        if state.get("dataset") is not None:
+            self.dataset.load_state_dict(state["dataset"])
+        if state.get("flow") is not None:
+            self.dataset.load_state_dict(state["flow"])
+        if state["started"] and not state["finished"]:
+            return state
+        apply_generators(self, state.get("rng_now"))
+        return None
 
     def __iter__(self) -> Any:
+        latest = self._bf_latest() if self._bf_latest is not None else None
+        if self._bf_kind == COLLATE and latest is not None and latest is not self._iterator:
+            latest.shutdown()  # a flow has one reader: the previous iterator's epoch ends here
+        resume = self._bf_apply_pending()
+        record = EpochRecord(self)
         if self.persistent_workers and self.num_workers > 0:
-            if self._iterator is None or self._iterator.closed:
-                self._iterator = self._get_iterator()
+            it = self._iterator
+            if it is None or it.closed or resume is not None or not hasattr(it, "reset"):
+                if it is not None and hasattr(it, "shutdown"):
+                    it.shutdown()
+                it = self._iterator = self._bf_new_iterator(record, resume)
             else:
-                self._iterator.reset(self)
-            return self._iterator
-        return self._get_iterator()
+                it.reset(self, record)
+        else:
+            it = self._bf_new_iterator(record, resume)
+        self._bf_record = record
+        self._bf_latest = weakref.ref(it)
+        return it
 
-    def __len__(self) -> int:
-        if self._bf_kind == MAP:
-            return len(self._index_sampler)
-        length = self._IterableDataset_len_called = len(self.dataset)
-        if self.batch_size is not None:
-            length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
-        return length
+    # --- state --------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the latest iterator is in its epoch, as plain data (torchdata's ``StatefulDataLoader``
+        semantics: a loader given it yields what this one would have yielded next)."""
+        if self._bf_pending is not None:
+            import copy
+
+            return copy.deepcopy(self._bf_pending)
+        return export_state(self, self._bf_record)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume from ``state_dict`` at the next ``iter()``; a state that does not fit this loader raises
+        a ``ValueError`` naming the mismatch. ``{}`` is ignored, as torchdata does."""
+        if state_dict == {}:
+            return
+        checked = check_state(self, state_dict)
+        it = self._iterator
+        if it is not None and hasattr(it, "shutdown"):
+            it.shutdown()
+        self._iterator = None
+        self._bf_pending = checked
+
+    # --- lifetime -----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop persistent workers now (they also stop when the loader is garbage-collected)."""
-        it = self.__dict__.get("_iterator")
-        if it is not None:
-            it.shutdown()
+        """Stop the workers now: persistent ones, and those of the latest iterator if it is still running."""
+        for it in (self.__dict__.get("_iterator"), self._bf_latest() if self.__dict__.get("_bf_latest") else None):
+            if it is not None and hasattr(it, "shutdown"):
+                it.shutdown()
 
     def __enter__(self) -> DataLoader:
         return self
@@ -255,13 +215,9 @@ class DataLoader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def check_worker_number_rationality(self) -> None:
-        """Warn, as torch does, when more workers are asked for than this process has CPUs."""
-        if not self.num_workers:
-            return
-        cpus = _compat.cpu_count()
-        if cpus is None or self.num_workers > cpus:
-            warnings.warn(
-                f"This DataLoader will create {self.num_workers} worker processes in total, more than the "
-                f"{cpus} CPUs this process may use; too many workers can make loading slow or freeze it. "
-                "Lower num_workers if that happens.", stacklevel=2)
+    def __getstate__(self) -> dict:
+        """Picklable as torch's loader is (Lightning's ddp_spawn sends loaders to its processes): the running
+        iterator and its record stay behind; a loaded, not yet applied state travels."""
+        state = self.__dict__.copy()
+        state.update(_iterator=None, _bf_record=None, _bf_latest=None)
+        return state

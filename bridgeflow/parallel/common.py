@@ -4,7 +4,6 @@ statistics, the endless stream of a flow's epochs, and checks of their arguments
 from __future__ import annotations
 
 import logging
-import pickle
 import random
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ import numpy as np
 from ..base import DataFlow, ProxyDataFlow
 from ..errors import DatapointError
 from .forensics import check_seconds
+from .pickling import dumps_as_launched
 from .pool import WorkerPool, describe_unpicklable
 
 __all__ = [
@@ -146,7 +146,7 @@ def forever(ds: DataFlow, who: str, resumed: bool = False) -> Iterator:
 
 def check_picklable(obj: Any, what: str, who: str, method: str) -> None:
     try:
-        pickle.dumps(obj)
+        dumps_as_launched(obj)
     except Exception as exc:
         raise TypeError(f"{who}: {what} {describe_unpicklable(obj)} cannot be pickled, which "
                         f"start_method={method!r} needs ({exc}); define it at module level, or use "

@@ -4,16 +4,36 @@ from __future__ import annotations
 
 import functools
 import os
-import pickle
 import types
 from typing import Any
 
-__all__ = ["describe_unpicklable"]
+__all__ = ["describe_unpicklable", "dumps_as_launched"]
+
+
+class _LaunchCheck:
+    """Stands in for the process being launched while :func:`dumps_as_launched` pickles."""
+
+    def duplicate_for_child(self, fd: int) -> int:
+        return fd
+
+    DupFd = duplicate_for_child  # multiprocessing's name for it
+
+
+def dumps_as_launched(obj: Any) -> bytes:
+    """Pickle ``obj`` as starting a spawn/forkserver process does: multiprocessing's own objects (a Lock,
+    Value or Event) pickle only while a process is being launched, so the check pretends to be one."""
+    from multiprocessing import context, reduction
+
+    context.set_spawning_popen(_LaunchCheck())
+    try:
+        return bytes(reduction.ForkingPickler.dumps(obj))
+    finally:
+        context.set_spawning_popen(None)
 
 
 def _picklable(obj: Any) -> bool:
     try:
-        pickle.dumps(obj)
+        dumps_as_launched(obj)
     except Exception:
         return False
     return True

@@ -36,7 +36,6 @@ import itertools
 import logging
 import multiprocessing as mp
 import os
-import pickle
 import queue
 import select
 import signal
@@ -51,7 +50,7 @@ from ..errors import BridgeflowError, DataFlowTerminated, WorkerError, WorkerTim
 from . import forensics, shm
 from .forensics import Wait, check_seconds
 from .mapping import MappingHooks, MappingHookSet
-from .pickling import describe_unpicklable
+from .pickling import describe_unpicklable, dumps_as_launched
 from .resources import PoolResources
 from .worker import (
     _CTL_STRIDE,
@@ -203,7 +202,7 @@ class WorkerPool:
         context = mp.get_context(self.start_method)
         if context.get_start_method() != "fork":
             try:
-                pickle.dumps(self.init_fn)
+                dumps_as_launched(self.init_fn)
             except Exception as exc:
                 self.close()
                 raise TypeError(

@@ -1,0 +1,336 @@
+"""Where a :class:`~bridgeflow.adapters.torch.DataLoader` is in its epoch, as plain data.
+
+``loader.state_dict()`` exports an :class:`EpochRecord` (kept up to date by the epoch's iterator, cheaply: a
+counter, the worker of the last batch and, for stateful datasets, the states the workers sent with their
+batches). ``loader.load_state_dict(state)`` checks the state against the loader (:func:`check_state`) and
+the next ``iter()`` resumes from it. The semantics are torchdata's ``StatefulDataLoader``'s: after ``k``
+batches, a new loader given the state yields exactly what the uninterrupted run would have yielded next.
+
+How each part resumes:
+
+- **indices** (map-style datasets): the sampler is replayed. The torch generators it may draw from (the
+  loader's ``generator``, samplers' own generators, torch's global RNG) are snapshotted just before the
+  epoch's first index is drawn; on resume they are set back (the global RNG only for the replay, then
+  restored), ``set_epoch`` is re-applied, and the first ``k`` batches of indices are skipped. This is exact
+  for every sampler whose randomness comes from torch generators (all of torch's and torchdata's);
+- **workers**: the epoch's base seed is saved, so every worker gets the seeds (and ``get_worker_info()``)
+  of the uninterrupted run, and batch ``k`` goes to the worker it went to. As in torchdata, the workers'
+  random streams restart from those seeds: augmentations drawn after a resume are not the ones the
+  uninterrupted run would have drawn (derive them from the index to make them so);
+- **datasets with ``state_dict``/``load_state_dict``** (or whose ``iter()`` returns such an object): each
+  worker attaches its state to its batches; the state of the last delivered batch of each worker is kept
+  and restored in that worker (torchdata's convention). An iterable dataset without one is fast-forwarded
+  by reading and dropping ``k`` batches (logged);
+- **DataFlows** delegate to the flow's ``state_dict()``/``load_state_dict()`` (bridgeflow issue 13),
+  recorded before each batch's samples are pulled.
+
+RNG states are base64 text, so a state is ``torch.save``-able and JSON-able when the dataset states are.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from bridgeflow.errors import BridgeflowError
+
+from ._compat import InfiniteConstantSampler, torch
+
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "EpochRecord",
+    "apply_generators",
+    "ResumeStateError",
+    "check_state",
+    "export_state",
+    "flow_state",
+    "is_stateful",
+    "replayed_indices",
+]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "bridgeflow.adapters.torch.DataLoader"
+VERSION = 1
+GLOBAL_RNG = "torch"  # key of torch's default CPU generator among the RNG snapshots
+
+_tud = torch.utils.data
+_DETERMINISTIC = (_tud.SequentialSampler, _tud.BatchSampler, _tud.distributed.DistributedSampler,
+                  InfiniteConstantSampler, list, tuple, range)
+
+
+class ResumeStateError(BridgeflowError, ValueError):
+    """A ``state_dict`` that does not fit this loader (another dataset length, batch size, sampler...)."""
+
+
+def is_stateful(obj: Any) -> bool:
+    """torchdata's ``Stateful``: has both ``state_dict()`` and ``load_state_dict()``."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def flow_state(flow: Any) -> tuple[Any, str | None]:
+    """``(state, None)`` from a DataFlow's state API, or ``(None, why not)``: a flow that cannot say where
+    it is must not stop the training loop, only a later ``state_dict()`` that needs it."""
+    fn = getattr(flow, "state_dict", None)
+    if not callable(fn):
+        return None, (f"the dataset, a {type(flow).__name__}, has no state_dict(): the DataFlow state API "
+                      "(bridgeflow issue 13) is missing")
+    try:
+        return fn(), None
+    except Exception as exc:
+        return None, f"{type(flow).__name__}.state_dict() failed: {exc!r}"
+
+
+def _encode(t: Any) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: str) -> Any:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+def _sampler_chain(loader: Any) -> list[tuple[str, Any]]:
+    """``(path, sampler)`` from the index sampler down its ``.sampler`` attributes."""
+    chain, seen = [], set()
+    obj, path = loader._index_sampler, "batch_sampler" if loader._auto_collation else "sampler"
+    while obj is not None and id(obj) not in seen and len(chain) < 6:
+        seen.add(id(obj))
+        chain.append((path, obj))
+        obj, path = getattr(obj, "sampler", None), path + ".sampler"
+    return chain
+
+
+def _generators(loader: Any) -> dict[str, Any]:
+    """The explicit torch generators the loader and its samplers draw from, by attribute path."""
+    gens: dict[str, Any] = {}
+    ids: set[int] = set()
+    candidates = [("generator", loader.generator)]
+    candidates += [(path + ".generator", getattr(s, "generator", None)) for path, s in _sampler_chain(loader)]
+    for path, g in candidates:
+        if isinstance(g, torch.Generator) and id(g) not in ids:
+            ids.add(id(g))
+            gens[path] = g
+    return gens
+
+
+def _uses_global_rng(loader: Any) -> bool:
+    """Whether a sampler may draw from torch's global RNG (no generator of its own, or unknown kind)."""
+    for _, s in _sampler_chain(loader):
+        if isinstance(s, _DETERMINISTIC) or isinstance(getattr(s, "generator", None), torch.Generator):
+            continue
+        return True
+    return False
+
+
+def _epoch_holder(loader: Any) -> tuple[str, Any] | None:
+    for path, s in _sampler_chain(loader):
+        if callable(getattr(s, "set_epoch", None)) and isinstance(getattr(s, "epoch", None), int):
+            return path, s
+    return None
+
+
+def _config(loader: Any) -> dict:
+    """What must match between the saving and the loading loader."""
+    try:
+        length = len(loader.dataset)
+    except Exception:
+        length = None
+    config = {
+        "dataset": type(loader.dataset).__qualname__, "kind": loader._bf_kind, "length": length,
+        "batch_size": loader.batch_size, "drop_last": loader.drop_last, "num_workers": loader.num_workers,
+        "samplers": [f"{type(s).__module__}.{type(s).__qualname__}" for _, s in _sampler_chain(loader)],
+    }
+    for _, s in _sampler_chain(loader):
+        if isinstance(s, _tud.distributed.DistributedSampler):
+            config["distributed"] = {k: getattr(s, k, None)
+                                     for k in ("num_replicas", "rank", "shuffle", "seed", "drop_last")}
+    return config
+
+
+def _epoch_length(loader: Any) -> int | None:
+    """Batches in an epoch when known (without torch's ``len(loader)``, which records the length it saw)."""
+    try:
+        if loader._bf_kind != "collate":
+            return len(loader._index_sampler)
+        n, size = len(loader.dataset), loader.batch_size
+    except Exception:
+        return None
+    if size is None:
+        return n
+    return n // size if loader.drop_last else -(-n // size)
+
+
+class EpochRecord:
+    """The progress of one epoch, updated by its iterator as it delivers batches."""
+
+    def __init__(self, loader: Any) -> None:
+        self.finished = False
+        self.yielded = 0
+        self.base_seed: int | None = None
+        self.shared_seed: int | None = None
+        self.rng_first: dict[str, str] | None = None
+        self.sampler_epoch: list | None = None
+        self.last_worker: int | None = None
+        self.exhausted: list[bool] | None = None
+        self.workers: list[Any] | None = None  # per worker: its dataset's state after its last batch
+        self.live: Any = None  # num_workers=0: the fetcher whose state is read when asked
+        self.flow: Any = None
+        self.flow_ended = False  # the flow ran out while the last delivered batch was read: the epoch is over
+        self.problem: str | None = None  # why this epoch's position cannot be exported
+        self.length = _epoch_length(loader)
+
+    def snapshot_rngs(self, loader: Any) -> None:
+        """Before the epoch's first index: the generators the sampler may draw from, and its epoch."""
+        snap = {path: _encode(g.get_state()) for path, g in _generators(loader).items()}
+        if _uses_global_rng(loader):
+            snap[GLOBAL_RNG] = _encode(torch.get_rng_state())
+        self.rng_first = snap
+        holder = _epoch_holder(loader)
+        self.sampler_epoch = None if holder is None else [holder[0], holder[1].epoch]
+
+    def note_worker_state(self, worker: int, num_workers: int, state: Any) -> None:
+        if self.workers is None:
+            self.workers = [None] * num_workers
+        if isinstance(state, Exception):
+            self.problem = f"a worker could not give its dataset's state: {state!r}"
+        else:
+            self.workers[worker] = state
+
+    def note_exhausted(self, worker: int, num_workers: int) -> None:
+        if self.exhausted is None:
+            self.exhausted = [False] * num_workers
+        self.exhausted[worker] = True
+
+
+def export_state(loader: Any, record: EpochRecord | None) -> dict:
+    """The loader's state as plain data (see the module docstring)."""
+    state: dict[str, Any] = {
+        "format": FORMAT, "version": VERSION, "config": _config(loader), "started": False, "finished": False,
+        "yielded": 0, "rng_now": {path: _encode(g.get_state()) for path, g in _generators(loader).items()},
+        "dataset": None, "flow": None,
+    }
+    is_flow = loader._bf_kind == "collate"
+    if not is_flow and is_stateful(loader.dataset):
+        state["dataset"] = loader.dataset.state_dict()
+    boundary = record is None or record.finished or (
+        is_flow and record.problem is not None and record.length is not None and record.yielded >= record.length)
+    if boundary:
+        state["finished"] = record is not None
+        if is_flow:
+            state["flow"] = flow_state(loader.dataset)[0]
+        return state
+    if record.problem is not None:
+        raise NotImplementedError(
+            f"DataLoader.state_dict() after {record.yielded} batches of an epoch: {record.problem}, so the "
+            "loader cannot say where the epoch is. Take the state at an epoch boundary, or give the "
+            "dataset a working state_dict()/load_state_dict().")
+    workers = record.workers
+    if record.live is not None:
+        live = record.live.state()
+        workers = None if live is None else [live]
+    state.update(
+        started=True, yielded=record.yielded, base_seed=record.base_seed, shared_seed=record.shared_seed,
+        rng_first=record.rng_first, sampler_epoch=record.sampler_epoch, last_worker=record.last_worker,
+        exhausted=record.exhausted, workers=copy.deepcopy(workers), flow=copy.deepcopy(record.flow),
+        flow_ended=record.flow_ended)
+    return state
+
+
+def _mismatch(what: str, saved: Any, here: Any) -> ResumeStateError:
+    return ResumeStateError(f"DataLoader.load_state_dict: the state was saved with {what}={saved!r}, this loader "
+                            f"has {what}={here!r}")
+
+
+def check_state(loader: Any, state: Any) -> dict:
+    """Validate ``state`` for ``loader`` and return a private copy of it; ResumeStateError names a mismatch."""
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ResumeStateError("DataLoader.load_state_dict: not a state of bridgeflow's DataLoader (no "
+                               f"'format': {FORMAT!r} entry); states of other loaders cannot be loaded")
+    version = state.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise ResumeStateError(f"DataLoader.load_state_dict: the state has format version {version!r}, newer "
+                               f"than this bridgeflow reads ({VERSION}); upgrade bridgeflow to load it")
+    saved, here = state["config"], _config(loader)
+    for key in ("kind", "batch_size", "drop_last", "samplers", "distributed"):
+        if saved.get(key) != here.get(key):
+            raise _mismatch({"samplers": "sampler types", "kind": "dataset kind"}.get(key, key),
+                            saved.get(key), here.get(key))
+    if saved.get("length") is not None and here.get("length") is not None and saved["length"] != here["length"]:
+        raise _mismatch("dataset length", saved["length"], here["length"])
+    per_worker = state.get("workers") is not None or state.get("exhausted") is not None
+    if state.get("started") and per_worker and saved.get("num_workers") != here.get("num_workers"):
+        raise _mismatch("num_workers (the workers' dataset states are per worker)", saved.get("num_workers"),
+                        here.get("num_workers"))
+    gens = _generators(loader)
+    for path in list(state.get("rng_now") or ()) + list(state.get("rng_first") or ()):
+        if path != GLOBAL_RNG and path not in gens:
+            raise ResumeStateError(f"DataLoader.load_state_dict: the state has the RNG state of a torch "
+                                   f"generator at loader.{path}, this loader has none there")
+    if state.get("flow") is not None and not callable(getattr(loader.dataset, "load_state_dict", None)):
+        raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a DataFlow position but the dataset, "
+                               f"a {type(loader.dataset).__name__}, has no load_state_dict() (the DataFlow state "
+                               "API of bridgeflow issue 13)")
+    for key, target in (("dataset", loader.dataset),):
+        if state.get(key) is not None and not is_stateful(target):
+            raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a dataset state but the dataset, "
+                                   f"a {type(target).__name__}, has no load_state_dict()")
+    return copy.deepcopy(state)
+
+
+def apply_generators(loader: Any, rng: dict[str, str] | None) -> None:
+    """Set the loader's explicit generators (never the global RNG) to saved states."""
+    gens = _generators(loader)
+    for path, text in (rng or {}).items():
+        if path != GLOBAL_RNG:
+            gens[path].set_state(_decode(text))
+
+
+@contextlib.contextmanager
+def _rngs_of_epoch_start(loader: Any, rng: dict[str, str]) -> Iterator[None]:
+    saved_global = None
+    if GLOBAL_RNG in rng:
+        saved_global = torch.get_rng_state()
+        torch.set_rng_state(_decode(rng[GLOBAL_RNG]))
+    apply_generators(loader, rng)
+    try:
+        yield
+    finally:
+        if saved_global is not None:  # the replay borrowed the global RNG; the user's state is theirs
+            torch.set_rng_state(saved_global)
+
+
+def replayed_indices(loader: Any, state: dict, skip: int) -> Iterator[Any]:
+    """The index sampler's iterator of the resumed epoch, ``skip`` batches in."""
+    if state.get("sampler_epoch"):
+        path, epoch = state["sampler_epoch"]
+        holder = _epoch_holder(loader)
+        if holder is not None and holder[0] == path:
+            holder[1].set_epoch(epoch)
+    rng = state.get("rng_first")
+    if rng is None:  # the state was taken before the first index was drawn
+        apply_generators(loader, state.get("rng_now"))
+        return iter(loader._index_sampler)
+    with _rngs_of_epoch_start(loader, rng):
+        it = iter(loader._index_sampler)
+        for done in range(skip):
+            try:
+                next(it)
+            except StopIteration:
+                raise ResumeStateError(
+                    f"DataLoader.load_state_dict: the state was taken after {skip} batches, but this loader's "
+                    f"sampler gives only {done} (the dataset or sampler changed)") from None
+        try:
+            first = next(it)  # drawn here: the sampler's first draw must see the epoch's RNG states
+        except StopIteration:
+            return iter(())
+    return _chain_first(first, it)
+
+
+def _chain_first(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest

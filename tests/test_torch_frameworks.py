@@ -1,0 +1,178 @@
+"""bridgeflow's DataLoader under the training frameworks most torch users train with, for real.
+
+Lightning on one CPU device (in this process): the same batches as torch's loader under seed_everything, a
+DataFlow-backed loader over several epochs, and an exact mid-epoch resume from a Lightning checkpoint.
+Lightning DDP (``ddp_spawn``, 2 CPU ranks, gloo) and Accelerate (``torch.distributed.run``, 2 processes) run
+tests/frameworks_run.py in processes of their own: each rank reads its own shard, the one torch's loader
+gives it, and Accelerate's gradient-accumulation steps end with the epochs as they do with torch's loader.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import warnings
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import bridgeflow
+from bridgeflow.adapters.torch import DataLoader
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lightning():
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+class Ids(tud.Dataset):
+    def __init__(self, n: int = 10) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i)]), i
+
+
+class Recorder(pl.LightningModule):
+    """Records the sample ids of every training batch, epoch by epoch, and the loader it trained from."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.epochs: list[list[list[int]]] = []
+        self.loader_class: type | None = None
+
+    def on_train_epoch_start(self) -> None:
+        self.epochs.append([])
+        self.loader_class = type(self.trainer.train_dataloader)
+
+    def training_step(self, batch, batch_idx):
+        x, ids = batch
+        if not self.epochs:  # resumed mid-epoch: Lightning does not start that epoch again
+            self.epochs.append([])
+        self.epochs[-1].append([int(i) for i in ids])
+        return self.layer(x.float().reshape(-1, 1)).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def trainer(**kwargs) -> pl.Trainer:
+    kwargs.setdefault("enable_checkpointing", False)
+    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, **kwargs)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_lightning_trains_on_torchs_batches(num_workers, leak_check):
+    """Under seed_everything, shuffled from torch's global RNG: the same order as torch's loader, so
+    Lightning neither draws an extra seed nor starts an extra worker pool for bridgeflow's loader."""
+    runs = []
+    for cls in (tud.DataLoader, DataLoader):
+        pl.seed_everything(0)
+        model = Recorder()
+        trainer(max_epochs=2).fit(model, cls(Ids(), batch_size=3, shuffle=True, num_workers=num_workers))
+        runs.append(model)
+    assert runs[1].loader_class is DataLoader
+    assert runs[0].epochs == runs[1].epochs
+    assert runs[1].epochs[0] != runs[1].epochs[1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_lightning_trains_from_a_dataflow_for_several_epochs(num_workers, tmp_path, leak_check):
+    """A sized flow: Lightning ends each epoch after len() batches, without StopIteration, and starts the
+    next with a new iter() while the old iterator is still held; with checkpointing on, the loader's
+    state is taken at each epoch's end."""
+    flow = bridgeflow.DataFromList([[np.float32(i), np.int64(i)] for i in range(8)], shuffle=True, seed=3)
+    model = Recorder()
+    loader = DataLoader(flow, batch_size=3, num_workers=num_workers)
+    trainer(max_epochs=3, enable_checkpointing=True, default_root_dir=str(tmp_path)).fit(model, loader)
+    assert len(model.epochs) == 3 and model.loader_class is DataLoader
+    for epoch in model.epochs:
+        assert sorted(i for batch in epoch for i in batch) == list(range(8))
+    assert model.epochs[0] != model.epochs[1]  # the flow reshuffles each epoch
+    assert list(tmp_path.rglob("*.ckpt"))
+    loader.close()
+    flow.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_lightning_resumes_mid_epoch_from_a_checkpoint(num_workers, tmp_path, leak_check):
+    def loader():
+        return DataLoader(Ids(), batch_size=3, shuffle=True, num_workers=num_workers,
+                          generator=torch.Generator().manual_seed(1))
+
+    full = Recorder()
+    every_2 = ModelCheckpoint(str(tmp_path), every_n_train_steps=2, save_top_k=-1)
+    trainer(max_epochs=2, callbacks=[every_2], enable_checkpointing=True).fit(full, loader())
+    mid_epoch = next(p for p in tmp_path.glob("*.ckpt") if "step=2" in p.name)
+    resumed = Recorder()
+    trainer(max_epochs=2).fit(resumed, loader(), ckpt_path=str(mid_epoch))
+    flat = lambda epochs: [b for e in epochs for b in e]
+    assert flat(resumed.epochs) == flat(full.epochs)[2:]  # the rest of epoch 1, then epoch 2
+
+
+# --- distributed ------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(args: list[str], out, timeout: float = 240) -> list[dict]:
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore")
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, cwd=HERE)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    assert len(records) == 2, proc.stderr[-3000:]
+    return records
+
+
+@pytest.mark.slow
+def test_lightning_ddp_spawn_gives_each_rank_torchs_shard(tmp_path):
+    from frameworks_run import N
+
+    ranks = run([sys.executable, "frameworks_run.py", "lightning_ddp", str(tmp_path)], tmp_path)
+    for rec in ranks:
+        assert rec["classes"]["bridgeflow"] == "bridgeflow.adapters.torch.loader.DataLoader"
+        assert rec["samplers"]["bridgeflow"] == "DistributedSampler"  # injected into bridgeflow's class
+        assert rec["ids"]["bridgeflow"] == rec["ids"]["torch"]  # per epoch, in order
+    for epoch in range(2):
+        shards = [set(rec["ids"]["bridgeflow"][epoch]) for rec in ranks]
+        assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(N))
+    assert ranks[0]["ids"]["bridgeflow"][0] != ranks[0]["ids"]["bridgeflow"][1]  # set_epoch reshuffles
+
+
+@pytest.mark.slow
+def test_accelerate_two_processes_shard_and_accumulate_like_torch(tmp_path):
+    from frameworks_run import N
+
+    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+            "127.0.0.1", "--master_port", str(free_port()), "frameworks_run.py", "accelerate", str(tmp_path)]
+    ranks = run(args, tmp_path)
+    for rec in ranks:
+        ours, torchs = rec["bridgeflow"], rec["torch"]
+        assert ours["prepared"] == "DataLoaderShard"  # Accelerate replaced it, as it replaces torch's
+        assert ours["epochs"] == torchs["epochs"]  # sample ids and sync_gradients, step by step
+        for steps in ours["epochs"]:  # every 3rd step syncs, and the epoch's last, which ends a short group
+            assert [s[1] for s in steps] == [i % 3 == 2 or i == len(steps) - 1 for i in range(len(steps))]
+    for epoch in range(2):
+        seen = [set(i for ids, _ in rec["bridgeflow"]["epochs"][epoch] for i in ids) for rec in ranks]
+        assert seen[0] | seen[1] == set(range(N))
