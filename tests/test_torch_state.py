@@ -98,7 +98,7 @@ class UnevenStream(tud.IterableDataset):
 
 
 class CountingFlow(bridgeflow.DataFlow):
-    """A DataFlow with the state API of issue 13, written here: a per-epoch shuffled range whose state is
+    """A DataFlow with a hand-written state_dict()/load_state_dict(): a per-epoch shuffled range whose state is
     (epoch, datapoints handed out)."""
 
     def __init__(self, n: int = 10, seed: int = 7) -> None:
@@ -370,17 +370,37 @@ def test_dataflow_resumes_through_its_state_api(workers, leak_check):
     assert ref[0] != ref[1] and sorted(x for b in ref[1] for x in b[0]) == list(range(10))
 
 
+def _tenfold(dp):
+    return [dp[0] * 10]
+
+
+def _pipeline(parallel: bool):
+    """A bridgeflow pipeline with its own state API: a shuffled list, optionally mapped in 2 processes."""
+    flow = bridgeflow.DataFromList([[np.int64(i)] for i in range(14)], shuffle=True, seed=5)
+    if parallel:
+        flow = bridgeflow.MultiProcessMapData(flow, 2, _tenfold, buffer_size=8)
+    return bridgeflow.MapData(flow, lambda dp: [dp[0] + 1])
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["list", "process-map"])
+@pytest.mark.parametrize("workers", [dict(num_workers=0), dict(num_workers=2)], ids=["0-workers", "2-workers"])
+def test_bridgeflow_pipelines_resume_through_the_loader(parallel, workers, leak_check):
+    ref = check_resume(lambda: DataLoader(_pipeline(parallel), batch_size=3, **workers), ks=[0, 1, 3, -1])
+    assert ref[0] != ref[1]
+    scale = 10 if parallel else 1
+    assert sorted(x for b in ref[1] for x in b[0]) == [i * scale + 1 for i in range(14)]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_dataflow_without_state_api_says_what_is_missing(num_workers, leak_check):
-    flow = bridgeflow.DataFromList([[np.int64(i)] for i in range(7)], shuffle=False)
+def test_dataflow_that_cannot_resume_says_why(num_workers, leak_check):
+    flow = bridgeflow.DataFromGenerator(iter([[np.int64(i)] for i in range(7)]))  # a one-shot iterator
     with DataLoader(flow, batch_size=3, num_workers=num_workers) as loader:
         assert loader.state_dict()["started"] is False  # epoch boundaries need no position
         it = iter(loader)
         next(it)
-        with pytest.raises(NotImplementedError, match=r"DataFlow state API \(bridgeflow issue 13\)"):
+        with pytest.raises(NotImplementedError, match=r"DataFromGenerator.*generator function"):
             loader.state_dict()
         assert [len(b[0]) for b in it] == [3, 1]  # asking did not disturb the epoch
-        assert loader.state_dict()["finished"] is True
         del it
     flow.close()
 

@@ -21,7 +21,7 @@ How each part resumes:
   worker attaches its state to its batches; the state of the last delivered batch of each worker is kept
   and restored in that worker (torchdata's convention). An iterable dataset without one is fast-forwarded
   by reading and dropping ``k`` batches (logged);
-- **DataFlows** delegate to the flow's ``state_dict()``/``load_state_dict()`` (bridgeflow issue 13),
+- **DataFlows** delegate to the flow's ``state_dict()``/``load_state_dict()`` (see the README's "Resuming"),
   recorded before each batch's samples are pulled.
 
 RNG states are base64 text, so a state is ``torch.save``-able and JSON-able when the dataset states are.
@@ -78,8 +78,8 @@ def flow_state(flow: Any) -> tuple[Any, str | None]:
     it is must not stop the training loop, only a later ``state_dict()`` that needs it."""
     fn = getattr(flow, "state_dict", None)
     if not callable(fn):
-        return None, (f"the dataset, a {type(flow).__name__}, has no state_dict(): the DataFlow state API "
-                      "(bridgeflow issue 13) is missing")
+        return None, (f"the dataset, a {type(flow).__name__}, has no state_dict(): a flow that is not a "
+                      "bridgeflow DataFlow needs state_dict()/load_state_dict() to be resumed mid-epoch")
     try:
         return fn(), None
     except Exception as exc:
@@ -273,8 +273,7 @@ def check_state(loader: Any, state: Any) -> dict:
                                    f"generator at loader.{path}, this loader has none there")
     if state.get("flow") is not None and not callable(getattr(loader.dataset, "load_state_dict", None)):
         raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a DataFlow position but the dataset, "
-                               f"a {type(loader.dataset).__name__}, has no load_state_dict() (the DataFlow state "
-                               "API of bridgeflow issue 13)")
+                               f"a {type(loader.dataset).__name__}, has no load_state_dict()")
     for key, target in (("dataset", loader.dataset),):
         if state.get(key) is not None and not is_stateful(target):
             raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a dataset state but the dataset, "
