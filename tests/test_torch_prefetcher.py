@@ -4,8 +4,11 @@ cleanly without CUDA."""
 from __future__ import annotations
 
 import collections
+import ctypes
+import gc
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ import torch
 
 import bridgeflow
 from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader, DeviceUnavailableError
+from bridgeflow.adapters.torch.pinning import SlabPinner
 
 Pair = collections.namedtuple("Pair", ["image", "label"])
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -106,6 +110,8 @@ def test_without_cuda_it_says_so():
     (dict(num_stages=True), "num_stages should be a positive integer"),
     (dict(device="tpu:0"), "is not a device name|only 'cuda' devices"),
     (dict(device="meta"), "only 'cuda' devices"),
+    (dict(device="cpu", copy_threads=0), "copy_threads should be a positive integer"),
+    (dict(device="cpu", copy_threads=2.0), "copy_threads should be a positive integer"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -127,16 +133,19 @@ def test_staging_pipeline_keeps_structure_and_values(num_stages, leak_check):
         assert not np.shares_memory(got["x"].numpy(), src["x"])  # it went through staging and a copy
     assert len(out) == 7 and backend.consumer_waits == 7
     assert backend.thread_names == {"bf-cuda-prefetch"}
-    # buffers are reused: one per tensor leaf (x, pair.image, t) per stage, never per batch
-    assert backend.allocations == 3 * min(num_stages, 7)
+    # buffers are reused: one per tensor leaf (x, pair.image, t) per buffer set (one more than the
+    # stages), never per batch
+    assert backend.allocations == 3 * min(num_stages + 1, 7)
 
 
 def test_staging_buffers_grow_when_a_batch_is_larger(leak_check):
     backend = HostBackend()
-    batches = [np.zeros(4, np.float32), np.ones(16, np.float32), np.full(8, 2, np.float32)]
+    batches = [np.zeros(4, np.float32), np.ones(16, np.float32), np.full(8, 2, np.float32),
+               np.full(32, 3, np.float32)]
     out = list(CUDAPrefetcher(batches, num_stages=1, _backend=backend))
     assert [o.tolist() for o in out] == [b.tolist() for b in batches]
-    assert backend.allocations == 2
+    # two buffer sets: set 0 sees 4 then 8 floats (grows once), set 1 sees 16 then 32 (grows once)
+    assert backend.allocations == 4
 
 
 def test_loader_error_reaches_the_consumer(leak_check):
@@ -279,7 +288,7 @@ def test_buffers_are_reused_only_after_their_copy_completed(num_stages, leak_che
     held = list(CUDAPrefetcher(batches, num_stages=num_stages, _backend=backend))  # the consumer holds all
     for i, got in enumerate(held):
         assert got["x"].eq(i).all() and got["y"].tolist() == list(range(i, i + 5)) and got["tag"] == f"b{i}"
-    assert backend.allocations == 2 * min(num_stages, 12)
+    assert backend.allocations == 2 * min(num_stages + 1, 12)
     # each reuse of a staging buffer comes after the event recorded behind its previous copy completed
     last_event_of: dict[int, int] = {}
     done: set[int] = set()
@@ -316,8 +325,9 @@ def test_shapes_that_grow_and_shrink_reuse_and_grow_the_buffers(leak_check):
     batches = [np.arange(n, dtype=np.int64) * 10 + k for k, n in enumerate(sizes)]
     held = list(CUDAPrefetcher(batches, num_stages=2, _backend=backend))
     assert [h.tolist() for h in held] == [b.tolist() for b in batches]
-    # slot 0 sees 4, 2, 32, 0 (grows twice: 4 then 32); slot 1 sees 16, 16, 1, 8 (never grows)
-    assert backend.allocations == 3
+    # three buffer sets: set 0 sees 4, 16, 0 (grows once); set 1 sees 16, 32, 8 (grows once); set 2
+    # sees 2, 1 (never grows)
+    assert backend.allocations == 5
 
 
 def test_pinned_host_tensors_are_copied_from_directly_and_kept_until_copied(leak_check):
@@ -353,3 +363,317 @@ def test_early_break_over_the_dataloader_ends_its_workers(leak_check):
         assert batch.tolist() == [[2.0 * i] * 4, [2.0 * i + 1] * 4]
         if i == 2:
             break
+
+
+# --- copies that complete later, as DMA does: overlap, zero-copy, no early reuse -----------------------
+
+class FakeRegistrar:
+    """Stands for cudaHostRegister: records every call and which ranges are registered."""
+
+    def __init__(self):
+        self.calls = []
+        self.ranges = {}
+
+    def register(self, address, nbytes):
+        self.calls.append(("register", address))
+        self.ranges[address] = nbytes
+
+    def unregister(self, address):
+        self.calls.append(("unregister", address))
+        del self.ranges[address]
+
+    def contains(self, address):
+        return any(a <= address < a + n for a, n in self.ranges.items())
+
+
+class DmaBackend(DeferredCopyBackend):
+    """Copies run only when their event is waited for on the host (``synchronize``, as the stager does
+    before reusing memory) or when the test runs the copy engine (``run_dma``); the consumer's wait is a
+    device-side wait that completes nothing, as on a GPU. A copy from a registered range (the fake
+    decides what is pinned: ``registrar.contains``) reads the host bytes by address when it runs, not
+    through a reference, so memory let go before its copy ran is caught (see SimSlab)."""
+
+    class Event(DeferredCopyBackend.Event):
+        def __init__(self, copies, log):
+            super().__init__(copies, log)
+            self.done = False
+
+        def complete(self, who):
+            with self.lock:
+                if self.done:
+                    return
+                self.done = True
+                for dst, src in self.copies:
+                    dst.copy_(src.read() if isinstance(src, _RawRead) else src)
+            self.log.append((who, id(self)))
+
+    def __init__(self):
+        super().__init__()
+        self.reg = FakeRegistrar()
+        self.events = []
+
+    def registrar(self):
+        return self.reg
+
+    def is_pinned(self, t):
+        return self.reg.contains(t.data_ptr())
+
+    def to_device(self, host):
+        if not self.is_pinned(host):
+            return super().to_device(host)
+        dev = torch.full(host.shape, -1, dtype=host.dtype)
+        self.pending.append((dev, _RawRead(host)))
+        self.log.append(("copy", host.data_ptr()))
+        return dev
+
+    def record(self):
+        event = super().record()
+        self.events.append(event)
+        return event
+
+    def query(self, event):
+        return event.done
+
+    def wait_consumer(self, event, tensors):
+        self.waited_tensors.append([id(t) for t in tensors])
+        self.consumer_waits += 1
+
+    def run_dma(self):
+        for event in list(self.events):
+            event.complete("dma")
+
+    def reads_pending(self, lo, hi):
+        """Whether a copy not yet run reads bytes in [lo, hi)."""
+        return any(not e.done and any(isinstance(src, _RawRead) and lo <= src.address < hi
+                                      for _, src in e.copies) for e in self.events)
+
+
+class _RawRead:
+    """The source of a DMA from pinned memory: an address and a length, holding no reference."""
+
+    def __init__(self, host):
+        self.address, self.nbytes, self.dtype, self.shape = host.data_ptr(), host.nbytes, host.dtype, host.shape
+
+    def read(self):
+        raw = ctypes.string_at(self.address, self.nbytes)
+        return torch.frombuffer(bytearray(raw), dtype=self.dtype).reshape(self.shape)
+
+
+class SimSlab:
+    """Stands for a worker's shared-memory slab, registered as pinned: batches are tensors viewing its
+    bytes, and when the last view is garbage-collected the slab goes back to its worker, which at once
+    writes the next batch over it (0xEE bytes). If a copy that reads it has not run yet, that is an early
+    reuse: recorded in ``violations`` (and the copy then reads the scribbled bytes)."""
+
+    def __init__(self, backend, pinner, nbytes=4096):
+        self.mem = bytearray(nbytes)  # stands for the mapping: outlives every batch built from it
+        self.address = np.frombuffer(self.mem, np.uint8).ctypes.data
+        self.backend = backend
+        self.violations = []
+        self.returned = 0
+        pinner.opened(self.mem, self.address, nbytes)
+
+    def batch(self, value, n=64, offset=0):
+        lease = np.frombuffer(self.mem, np.uint8, count=n * 4, offset=offset)  # views keep it alive
+        arr = lease.view(np.float32)
+        arr[:] = value
+        weakref.finalize(lease, self._back_to_worker, offset, n * 4)
+        return torch.from_numpy(arr)
+
+    def _back_to_worker(self, offset, nbytes):
+        if self.backend.reads_pending(self.address + offset, self.address + offset + nbytes):
+            self.violations.append("slab reused while a copy still reads it")
+        self.mem[offset:offset + nbytes] = b"\xee" * nbytes
+        self.returned += 1
+
+
+def _zero_copy_setup(n):
+    backend = DmaBackend()
+    pinner = SlabPinner(backend.reg)
+    slabs = [SimSlab(backend, pinner) for _ in range(n)]
+    return backend, pinner, slabs
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 3])
+def test_zero_copy_batches_are_read_in_place_and_kept_until_their_copy_ran(num_stages, leak_check):
+    """Tensors in registered slabs are copied from where they lie (no staging buffer), and the slab is
+    let go only after the copy that reads it ran: the consumer holds nothing of the host batch."""
+    backend, pinner, slabs = _zero_copy_setup(8)
+
+    def source():  # keeps no reference to a batch once it has been yielded
+        for i, slab in enumerate(slabs):
+            yield {"x": slab.batch(float(i)), "i": i}
+
+    got = []
+    for batch in CUDAPrefetcher(source(), num_stages=num_stages, _backend=backend):
+        got.append(batch)
+        gc.collect()
+    backend.run_dma()
+    assert [slab.violations for slab in slabs] == [[]] * 8
+    assert [b["x"][0].item() for b in got] == [float(i) for i in range(8)]
+    assert all(b["x"].eq(b["i"]).all() for b in got)
+    assert backend.allocations == 0  # no staging buffer was ever needed
+    assert [slab.returned for slab in slabs] == [1] * 8  # every slab went back to its worker
+
+
+def test_zero_copy_and_staged_leaves_in_one_batch(leak_check):
+    backend, pinner, slabs = _zero_copy_setup(4)
+    batches = ({"pinned": slab.batch(float(i)), "pageable": np.full(5, i, np.int16)} for i, slab in enumerate(slabs))
+    prefetcher = CUDAPrefetcher(batches, num_stages=1, _backend=backend)
+    got = list(prefetcher)
+    backend.run_dma()
+    assert [(b["pinned"][0].item(), b["pageable"].tolist()) for b in got] == [(float(i), [i] * 5) for i in range(4)]
+    assert prefetcher.stats()["zero_copy"] == 4 and prefetcher.stats()["staged"] == 4
+    assert backend.allocations == 2  # one staging buffer (the pageable leaf) per buffer set
+    assert [slab.violations for slab in slabs] == [[]] * 4
+
+
+def test_no_early_reuse_when_the_loader_fails_or_the_consumer_is_interrupted(leak_check):
+    backend, pinner, slabs = _zero_copy_setup(6)
+
+    def failing():
+        for i, slab in enumerate(slabs[:3]):
+            yield slab.batch(float(i))
+        raise RuntimeError("worker 1 died")
+
+    with pytest.raises(RuntimeError, match="worker 1 died"):
+        for _ in CUDAPrefetcher(failing(), num_stages=2, _backend=backend):
+            pass
+    with pytest.raises(KeyboardInterrupt):
+        for _ in CUDAPrefetcher((s.batch(1.0) for s in slabs[3:]), num_stages=2, _backend=backend):
+            raise KeyboardInterrupt  # Ctrl-C in the training step while copies are in flight
+    gc.collect()
+    assert [slab.violations for slab in slabs] == [[]] * 6
+    # the batches issued were all copied before their slabs went back (the last one may not have been read)
+    assert sum(slab.returned for slab in slabs) >= 4
+
+
+@pytest.mark.parametrize("num_stages", [1, 2, 3])
+def test_staging_the_next_batch_overlaps_the_copy_of_this_one(num_stages, leak_check):
+    """Batch i+1 is staged and its copy issued before anything waits for batch i's copy: the stager
+    never waits for the copy it should overlap (only for older ones, whose buffers it reuses)."""
+    backend = DmaBackend()
+    batches = [np.full((16,), i, np.float32) for i in range(8)]
+    got = []
+    for b in CUDAPrefetcher(batches, num_stages=num_stages, _backend=backend):
+        got.append(b)
+    backend.run_dma()
+    assert [int(b[0]) for b in got] == list(range(8))
+    order = {}  # event id -> position of its record and of its first completion in the log
+    for pos, (what, key) in enumerate(backend.log):
+        if what == "record":
+            order[key] = [pos, None]
+        elif what in ("sync", "dma", "wait") and key in order and order[key][1] is None:
+            order[key][1] = pos
+    events = [id(e) for e in backend.events]
+    for i in range(len(events) - 1):
+        assert order[events[i + 1]][0] < order[events[i]][1], f"batch {i + 1} waited for batch {i}'s copy"
+    # and the stager synchronized only on copies num_stages + 1 batches back, when it reused their buffers
+    syncs = [events.index(key) for what, key in backend.log if what == "sync" and key in events]
+    records_before = [sum(1 for w, _ in backend.log[:backend.log.index(("sync", events[j]))] if w == "record")
+                      for j in syncs[:3]]
+    assert all(r - j >= num_stages + 1 for r, j in zip(records_before, syncs)), (records_before, syncs)
+
+
+def test_the_loader_is_read_in_its_own_thread_and_large_batches_by_several(leak_check):
+    names = set()
+
+    def source():
+        for i in range(3):
+            names.add(threading.current_thread().name)
+            yield torch.arange(3_000_000, dtype=torch.float32) + i  # 12 MB: split across copy threads
+
+    backend = HostBackend()
+    out = list(CUDAPrefetcher(source(), num_stages=2, copy_threads=3, _backend=backend))
+    assert names == {"bf-cuda-fetch"} and backend.thread_names == {"bf-cuda-prefetch"}
+    for i, t in enumerate(out):
+        assert torch.equal(t, torch.arange(3_000_000, dtype=torch.float32) + i)
+
+
+def test_slabs_of_a_hooked_flow_are_registered_once_and_unregistered_on_close(leak_check):
+    """A flow offering ``set_mapping_hooks`` gets the prefetcher's pinner; its slabs are then read in
+    place. The flow stands for a parallel stage: it maps slabs and calls the hooks as the core does."""
+    backend = DmaBackend()
+
+    class HookedFlow(bridgeflow.DataFlow):
+        def __init__(self):
+            self.hooks = None
+            self.slabs = []
+
+        def set_mapping_hooks(self, hooks):
+            self.hooks = hooks
+
+        def __iter__(self):
+            if not self.slabs:
+                self.slabs = [SimSlab(backend, self.hooks) for _ in range(2)]  # opened() once each
+            for i in range(6):  # a region of its own per batch: the flow itself never overwrites a batch
+                yield [self.slabs[i % 2].batch(float(i), offset=(i // 2) * 256), i]
+
+        def close(self):
+            for slab in self.slabs:
+                self.hooks.closing(slab.mem, slab.address, len(slab.mem))
+            self.slabs = []
+
+    flow = HookedFlow()
+    prefetcher = CUDAPrefetcher(flow, num_stages=1, _backend=backend)
+    for _ in range(2):  # two epochs: the slabs stay registered between them
+        got = list(prefetcher)
+        backend.run_dma()
+        assert [(b[0][0].item(), b[1]) for b in got] == [(float(i), i) for i in range(6)]
+    assert prefetcher.pinner is not None and flow.hooks is prefetcher.pinner
+    assert prefetcher.stats()["zero_copy"] == 12 and prefetcher.stats()["registered_slabs"] == 2
+    flow.close()
+    registers = [a for op, a in backend.reg.calls if op == "register"]
+    unregisters = [a for op, a in backend.reg.calls if op == "unregister"]
+    assert sorted(registers) == sorted(unregisters) and len(registers) == 2 and backend.reg.ranges == {}
+
+
+def test_a_loader_without_hooks_gets_no_pinner(leak_check):
+    prefetcher = CUDAPrefetcher([np.zeros(3)], _backend=DmaBackend())
+    list(prefetcher)
+    assert prefetcher.pinner is None and prefetcher.stats()["registered_slabs"] == 0
+
+
+@needs_cuda
+def test_gpu_batches_in_a_registered_shared_memory_mapping_are_copied_in_place(tmp_path):
+    import mmap
+    import os
+
+    path = f"/dev/shm/bf{os.getpid()}_gputest"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, 1 << 22)
+        mm = mmap.mmap(fd, 1 << 22)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+    class Flow(bridgeflow.DataFlow):
+        hooks = None
+
+        def set_mapping_hooks(self, hooks):
+            self.hooks = hooks
+
+        def __iter__(self):
+            self.hooks.opened(mm, np.frombuffer(mm, np.uint8).ctypes.data, len(mm))
+            for i in range(4):
+                x = torch.frombuffer(mm, dtype=torch.float32, count=1 << 18)
+                x.fill_(i)
+                yield x
+
+    flow = Flow()
+    prefetcher = CUDAPrefetcher(flow, device="cuda", num_stages=1)
+    out = [x.clone() for x in prefetcher]  # one slab for every batch: values must be read in time
+    torch.cuda.synchronize()
+    assert prefetcher.stats()["zero_copy"] == 4 and prefetcher.stats()["staged"] == 0
+    assert [int(x[0].item()) for x in out] == [0, 1, 2, 3] or prefetcher.stats()["pinning_failure"]
+    flow.hooks.closing(mm, np.frombuffer(mm, np.uint8).ctypes.data, len(mm))
+    assert prefetcher.pinner.registered == {}
+    mm.close()
+
+
+@needs_cuda
+def test_gpu_large_pageable_batches_through_several_copy_threads():
+    batches = [torch.randn(4, 1 << 20) for _ in range(5)]
+    out = [b.cpu() for b in CUDAPrefetcher(batches, device="cuda", copy_threads=4)]
+    assert all(torch.equal(a, b) for a, b in zip(out, batches))
