@@ -243,20 +243,23 @@ def test_attach_pinner_finds_the_hook_points_of_a_flow_and_a_loader():
 
 
 _HOOKS = hasattr(bridgeflow.MultiProcessMapData, "set_mapping_hooks")
+needs_hook = pytest.mark.skipif(not _HOOKS, reason="the core's slab-mapping hook (set_mapping_hooks) has not "
+                                "landed yet (issue 14): these run as soon as it has")
 
 
-@pytest.mark.skipif(not _HOOKS, reason="the core's slab-mapping hook (set_mapping_hooks) has not landed yet")
+def _dying_load(i):
+    if i == 40:
+        os._exit(3)
+    return [np.full((64, 1024), i, np.float32)]  # 256 KiB: travels in a slab
+
+
+@needs_hook
 def test_a_dying_worker_leaves_no_registration_and_no_shared_memory(leak_check):
     from bridgeflow.errors import WorkerError
 
-    def load(i):
-        if i == 40:
-            os._exit(3)
-        return [np.full((64, 1024), i, np.float32)]
-
     registrar = FakeRegistrar()
     pinner = SlabPinner(registrar)
-    df = bridgeflow.MultiProcessMapData(bridgeflow.DataFromList(list(range(100)), shuffle=False), 2, load)
+    df = bridgeflow.MultiProcessMapData(bridgeflow.DataFromList(list(range(100)), shuffle=False), 2, _dying_load)
     df.set_mapping_hooks(pinner)
     with pytest.raises(WorkerError):
         with df:
@@ -264,6 +267,63 @@ def test_a_dying_worker_leaves_no_registration_and_no_shared_memory(leak_check):
                 pass
     assert pinner.registrations > 0
     assert registrar.live == {} and registrar.unmapped_at_unregister == []
+
+
+@needs_hook
+@pytest.mark.parametrize("how", ["worker_death", "ctrl_c"])
+def test_prefetching_from_registered_slabs_ends_clean(how, leak_check):
+    """Through CUDAPrefetcher (a host backend whose copies complete later, as DMA does): a worker dying
+    or Ctrl-C in the training step while copies are in flight leaves every registration undone, no
+    slab reused while a copy read it, and (leak_check) no /dev/shm entry."""
+    from test_torch_prefetcher import DmaBackend
+
+    from bridgeflow.adapters.torch import CUDAPrefetcher
+    from bridgeflow.errors import WorkerError
+
+    backend = DmaBackend()
+    unregister = backend.reg.unregister
+
+    def checked_unregister(address):
+        assert not backend.reads_pending(address, address + backend.reg.ranges[address]), \
+            "unregistered while a copy still reads the slab"
+        unregister(address)
+
+    backend.reg.unregister = checked_unregister
+    load = _dying_load if how == "worker_death" else (lambda i: [np.full((64, 1024), i, np.float32)])
+    df = bridgeflow.MultiProcessMapData(bridgeflow.DataFromList(list(range(100)), shuffle=False), 2, load)
+    prefetcher = CUDAPrefetcher(df, num_stages=2, _backend=backend)
+    expected = WorkerError if how == "worker_death" else KeyboardInterrupt
+    seen = 0
+    with pytest.raises(expected):
+        with df:
+            for (_x,) in prefetcher:
+                seen += 1
+                if how == "ctrl_c" and seen == 10:
+                    raise KeyboardInterrupt
+    assert prefetcher.pinner is not None and prefetcher.pinner.registrations > 0
+    assert prefetcher.stats()["zero_copy"] > 0
+    assert backend.reg.ranges == {} and prefetcher.pinner.registered == {}
+
+
+@needs_hook
+@pytest.mark.parametrize("num_stages", [1, 3])
+def test_batches_read_in_place_from_real_slabs_keep_their_values(num_stages, leak_check):
+    """Real workers, real slabs, copies that run late (at the stager's waits): if a slab went back to its
+    worker before the copy that reads it ran, the worker's next batch would show in the copied values."""
+    from test_torch_prefetcher import DmaBackend
+
+    from bridgeflow.adapters.torch import CUDAPrefetcher
+
+    backend = DmaBackend()
+    df = bridgeflow.MultiProcessMapData(bridgeflow.DataFromList(list(range(60)), shuffle=False), 2,
+                                        lambda i: [np.full((64, 1024), i, np.float32)])
+    with df:
+        prefetcher = CUDAPrefetcher(df, num_stages=num_stages, _backend=backend)
+        got = [x for (x,) in prefetcher]
+    backend.run_dma()
+    assert [(x.min().item(), x.max().item()) for x in got] == [(float(i), float(i)) for i in range(60)]
+    assert prefetcher.stats()["zero_copy"] == 60 and prefetcher.stats()["staged"] == 0
+    assert backend.reg.ranges == {}
 
 
 # --- on a GPU ----------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import logging
+import os
 import resource
 import threading
 import warnings
@@ -136,7 +137,7 @@ class SlabPinner:
         self._starts: list[int] = []  # sorted start addresses of registered ranges
         self._sizes: dict[int, int] = {}  # start address -> bytes
         self._closed = False
-        self._finalizer = weakref.finalize(self, _unregister_all, registrar, self._sizes, self._lock)
+        self._finalizer = weakref.finalize(self, _unregister_all, registrar, self._sizes, self._lock, os.getpid())
 
     # --- the hook ----------------------------------------------------------------------------------
 
@@ -213,9 +214,13 @@ class SlabPinner:
             log.warning("SlabPinner: unregistering %d bytes at %#x failed: %s", nbytes, start, exc)
 
 
-def _unregister_all(registrar: HostRegistrar, sizes: dict[int, int], lock: threading.RLock) -> None:
-    """At garbage collection: a pinner dropped with ranges still registered unregisters them."""
+def _unregister_all(registrar: HostRegistrar, sizes: dict[int, int], lock: threading.RLock, pid: int) -> None:
+    """At garbage collection: a pinner dropped with ranges still registered unregisters them (only in the
+    process that registered them: a forked worker inherits the bookkeeping, not the registrations)."""
     with lock:
+        if os.getpid() != pid:
+            sizes.clear()
+            return
         for start in list(sizes):
             sizes.pop(start)
             try:
