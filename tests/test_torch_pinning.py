@@ -275,7 +275,7 @@ def test_prefetching_from_registered_slabs_ends_clean(how, leak_check):
     """Through CUDAPrefetcher (a host backend whose copies complete later, as DMA does): a worker dying
     or Ctrl-C in the training step while copies are in flight leaves every registration undone, no
     slab reused while a copy read it, and (leak_check) no /dev/shm entry."""
-    from test_torch_prefetcher import DmaBackend
+    from torch_backends import DmaBackend
 
     from bridgeflow.adapters.torch import CUDAPrefetcher
     from bridgeflow.errors import WorkerError
@@ -310,7 +310,7 @@ def test_prefetching_from_registered_slabs_ends_clean(how, leak_check):
 def test_batches_read_in_place_from_real_slabs_keep_their_values(num_stages, leak_check):
     """Real workers, real slabs, copies that run late (at the stager's waits): if a slab went back to its
     worker before the copy that reads it ran, the worker's next batch would show in the copied values."""
-    from test_torch_prefetcher import DmaBackend
+    from torch_backends import DmaBackend
 
     from bridgeflow.adapters.torch import CUDAPrefetcher
 
