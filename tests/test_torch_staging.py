@@ -4,6 +4,7 @@ dtype, odd sizes and range boundaries that cut through elements; what it cannot 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -116,4 +117,39 @@ def test_bad_arguments_are_named(kwargs):
 
 
 def test_default_threads_fit_the_machine():
-    assert 1 <= default_copy_threads() <= 4
+    assert 1 <= default_copy_threads() <= 8
+
+
+@pytest.mark.parametrize("slow", ["split", "torch"])
+def test_by_default_the_faster_way_is_chosen_by_timing_both(slow, monkeypatch, leak_check):
+    import bridgeflow.adapters.torch.staging as staging
+
+    real_copyto, real_torch = np.copyto, staging._torch_copy
+
+    def slow_copyto(dst, src):
+        time.sleep(0.002)
+        real_copyto(dst, src)
+
+    def slow_torch(dst, src):
+        time.sleep(0.01)
+        return real_torch(dst, src)
+
+    if slow == "split":
+        monkeypatch.setattr(np, "copyto", slow_copyto)
+    else:
+        monkeypatch.setattr(staging, "_torch_copy", slow_torch)
+    monkeypatch.setattr(staging, "default_copy_threads", lambda: 3)  # a split is possible on any machine
+    copier = ParallelCopier(min_bytes=0, chunk=64)
+    src = torch.arange(10_000, dtype=torch.int32)
+    assert copier.auto and copier.choice is None
+    for i in range(2 * staging.TRIALS + 2):
+        dst = torch.zeros_like(src)
+        copier.copy(dst, src + i)
+        assert torch.equal(dst, src + i)  # trials copy too
+    copier.close()
+    assert copier.choice == ("torch" if slow == "split" else "split")
+
+
+def test_one_thread_means_torch_copy_and_is_decided_at_once():
+    assert ParallelCopier(threads=1).choice == "torch"
+    assert ParallelCopier(threads=3).choice == "split"

@@ -154,7 +154,8 @@ class CUDAPrefetcher:
         device: ``"cuda"``, ``"cuda:1"``, a ``torch.device``, or ``"cpu"`` for pass-through.
         num_stages: batches on the device ahead of the consumer (>= 1); there is one more set of pinned
             staging buffers than stages.
-        copy_threads: threads that copy one large pageable batch into pinned memory (default: up to 4).
+        copy_threads: threads that copy one large pageable batch into pinned memory; default: a split
+            across several threads or torch's ``copy_``, whichever its first copies show faster here.
         pin_slabs: page-lock the shared-memory slabs of the bridgeflow loader or flow being read (where
             it offers ``set_mapping_hooks``), so their batches reach the GPU with no host copy.
     """
@@ -179,7 +180,7 @@ class CUDAPrefetcher:
         self.pin_slabs = pin_slabs
         self.pinner: SlabPinner | None = None  # set once slabs of the loader are being registered
         self._backend = _backend
-        self._counts = {"zero_copy": 0, "staged": 0}
+        self._counts: dict[str, Any] = {"zero_copy": 0, "staged": 0, "staging_copy": None}
         if _backend is None and self.device.type == "cuda":
             if not torch.cuda.is_available():
                 raise DeviceUnavailableError(
@@ -199,7 +200,9 @@ class CUDAPrefetcher:
 
     def stats(self) -> dict[str, Any]:
         """Tensors copied straight from where they lay (``zero_copy``: pinned or in a registered slab)
-        and through a staging buffer (``staged``), and the slabs registered now."""
+        and through a staging buffer (``staged``), how large staging copies are made (``staging_copy``:
+        ``"split"`` across threads, ``"torch"``'s ``copy_``, ``None`` while undecided), and the slabs
+        registered now."""
         registered = self.pinner.registered if self.pinner is not None else {}
         return {**self._counts, "registered_slabs": len(registered),
                 "registered_bytes": sum(registered.values()),
@@ -262,7 +265,7 @@ def _put(ready: queue.Queue, item: Any, stop: threading.Event) -> bool:
 
 
 def _stage_batch(batch: Any, slot: _Slot, backend: Any, copier: ParallelCopier,
-                 counts: dict[str, int]) -> tuple[Any, list[Any]]:
+                 counts: dict[str, Any]) -> tuple[Any, list[Any]]:
     """Start the copies of one batch to the device (on the backend's stream); returns the device batch
     and its device tensors. The host tensors the copies read go to ``slot.keep``."""
     device_tensors: list[Any] = []
@@ -280,6 +283,7 @@ def _stage_batch(batch: Any, slot: _Slot, backend: Any, copier: ParallelCopier,
             staged_leaves += 1
             copier.copy(staged, host)
             counts["staged"] += 1
+            counts["staging_copy"] = copier.choice
             host = staged
         slot.keep.append(host)
         dev = backend.to_device(host)
@@ -290,7 +294,7 @@ def _stage_batch(batch: Any, slot: _Slot, backend: Any, copier: ParallelCopier,
 
 
 def _stage_loop(batches: BackgroundIterator, backend: Any, copier: ParallelCopier, num_buffers: int,
-                ready: queue.Queue, stop: threading.Event, counts: dict[str, int]) -> None:
+                ready: queue.Queue, stop: threading.Event, counts: dict[str, Any]) -> None:
     """Background thread: start each batch's copy to the device, from where it lies or from a staging
     buffer, and queue it for the consumer. ``num_buffers`` slots rotate; a slot is reused only after the
     copy that last read it has completed, and is one further than the copies in flight."""

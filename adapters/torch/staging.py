@@ -1,12 +1,15 @@
 """Host-to-host copies of large batches split across a few threads (the staging copy into pinned memory).
 
-One thread copying pageable memory into pinned memory runs at a fraction of what the memory system can
-do; the host-to-device copy that follows reads pinned memory several times faster. :class:`ParallelCopier`
-splits a large contiguous copy into byte ranges and copies them at the same time: the calling thread
-takes one range, a small pool of helper threads the others. Each range is a ``memmove`` that releases
-the GIL (numpy's ``copyto`` on byte views), so the helpers run truly in parallel and never start torch's
-own intra-op thread pool (which, called from several threads at once, would oversubscribe the cores).
-Copies that are small, strided, or between different dtypes go to torch's ``copy_`` unchanged.
+:class:`ParallelCopier` splits a large contiguous copy into byte ranges and copies them at the same time:
+the calling thread takes one range, a small pool of helper threads the others. Each range is a
+``memmove`` that releases the GIL (numpy's ``copyto`` on byte views), so the helpers run truly in
+parallel, whatever thread calls, without going through torch's intra-op thread pool. Copies that are
+small, strided, or between different dtypes go to torch's ``copy_`` unchanged.
+
+Which is faster, the split or torch's own ``copy_`` (itself parallel where torch's intra-op pool is), depends
+on the host: its cores, its memory channels, what else runs. So by default (``threads=None``) the copier
+times both on its first large copies and keeps the faster; ``threads=N`` fixes the split at N threads,
+``threads=1`` always uses ``copy_``.
 
 Example:
     >>> import torch
@@ -20,8 +23,11 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
+import statistics
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -31,35 +37,43 @@ from ._compat import torch
 
 __all__ = ["ParallelCopier", "default_copy_threads"]
 
+log = logging.getLogger(__name__)
+
 MIN_PARALLEL_BYTES = 4 << 20  # below this one thread is as fast: splitting costs more than it saves
 MIN_CHUNK_BYTES = 1 << 20  # never hand a thread less than this
 ALIGN = 64  # ranges start on cache-line boundaries (relative to the buffers' starts)
+TRIALS = 3  # timed copies of each way before the automatic choice
 
 
 def default_copy_threads() -> int:
-    """Threads for one staging copy: memory bandwidth saturates at a handful, and the cores are shared
-    with the data workers and the training loop."""
-    return max(1, min(4, os.cpu_count() or 1))
+    """Threads for one split copy: memory bandwidth saturates at a handful, and the cores are shared with
+    the data workers and the training loop (half the cores, at most 8)."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
 
 
 def _byte_view(t: Any) -> np.ndarray:
     return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
+def _torch_copy(dst: Any, src: Any) -> Any:
+    return dst.copy_(src)
+
+
 class ParallelCopier:
-    """Copy tensors with ``threads`` threads (the caller's included) when they are at least ``min_bytes``.
+    """Copy tensors, large ones split across ``threads`` threads (the caller's included).
 
     Args:
-        threads: how many threads copy one large tensor (>= 1); 1 copies in the calling thread only.
-            Default: :func:`default_copy_threads`.
-        min_bytes: copies smaller than this use one thread.
+        threads: threads for one large copy (>= 1; 1: torch's ``copy_`` only). ``None``: choose between
+            a split across :func:`default_copy_threads` threads and ``copy_`` by timing both (``choice``).
+        min_bytes: copies smaller than this are never split.
         chunk: the least bytes one thread copies (a copy is split in at most ``nbytes // chunk`` ranges).
 
-    Thread-safe; :meth:`close` (or ``with``) stops the helper threads, which start at the first large copy.
+    Thread-safe; :meth:`close` (or ``with``) stops the helper threads, which start at the first split copy.
     """
 
     def __init__(self, threads: int | None = None, min_bytes: int = MIN_PARALLEL_BYTES,
                  chunk: int = MIN_CHUNK_BYTES) -> None:
+        self.auto = threads is None
         threads = default_copy_threads() if threads is None else threads
         for name, value, least in (("threads", threads, 1), ("min_bytes", min_bytes, 0), ("chunk", chunk, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -67,6 +81,9 @@ class ParallelCopier:
         self.threads = threads
         self.min_bytes = min_bytes
         self.chunk = chunk
+        #: "split" or "torch" once decided (at once unless ``threads`` is None)
+        self.choice: str | None = None if self.auto and threads > 1 else ("split" if threads > 1 else "torch")
+        self._trials: dict[str, list[float]] = {"split": [], "torch": []}
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -80,7 +97,7 @@ class ParallelCopier:
             return self._pool
 
     def parallel(self, dst: Any, src: Any) -> bool:
-        """Whether :meth:`copy` would split this copy across threads."""
+        """Whether this copy is one that can be split across threads (large, contiguous, same dtype)."""
         nbytes = src.numel() * src.element_size()
         return (self.threads > 1 and nbytes >= max(self.min_bytes, 2 * self.chunk)
                 and dst.dtype == src.dtype and dst.shape == src.shape
@@ -89,9 +106,34 @@ class ParallelCopier:
                 and dst.device.type == "cpu" and src.device.type == "cpu")
 
     def copy(self, dst: Any, src: Any) -> Any:
-        """``dst.copy_(src)``, split across threads when large; returns ``dst``."""
+        """``dst.copy_(src)``, split across threads when large (and faster); returns ``dst``."""
         if not self.parallel(dst, src):
-            return dst.copy_(src)
+            return _torch_copy(dst, src)
+        way = self.choice
+        if way is None:
+            return self._trial(dst, src)
+        return self._split(dst, src) if way == "split" else _torch_copy(dst, src)
+
+    def _trial(self, dst: Any, src: Any) -> Any:
+        """Time one way of copying (the one with fewer trials); decide once both have ``TRIALS``."""
+        with self._lock:
+            way = "split" if len(self._trials["split"]) <= len(self._trials["torch"]) else "torch"
+        start = time.perf_counter()
+        if way == "split":
+            self._split(dst, src)
+        else:
+            _torch_copy(dst, src)
+        per_byte = (time.perf_counter() - start) / max(1, src.numel() * src.element_size())
+        with self._lock:
+            self._trials[way].append(per_byte)
+            if self.choice is None and min(len(t) for t in self._trials.values()) >= TRIALS:
+                medians = {k: statistics.median(v) for k, v in self._trials.items()}
+                self.choice = min(medians, key=medians.__getitem__)
+                log.debug("ParallelCopier: %s (split over %d threads: %.1f GB/s, copy_: %.1f GB/s)", self.choice,
+                          self.threads, 1e-9 / medians["split"], 1e-9 / medians["torch"])
+        return dst
+
+    def _split(self, dst: Any, src: Any) -> Any:
         d, s = _byte_view(dst), _byte_view(src)
         n = s.nbytes
         parts = max(1, min(self.threads, n // self.chunk))
