@@ -7,9 +7,9 @@ worker start-up included as it is in every non-persistent epoch):
 - ``tensor``: the same samples as torch tensors;
 - ``transform_2ms``: numpy samples through a ~2 ms CPU-bound per-sample transform;
 - ``cuda`` (GPU machines only; one "skipped" line elsewhere): CUDAPrefetcher's host-to-device throughput
-  from pageable (staged by one or several threads), pinned and registered shared-memory input and from
-  bridgeflow's DataLoader, against a raw pinned ``copy_`` of the same bytes; and a loop with a GPU step of
-  known length (the copy should hide behind it).
+  from pageable input (staged by torch's ``copy_``, or as the prefetcher chooses), pinned and registered
+  shared-memory input and bridgeflow's DataLoader output, against a raw pinned ``copy_`` of the same
+  bytes; and a loop with a GPU step of known length (the copy should hide behind it).
 
 Repetitions are interleaved (torch, bridgeflow, torch, ...); each line is one JSON object: per loader
 the median seconds per epoch and samples/s, then the ratio torch_median / bridgeflow_median.
@@ -184,7 +184,7 @@ def bench_cuda(reps: int, batches: int, machine: dict) -> None:
             pass
 
     cases = {"raw_pinned_copy": raw_copy, "prefetcher_pageable_in": prefetch(pageable),
-             "prefetcher_pageable_in_1_copy_thread": prefetch(pageable, copy_threads=1),
+             "prefetcher_pageable_in_torch_copy_": prefetch(pageable, copy_threads=1),
              "prefetcher_pinned_in": prefetch(pinned), "prefetcher_registered_shm_in": prefetch_registered,
              "prefetcher_bf_dataloader_2_workers": prefetch_loader}
     for fn in cases.values():
