@@ -7,7 +7,9 @@ worker start-up included as it is in every non-persistent epoch):
 - ``tensor``: the same samples as torch tensors;
 - ``transform_2ms``: numpy samples through a ~2 ms CPU-bound per-sample transform;
 - ``cuda`` (GPU machines only; one "skipped" line elsewhere): CUDAPrefetcher's host-to-device throughput
-  against a raw pinned ``copy_`` of the same bytes, and a loop with a GPU step of known length.
+  from pageable input (staged by torch's ``copy_``, or as the prefetcher chooses), pinned and registered
+  shared-memory input and bridgeflow's DataLoader output, against a raw pinned ``copy_`` of the same
+  bytes; and a loop with a GPU step of known length (the copy should hide behind it).
 
 Repetitions are interleaved (torch, bridgeflow, torch, ...); each line is one JSON object: per loader
 the median seconds per epoch and samples/s, then the ratio torch_median / bridgeflow_median.
@@ -85,9 +87,65 @@ def _median_time(fn, reps: int) -> list[float]:
     return out
 
 
+class _ShmBatches:
+    """Batches that lie in one shared-memory mapping, announced to the slab-mapping hook as the core
+    announces a worker's slab (``set_mapping_hooks`` / ``opened`` / ``closing``): with CUDAPrefetcher's
+    pinner attached, the mapping is page-locked and the batches are copied from where they lie."""
+
+    def __init__(self, source: list, batches: int) -> None:
+        import mmap
+
+        self.batches = batches
+        self.nbytes = sum(t.numel() for t in source)
+        path = f"/dev/shm/bf{os.getpid()}_bench_torch"
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, self.nbytes)
+            self.mm = mmap.mmap(fd, self.nbytes)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+        self.address = np.frombuffer(self.mm, np.uint8).ctypes.data
+        self.views, off = [], 0
+        for t in source:
+            v = torch.frombuffer(self.mm, dtype=t.dtype, count=t.numel(), offset=off).view(t.shape)
+            v.copy_(t)
+            self.views.append(v)
+            off += t.numel() * t.element_size()
+        self.hooks = None
+
+    def set_mapping_hooks(self, hooks) -> None:
+        self.hooks = hooks
+        hooks.opened(self.mm, self.address, self.nbytes)
+
+    def __iter__(self):
+        return (self.views[i % len(self.views)] for i in range(self.batches))
+
+    def close(self) -> None:
+        if self.hooks is not None:
+            self.hooks.closing(self.mm, self.address, self.nbytes)
+        self.views = []
+
+
+class _WholeBatches(tud.Dataset):
+    """Each item is a finished batch (a worker returns it as is): the loader's transport is what is timed."""
+
+    def __init__(self, source: list, n: int) -> None:
+        self.source = [t.numpy() for t in source]
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.source[i % len(self.source)]
+
+
 def bench_cuda(reps: int, batches: int, machine: dict) -> None:
-    """GPU cases: CUDAPrefetcher's host-to-device throughput against a raw pinned ``copy_`` of the same
-    bytes, and a loop whose GPU step takes a known time (the copy should hide behind it)."""
+    """GPU cases: CUDAPrefetcher's host-to-device throughput from each kind of input (pageable, staged by
+    one or several threads; pinned; a registered shared-memory mapping, read in place; the output of
+    bridgeflow's DataLoader with 2 workers) against a raw pinned ``copy_`` of the same bytes, and a loop
+    whose GPU step takes a known time (the copy should hide behind it)."""
     from bridgeflow.adapters.torch import CUDAPrefetcher
 
     if not torch.cuda.is_available():
@@ -105,14 +163,30 @@ def bench_cuda(reps: int, batches: int, machine: dict) -> None:
         for i in range(batches):
             dev.copy_(pinned[i % 4], non_blocking=True)
 
-    def prefetch(source):
+    def prefetch(source, **kwargs):
         def run():
-            for _ in CUDAPrefetcher([source[i % 4] for i in range(batches)], device="cuda"):
+            for _ in CUDAPrefetcher([source[i % 4] for i in range(batches)], device="cuda", **kwargs):
                 pass
         return run
 
+    registered = _ShmBatches(pageable, batches)
+    registered_prefetcher = CUDAPrefetcher(registered, device="cuda")
+
+    def prefetch_registered():
+        for _ in registered_prefetcher:
+            pass
+
+    loader = BFDataLoader(_WholeBatches(pageable, batches), batch_size=None, num_workers=2,
+                          persistent_workers=True)
+
+    def prefetch_loader():
+        for _ in CUDAPrefetcher(loader, device="cuda"):
+            pass
+
     cases = {"raw_pinned_copy": raw_copy, "prefetcher_pageable_in": prefetch(pageable),
-             "prefetcher_pinned_in": prefetch(pinned)}
+             "prefetcher_pageable_in_torch_copy_": prefetch(pageable, copy_threads=1),
+             "prefetcher_pinned_in": prefetch(pinned), "prefetcher_registered_shm_in": prefetch_registered,
+             "prefetcher_bf_dataloader_2_workers": prefetch_loader}
     for fn in cases.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {k: [] for k in cases}
@@ -124,10 +198,13 @@ def bench_cuda(reps: int, batches: int, machine: dict) -> None:
         print(json.dumps({"bench": "torch_cuda", "case": "h2d_throughput", "variant": name, "reps": reps,
                           "GB_per_s": round(batches * nbytes / m / 1e9, 2), "median_s": round(m, 4),
                           **machine}))
-    for name in ("prefetcher_pageable_in", "prefetcher_pinned_in"):
-        print(json.dumps({"bench": "torch_cuda", "case": "h2d_throughput", "variant": name,
-                          "ratio_vs_raw_pinned_copy": round(med["raw_pinned_copy"] / med[name], 3),
-                          "target": 0.85}))
+    print(json.dumps({"bench": "torch_cuda", "case": "h2d_throughput", "variant": "prefetcher_registered_shm_in",
+                      "prefetcher": registered_prefetcher.stats()}))
+    for name in cases:
+        if name != "raw_pinned_copy":
+            print(json.dumps({"bench": "torch_cuda", "case": "h2d_throughput", "variant": name,
+                              "ratio_vs_raw_pinned_copy": round(med["raw_pinned_copy"] / med[name], 3),
+                              "target": 0.85}))
 
     # A step of known length: a chain of matmuls whose time is measured alone first.
     a = torch.randn(2048, 2048, device="cuda")
@@ -143,16 +220,25 @@ def bench_cuda(reps: int, batches: int, machine: dict) -> None:
 
     step_alone = statistics.median(_median_time(lambda: [step(dev) for _ in range(batches)], reps)) / batches
 
-    def loop():
-        for x in CUDAPrefetcher([pageable[i % 4] for i in range(batches)], device="cuda"):
-            step(x)
+    def loop(source):
+        def run():
+            for x in source():
+                step(x)
+        return run
 
-    loop()
-    per_batch = statistics.median(_median_time(loop, reps)) / batches
-    bound = max(step_alone, copy_per_batch)
-    print(json.dumps({"bench": "torch_cuda", "case": "overlap", "step_s": round(step_alone, 5),
-                      "copy_s": round(copy_per_batch, 5), "loop_per_batch_s": round(per_batch, 5),
-                      "ratio_vs_max_step_copy": round(per_batch / bound, 3), "target_max": 1.1, **machine}))
+    loops = {"pageable_in": loop(lambda: CUDAPrefetcher([pageable[i % 4] for i in range(batches)], device="cuda")),
+             "registered_shm_in": loop(lambda: registered_prefetcher)}
+    for name, fn in loops.items():
+        fn()
+        per_batch = statistics.median(_median_time(fn, reps)) / batches
+        bound = max(step_alone, copy_per_batch)
+        print(json.dumps({"bench": "torch_cuda", "case": "overlap", "variant": name,
+                          "step_s": round(step_alone, 5), "copy_s": round(copy_per_batch, 5),
+                          "loop_per_batch_s": round(per_batch, 5),
+                          "ratio_vs_max_step_copy": round(per_batch / bound, 3),
+                          "target_max": 1.1, **machine}))
+    registered.close()
+    loader.close()
 
 
 def main() -> None:

@@ -4,12 +4,12 @@ cleanly without CUDA."""
 from __future__ import annotations
 
 import collections
-import threading
 import time
 
 import numpy as np
 import pytest
 import torch
+from torch_backends import DeferredCopyBackend, HostBackend
 
 import bridgeflow
 from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader, DeviceUnavailableError
@@ -22,45 +22,6 @@ def _batches(n=5):
     return [{"x": np.full((4, 3), i, dtype=np.float32), "pair": Pair(torch.full((2,), i), i),
              "names": [f"n{i}"], "t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) + i}
             for i in range(n)]
-
-
-class HostBackend:
-    """Runs the staging pipeline without a GPU: plain host buffers, copies that clone, no-op events.
-
-    Records every staging buffer it hands out, so tests can check reuse."""
-
-    class Event:
-        def synchronize(self):
-            pass
-
-    def __init__(self):
-        self.allocations = 0
-        self.consumer_waits = 0
-        self.thread_names = set()
-
-    def alloc(self, nbytes):
-        self.allocations += 1
-        return torch.empty(nbytes, dtype=torch.uint8)
-
-    def is_pinned(self, t):
-        return False
-
-    def context(self):
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    def enter_thread(self):
-        self.thread_names.add(threading.current_thread().name)
-
-    def to_device(self, host):
-        return host.clone()
-
-    def record(self):
-        return self.Event()
-
-    def wait_consumer(self, event, tensors):
-        self.consumer_waits += 1
 
 
 def _same(a, b):
@@ -106,6 +67,8 @@ def test_without_cuda_it_says_so():
     (dict(num_stages=True), "num_stages should be a positive integer"),
     (dict(device="tpu:0"), "is not a device name|only 'cuda' devices"),
     (dict(device="meta"), "only 'cuda' devices"),
+    (dict(device="cpu", copy_threads=0), "copy_threads should be a positive integer"),
+    (dict(device="cpu", copy_threads=2.0), "copy_threads should be a positive integer"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -127,16 +90,19 @@ def test_staging_pipeline_keeps_structure_and_values(num_stages, leak_check):
         assert not np.shares_memory(got["x"].numpy(), src["x"])  # it went through staging and a copy
     assert len(out) == 7 and backend.consumer_waits == 7
     assert backend.thread_names == {"bf-cuda-prefetch"}
-    # buffers are reused: one per tensor leaf (x, pair.image, t) per stage, never per batch
-    assert backend.allocations == 3 * min(num_stages, 7)
+    # buffers are reused: one per tensor leaf (x, pair.image, t) per buffer set (one more than the
+    # stages), never per batch
+    assert backend.allocations == 3 * min(num_stages + 1, 7)
 
 
 def test_staging_buffers_grow_when_a_batch_is_larger(leak_check):
     backend = HostBackend()
-    batches = [np.zeros(4, np.float32), np.ones(16, np.float32), np.full(8, 2, np.float32)]
+    batches = [np.zeros(4, np.float32), np.ones(16, np.float32), np.full(8, 2, np.float32),
+               np.full(32, 3, np.float32)]
     out = list(CUDAPrefetcher(batches, num_stages=1, _backend=backend))
     assert [o.tolist() for o in out] == [b.tolist() for b in batches]
-    assert backend.allocations == 2
+    # two buffer sets: set 0 sees 4 then 8 floats (grows once), set 1 sees 16 then 32 (grows once)
+    assert backend.allocations == 4
 
 
 def test_loader_error_reaches_the_consumer(leak_check):
@@ -212,56 +178,6 @@ def test_gpu_with_pinned_dataloader_batches():
 
 # --- the stream discipline, checked on the host -------------------------------------------------------
 
-class DeferredCopyBackend(HostBackend):
-    """A host backend whose copies are asynchronous, like a DMA on a side stream: ``to_device`` returns a
-    NaN-filled tensor and only queues the copy; the copy happens when its event is synchronized (the
-    stager, before reusing a buffer) or waited on (the consumer, before using a batch). So a staging
-    buffer overwritten before the copy that reads it completed, or a batch handed out before the consumer
-    waited, shows up as wrong values."""
-
-    class Event:
-        def __init__(self, copies, log):
-            self.copies, self.log, self.lock = copies, log, threading.Lock()
-
-        def complete(self, who):
-            with self.lock:
-                for dst, src in self.copies:
-                    dst.copy_(src)
-                self.copies = []
-            self.log.append((who, id(self)))
-
-        def synchronize(self):
-            self.complete("sync")
-
-    def __init__(self, pinned=()):
-        super().__init__()
-        self.pending = []
-        self.log = []
-        self.waited_tensors = []
-        self.pinned = {t.data_ptr() for t in pinned}
-
-    def is_pinned(self, t):
-        return t.data_ptr() in self.pinned
-
-    def to_device(self, host):
-        dev = torch.full(host.shape, float("nan")).to(host.dtype) if host.is_floating_point() else \
-            torch.full(host.shape, -1, dtype=host.dtype)
-        self.pending.append((dev, host))
-        self.log.append(("copy", host.data_ptr()))
-        return dev
-
-    def record(self):
-        event = self.Event(self.pending, self.log)
-        self.pending = []
-        self.log.append(("record", id(event)))
-        return event
-
-    def wait_consumer(self, event, tensors):
-        event.complete("wait")
-        self.waited_tensors.append([id(t) for t in tensors])
-        self.consumer_waits += 1
-
-
 def _leaves(obj):
     if isinstance(obj, torch.Tensor):
         return [obj]
@@ -279,7 +195,7 @@ def test_buffers_are_reused_only_after_their_copy_completed(num_stages, leak_che
     held = list(CUDAPrefetcher(batches, num_stages=num_stages, _backend=backend))  # the consumer holds all
     for i, got in enumerate(held):
         assert got["x"].eq(i).all() and got["y"].tolist() == list(range(i, i + 5)) and got["tag"] == f"b{i}"
-    assert backend.allocations == 2 * min(num_stages, 12)
+    assert backend.allocations == 2 * min(num_stages + 1, 12)
     # each reuse of a staging buffer comes after the event recorded behind its previous copy completed
     last_event_of: dict[int, int] = {}
     done: set[int] = set()
@@ -316,8 +232,9 @@ def test_shapes_that_grow_and_shrink_reuse_and_grow_the_buffers(leak_check):
     batches = [np.arange(n, dtype=np.int64) * 10 + k for k, n in enumerate(sizes)]
     held = list(CUDAPrefetcher(batches, num_stages=2, _backend=backend))
     assert [h.tolist() for h in held] == [b.tolist() for b in batches]
-    # slot 0 sees 4, 2, 32, 0 (grows twice: 4 then 32); slot 1 sees 16, 16, 1, 8 (never grows)
-    assert backend.allocations == 3
+    # three buffer sets: set 0 sees 4, 16, 0 (grows once); set 1 sees 16, 32, 8 (grows once); set 2
+    # sees 2, 1 (never grows)
+    assert backend.allocations == 5
 
 
 def test_pinned_host_tensors_are_copied_from_directly_and_kept_until_copied(leak_check):

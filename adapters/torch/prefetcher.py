@@ -1,15 +1,28 @@
 """``CUDAPrefetcher``: batches copied to the GPU on a side stream while the model works on the last one.
 
-A background thread takes host batches from any iterable (this package's DataLoader, torch's, a
-DataFlow), stages every tensor and numeric numpy array into a reused pinned buffer (one set of buffers per
-stage, grown when a batch is larger, never pinned afresh per batch), and issues ``copy_(non_blocking=True)``
-on its own CUDA stream followed by an event. The consumer's stream waits on that event before the batch
-is handed out, and ``record_stream`` tells the caching allocator the batch is used on the consumer's
-stream, so its memory is not reused while kernels still read it. Nested dicts, lists, tuples and
-namedtuples keep their structure; strings and Python numbers pass through.
+Two background threads feed the training loop. The *fetch* thread pulls host batches from any iterable
+(this package's DataLoader, torch's, a DataFlow). The *stage* thread starts each batch's copy to the
+device with ``copy_(non_blocking=True)`` on its own CUDA stream, records an event behind it, and queues
+the device batch; the consumer's stream waits on that event before the batch is handed out, and
+``record_stream`` tells the caching allocator the batch is used on the consumer's stream.
 
-With ``device="cpu"`` batches pass through (numpy arrays become tensors, zero copy), so the same training
-loop runs on a machine without a GPU. ``device="cuda"`` without CUDA raises :class:`DeviceUnavailableError`.
+Where the host bytes come from:
+
+- **Pinned already** (a ``pin_memory=True`` loader, or a shared-memory slab registered as page-locked:
+  see :mod:`.pinning`; the prefetcher registers the slabs of the bridgeflow loader or flow it reads): the
+  copy reads the batch where it lies, with no host copy at all.
+- **Pageable** (in-process flows, user iterables): the batch is first copied into reused pinned buffers,
+  large tensors by several threads at once (:class:`~.staging.ParallelCopier`). There are
+  ``num_stages + 1`` sets of buffers, so staging the next batch never waits for the copy of this one.
+
+No early reuse: host memory a copy reads (a staging buffer, or the batch's own tensors, and with them the
+slab they view) is kept until the event of that copy has completed, then let go; a slab goes back to its
+worker only then. At the end (exhaustion, an error, an early ``break``) the stage thread waits for every
+copy still in flight before releasing anything.
+
+Nested dicts, lists, tuples and namedtuples keep their structure; strings and Python numbers pass
+through. With ``device="cpu"`` batches pass through (numpy arrays become tensors, zero copy), so the same
+training loop runs without a GPU. ``device="cuda"`` without CUDA raises :class:`DeviceUnavailableError`.
 
 Example:
     >>> from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader   # doctest: +SKIP
@@ -19,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Iterable, Iterator
@@ -29,9 +43,14 @@ import numpy as np
 from bridgeflow.errors import BridgeflowError
 
 from ._compat import torch
+from .background import BackgroundIterator
 from .convert import map_structure
+from .pinning import CudaHostRegistrar, SlabPinner, attach_pinner
+from .staging import ParallelCopier
 
 __all__ = ["CUDAPrefetcher", "DeviceUnavailableError"]
+
+log = logging.getLogger(__name__)
 
 _NUMERIC = frozenset("biufc")
 _STOP = object()
@@ -55,7 +74,7 @@ def _as_tensor(x: Any) -> Any:
 
 
 class _CudaBackend:
-    """Pinned host buffers, a side stream and events on one CUDA device."""
+    """Pinned host buffers, a side stream, events and slab registration on one CUDA device."""
 
     def __init__(self, device: Any) -> None:
         self.device = device
@@ -66,6 +85,9 @@ class _CudaBackend:
 
     def is_pinned(self, t: Any) -> bool:
         return t.is_pinned()
+
+    def registrar(self) -> Any:
+        return CudaHostRegistrar(self.device)
 
     def context(self) -> Any:
         return torch.cuda.stream(self.stream)
@@ -83,6 +105,9 @@ class _CudaBackend:
         event.record(self.stream)
         return event
 
+    def query(self, event: Any) -> bool:
+        return event.query()
+
     def wait_consumer(self, event: Any, tensors: list[Any]) -> None:
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(event)
@@ -91,7 +116,8 @@ class _CudaBackend:
 
 
 class _Slot:
-    """One stage's pinned buffers (one per leaf, reused) and the event of its last copy."""
+    """One set of pinned staging buffers (one per leaf, reused), the event of the last copy that read
+    them, and the host tensors that copy reads (kept alive until the event has completed)."""
 
     def __init__(self) -> None:
         self.buffers: list[Any] = []
@@ -107,6 +133,18 @@ class _Slot:
             buf = self.buffers[k] = backend.alloc(max(nbytes, 1))
         return buf[:nbytes].view(like.dtype).view(like.shape)
 
+    def wait(self) -> None:
+        """Block until the last copy from this slot has completed, then let go of what it read."""
+        if self.event is not None:
+            self.event.synchronize()
+        self.keep = []
+
+    def release_if_done(self, backend: Any) -> None:
+        """Let go of the host tensors early when their copy has already completed (no blocking)."""
+        query = getattr(backend, "query", None)
+        if self.keep and self.event is not None and query is not None and query(self.event):
+            self.keep = []
+
 
 class CUDAPrefetcher:
     """Iterate ``loader`` with each batch already on ``device``; copies overlap with the consumer's work.
@@ -114,13 +152,21 @@ class CUDAPrefetcher:
     Args:
         loader: any iterable of batches (tensors / numpy arrays in nested dicts, lists, tuples).
         device: ``"cuda"``, ``"cuda:1"``, a ``torch.device``, or ``"cpu"`` for pass-through.
-        num_stages: batches staged ahead of the consumer (>= 1); also the number of pinned buffer sets.
+        num_stages: batches on the device ahead of the consumer (>= 1); there is one more set of pinned
+            staging buffers than stages.
+        copy_threads: threads that copy one large pageable batch into pinned memory; default: a split
+            across several threads or torch's ``copy_``, whichever its first copies show faster here.
+        pin_slabs: page-lock the shared-memory slabs of the bridgeflow loader or flow being read (where
+            it offers ``set_mapping_hooks``), so their batches reach the GPU with no host copy.
     """
 
     def __init__(self, loader: Iterable, device: Any = "cuda", num_stages: int = 2, *,
-                 _backend: Any = None) -> None:
+                 copy_threads: int | None = None, pin_slabs: bool = True, _backend: Any = None) -> None:
         if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 1:
             raise ValueError(f"CUDAPrefetcher: num_stages should be a positive integer, got {num_stages!r}")
+        if copy_threads is not None and (isinstance(copy_threads, bool) or not isinstance(copy_threads, int)
+                                         or copy_threads < 1):
+            raise ValueError(f"CUDAPrefetcher: copy_threads should be a positive integer, got {copy_threads!r}")
         if not hasattr(loader, "__iter__"):
             raise TypeError("CUDAPrefetcher: loader should be an iterable of batches, "
                             f"got {type(loader).__name__}")
@@ -130,7 +176,11 @@ class CUDAPrefetcher:
             raise ValueError(f"CUDAPrefetcher: device={device!r} is not a device name") from exc
         self.loader = loader
         self.num_stages = num_stages
+        self.copy_threads = copy_threads
+        self.pin_slabs = pin_slabs
+        self.pinner: SlabPinner | None = None  # set once slabs of the loader are being registered
         self._backend = _backend
+        self._counts: dict[str, Any] = {"zero_copy": 0, "staged": 0, "staging_copy": None}
         if _backend is None and self.device.type == "cuda":
             if not torch.cuda.is_available():
                 raise DeviceUnavailableError(
@@ -148,16 +198,32 @@ class CUDAPrefetcher:
     def __len__(self) -> int:
         return len(self.loader)
 
+    def stats(self) -> dict[str, Any]:
+        """Tensors copied straight from where they lay (``zero_copy``: pinned or in a registered slab)
+        and through a staging buffer (``staged``), how large staging copies are made (``staging_copy``:
+        ``"split"`` across threads, ``"torch"``'s ``copy_``, ``None`` while undecided), and the slabs
+        registered now."""
+        registered = self.pinner.registered if self.pinner is not None else {}
+        return {**self._counts, "registered_slabs": len(registered),
+                "registered_bytes": sum(registered.values()),
+                "pinning_failure": self.pinner.failure if self.pinner is not None else None}
+
     def __iter__(self) -> Iterator[Any]:
         if self._backend is None and self.device.type == "cpu":
             return (map_structure(b, _as_tensor, (np.ndarray,)) for b in self.loader)
         backend = self._backend or _CudaBackend(self.device)
+        if self.pin_slabs and self.pinner is None and hasattr(backend, "registrar"):
+            pinner = SlabPinner(backend.registrar())
+            if attach_pinner(self.loader, pinner):
+                self.pinner = pinner
         return self._pipeline(backend)
 
     def _pipeline(self, backend: Any) -> Iterator[Any]:
         ready: queue.Queue = queue.Queue(maxsize=self.num_stages)
         stop = threading.Event()
-        args = (iter(self.loader), backend, self.num_stages, ready, stop)
+        fetched = BackgroundIterator(self.loader, depth=1, name="bf-cuda-fetch")
+        copier = ParallelCopier(self.copy_threads)
+        args = (fetched, backend, copier, self.num_stages + 1, ready, stop, self._counts)
         thread = threading.Thread(target=_stage_loop, args=args, name="bf-cuda-prefetch", daemon=True)
         thread.start()
         try:
@@ -168,8 +234,10 @@ class CUDAPrefetcher:
                 if isinstance(item, _Failure):
                     raise item.error
                 batch, event, tensors = item
+                del item
                 backend.wait_consumer(event, tensors)
                 yield batch
+                del batch, event, tensors
         finally:
             stop.set()
             while thread.is_alive():
@@ -178,6 +246,7 @@ class CUDAPrefetcher:
                 except queue.Empty:
                     pass
             thread.join()
+            copier.close()
 
 
 class _Failure:
@@ -195,45 +264,64 @@ def _put(ready: queue.Queue, item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _stage_loop(batches: Iterator[Any], backend: Any, num_stages: int, ready: queue.Queue,
-                stop: threading.Event) -> None:
-    """Background thread: stage each batch in a slot's pinned buffers and start its copy to the device."""
-    slots = [_Slot() for _ in range(num_stages)]
+def _stage_batch(batch: Any, slot: _Slot, backend: Any, copier: ParallelCopier,
+                 counts: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """Start the copies of one batch to the device (on the backend's stream); returns the device batch
+    and its device tensors. The host tensors the copies read go to ``slot.keep``."""
+    device_tensors: list[Any] = []
+    staged_leaves = 0
+
+    def move(x: Any) -> Any:
+        nonlocal staged_leaves
+        host = _as_tensor(x)
+        if not isinstance(host, torch.Tensor) or host.device.type != "cpu":
+            return host if isinstance(host, torch.Tensor) else x
+        if host.is_contiguous() and backend.is_pinned(host):
+            counts["zero_copy"] += 1  # read in place: it must outlive the copy
+        else:
+            staged = slot.staging(backend, staged_leaves, host)
+            staged_leaves += 1
+            copier.copy(staged, host)
+            counts["staged"] += 1
+            counts["staging_copy"] = copier.choice
+            host = staged
+        slot.keep.append(host)
+        dev = backend.to_device(host)
+        device_tensors.append(dev)
+        return dev
+
+    return map_structure(batch, move, (torch.Tensor, np.ndarray)), device_tensors
+
+
+def _stage_loop(batches: BackgroundIterator, backend: Any, copier: ParallelCopier, num_buffers: int,
+                ready: queue.Queue, stop: threading.Event, counts: dict[str, Any]) -> None:
+    """Background thread: start each batch's copy to the device, from where it lies or from a staging
+    buffer, and queue it for the consumer. ``num_buffers`` slots rotate; a slot is reused only after the
+    copy that last read it has completed, and is one further than the copies in flight."""
+    slots = [_Slot() for _ in range(num_buffers)]
     try:
         backend.enter_thread()
         for i, batch in enumerate(batches):
             if stop.is_set():
                 return
-            slot = slots[i % num_stages]
-            if slot.event is not None:
-                slot.event.synchronize()  # the copy that last read these buffers is done
-            slot.keep = []
-            device_tensors: list[Any] = []
-            counter = iter(range(1 << 62))
-
-            def move(x: Any, slot: _Slot = slot, device_tensors: list = device_tensors,
-                     counter: Iterator[int] = counter) -> Any:
-                host = _as_tensor(x)
-                if not isinstance(host, torch.Tensor) or host.device.type != "cpu":
-                    return host if isinstance(host, torch.Tensor) else x
-                if not backend.is_pinned(host):
-                    staged = slot.staging(backend, next(counter), host)
-                    staged.copy_(host)
-                    host = staged
-                slot.keep.append(host)
-                dev = backend.to_device(host)
-                device_tensors.append(dev)
-                return dev
-
+            for other in slots:
+                other.release_if_done(backend)
+            slot = slots[i % num_buffers]
+            slot.wait()  # the copy that last read these buffers is done
             with backend.context():
-                out = map_structure(batch, move, (torch.Tensor, np.ndarray))
+                out, device_tensors = _stage_batch(batch, slot, backend, copier, counts)
                 slot.event = backend.record()
+            del batch  # the host batch now lives on only in slot.keep, until its copy completes
             if not _put(ready, (out, slot.event, device_tensors), stop):
                 return
+            del out, device_tensors
         _put(ready, _STOP, stop)
     except BaseException as exc:  # handed to the consumer, raised there
         _put(ready, _Failure(exc), stop)
     finally:
-        close = getattr(batches, "close", None)
-        if close is not None:
-            close()
+        for slot in slots:  # nothing a copy still reads may be released (a slab reused, a buffer freed)
+            try:
+                slot.wait()
+            except Exception as exc:  # a broken device: the copies cannot be waited for any more
+                log.warning("CUDAPrefetcher: waiting for a copy in flight failed: %s", exc)
+        batches.close()  # then the fetch thread stops and closes the loader's iterator (unmapping slabs)
