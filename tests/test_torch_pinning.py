@@ -65,18 +65,18 @@ class Slabs:
     def open(self, size=shm.MIN_SLAB):
         name = f"bf{os.getpid()}_pintest{self.n}"
         self.n += 1
-        mm = shm.create_segment(name, size)
+        mm = shm.create_segment(name, size)  # a SharedMapping: unmapped when the last reference goes
         shm.unlink_segment(name)  # no /dev/shm entry behind, whatever the test does
-        address = np.frombuffer(mm, np.uint8).ctypes.data
+        address = mm.address
         self.maps[address] = mm
-        self.hooks.opened(mm, address, size)
+        self.hooks.opened(mm.name, address, size)
         return address
 
     def unmap(self, address, call_hook=True):
         mm = self.maps.pop(address)
         if call_hook:
-            self.hooks.closing(mm, address, len(mm))
-        mm.close()
+            self.hooks.closing(mm.name, address, mm.nbytes)
+        del mm  # the only reference: unmapped here
 
     def close(self):
         for address in list(self.maps):
@@ -194,8 +194,7 @@ def test_close_and_garbage_collection_unregister_what_is_left(leak_check):
     del pinner2
     gc.collect()
     assert registrar2.live == {}  # the pinner's finalizer unregistered it
-    for mm in slabs2.maps.values():
-        mm.close()
+    slabs2.maps.clear()  # unmapped without telling the hooks
 
 
 def test_zero_bytes_and_reopened_mappings():
@@ -263,8 +262,10 @@ def test_a_dying_worker_leaves_no_registration_and_no_shared_memory(leak_check):
     df.set_mapping_hooks(pinner)
     with pytest.raises(WorkerError):
         with df:
-            for _ in df:
+            for dp in df:
                 pass
+    del dp  # a slab stays mapped, and registered, while an array from it is held (the core's guarantee)
+    gc.collect()
     assert pinner.registrations > 0
     assert registrar.live == {} and registrar.unmapped_at_unregister == []
 
@@ -300,6 +301,9 @@ def test_prefetching_from_registered_slabs_ends_clean(how, leak_check):
                 seen += 1
                 if how == "ctrl_c" and seen == 10:
                     raise KeyboardInterrupt
+    if seen:
+        del _x  # the last batch handed out: its slab stays mapped while it is held
+    gc.collect()
     assert prefetcher.pinner is not None and prefetcher.pinner.registrations > 0
     assert prefetcher.stats()["zero_copy"] > 0
     assert backend.reg.ranges == {} and prefetcher.pinner.registered == {}
