@@ -17,7 +17,7 @@ from bridgeflow.serialize.cli import bench_file, detect_format, main, register
 from bridgeflow.serialize.errors import CorruptDataError
 from bridgeflow.serialize.hdf5_format import HDF5Data
 from bridgeflow.serialize.images import ImageFolderData
-from bridgeflow.serialize.lmdb_format import LMDBData
+from bridgeflow.serialize.lmdb_format import LMDBDataset
 from bridgeflow.serialize.npz_format import NumpyData
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 
@@ -75,7 +75,7 @@ def test_serialize_image_folder_to_lmdb_with_progress(image_folder, tmp_path, ca
     assert "wrote 11 datapoints" in cap.out
     assert "dp/s" in cap.err and "11/11" in cap.err  # tqdm: count and rate on stderr
     ref = list(ImageFolderData(root))
-    with LMDBData(out, shuffle=False) as ds:
+    with LMDBDataset(out, shuffle=False) as ds:
         assert_same_datapoints(ref, list(ds))
     assert detect_format(str(out)) == "lmdb"
 
@@ -118,13 +118,13 @@ def test_module_function_source_and_conversions(tmp_path, capsys):
                 "--limit", "5"])[0] == 0
     capsys.readouterr()
     ref = [[np.full((2, 3), i, np.int32), i, f"s{i}"] for i in range(20)]
-    for path, cls in (("a.npz", NumpyData), ("b.lmdb", LMDBData), ("c.h5", HDF5Data)):
+    for path, cls in (("a.npz", NumpyData), ("b.lmdb", LMDBDataset), ("c.h5", HDF5Data)):
         with cls(tmp_path / path, shuffle=False) as ds:
             assert_same_datapoints(ref, list(ds))
     assert_same_datapoints(ref[:5], list(NumpyData(tmp_path / "d.bin", shuffle=False)))
     assert run(["serialize", src, tmp_path / "w.lmdb", "--workers", "2", "--quiet", "--checksum"])[0] == 0
-    assert LMDBData(tmp_path / "w.lmdb").meta["checksum"] == "crc32"
-    with LMDBData(tmp_path / "w.lmdb", shuffle=False) as ds:
+    assert LMDBDataset(tmp_path / "w.lmdb").meta["checksum"] == "crc32"
+    with LMDBDataset(tmp_path / "w.lmdb", shuffle=False) as ds:
         assert_same_datapoints(ref, list(ds))  # the map stage ran in 2 processes, order kept
     code, cap = run(["serialize", f"{mod}:no_map", tmp_path / "v.lmdb", "--workers", "2"], capsys)
     assert code == 1 and "MapData" in cap.err
@@ -193,7 +193,7 @@ def test_load_recognises_formats_by_content(tmp_path):
     from bridgeflow.serialize import HDF5Serializer, LMDBSerializer, NumpySerializer, load
 
     dps = [[np.arange(3) + i, i] for i in range(4)]
-    for saver, name, cls in ((LMDBSerializer, "a.data", LMDBData), (HDF5Serializer, "b.data", HDF5Data),
+    for saver, name, cls in ((LMDBSerializer, "a.data", LMDBDataset), (HDF5Serializer, "b.data", HDF5Data),
                              (NumpySerializer, "c.data", NumpyData)):
         saver.save(DataFromList(dps, shuffle=False), tmp_path / name, progress=False)
         ds = load(tmp_path / name)  # no telling extension: the first bytes decide
@@ -303,7 +303,7 @@ def test_a_folder_of_splits_is_refused_naming_split(split_folder, tmp_path, caps
     assert "--split train" in cap.err and os.path.join(str(split_folder), "train") in cap.err
     assert not (tmp_path / "x.lmdb").exists()
     code, cap = run(["serialize", split_folder, tmp_path / "x.lmdb", "--quiet", "--split", "train"], capsys)
-    assert code == 0 and LMDBData(tmp_path / "x.lmdb").classes == ["cat", "dog"]
+    assert code == 0 and LMDBDataset(tmp_path / "x.lmdb").classes == ["cat", "dog"]
     assert len(ImageFolderData(split_folder, split="val")) == 2
 
 
