@@ -53,8 +53,9 @@ def test_image_folder_flow(image_folder):
     df = ImageFolderData(root, decode=False)
     assert df.classes == ["cat", "dog", "zebra"] and len(df) == 11
     out = check_dataflow(df, deterministic=True)
-    for (path, label), (raw, got_label) in zip(df.files, out):
-        assert raw == open(path, "rb").read() and got_label == label
+    for (path, label), (raw, got_label) in zip(df.files, out):  # the file's bytes, as cv2.imdecode takes them
+        assert raw.dtype == np.uint8 and raw.ndim == 1 and raw.tobytes() == open(path, "rb").read()
+        assert got_label == label
     assert [lbl for _, lbl in df.files] == [0] * 4 + [1] * 4 + [2] * 3
     decoded = ImageFolderData(root, decode=True)
     for i, (path, _) in enumerate(decoded.files):
@@ -78,6 +79,47 @@ def test_serialize_image_folder_to_lmdb_with_progress(image_folder, tmp_path, ca
     with LMDBDataset(out, shuffle=False) as ds:
         assert_same_datapoints(ref, list(ds))
     assert detect_format(str(out)) == "lmdb"
+
+
+@pytest.mark.parametrize("ext", ["lmdb", "h5", "npz"])
+def test_encoded_images_decode_with_cv2_as_tensorpack_code_does(image_folder, tmp_path, ext):
+    import cv2
+
+    from bridgeflow.serialize import load_dataset
+
+    root, _ = image_folder
+    out = tmp_path / f"imgs.{ext}"
+    assert run(["serialize", root, out, "--quiet"])[0] == 0
+    with load_dataset(out) as ds:
+        ds.reset_state()
+        got = list(ds)
+    files = ImageFolderData(root).files
+    assert len(got) == len(files) == 11
+    for (path, label), (img, got_label) in zip(files, got):
+        decoded = cv2.imdecode(img, cv2.IMREAD_COLOR)  # tensorpack's idiom, as it is
+        np.testing.assert_array_equal(decoded, cv2.imread(path, cv2.IMREAD_COLOR))
+        assert got_label == label
+
+
+def test_files_written_with_bytes_images_still_load_as_bytes(image_folder, tmp_path):
+    import cv2
+
+    from bridgeflow.serialize.lmdb_format import LMDBSerializer
+
+    root, _ = image_folder
+    old = tmp_path / "old.lmdb"  # as bridgeflow wrote image folders before: bytes
+    LMDBSerializer.save(ImageFolderData(root, encoded="bytes"), old, progress=False)
+    new = tmp_path / "new.lmdb"
+    assert run(["serialize", root, new, "--quiet"])[0] == 0
+    with LMDBDataset(old, shuffle=False) as a, LMDBDataset(new, shuffle=False) as b:
+        for (raw, la), (arr, lb) in zip(a, b):
+            assert isinstance(raw, bytes) and isinstance(arr, np.ndarray) and la == lb
+            assert raw == arr.tobytes()
+            # the README's one-line decode reads both
+            np.testing.assert_array_equal(cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR),
+                                          cv2.imdecode(np.frombuffer(arr, np.uint8), cv2.IMREAD_COLOR))
+    with pytest.raises(ValueError, match="encoded"):
+        ImageFolderData(root, encoded="str")
 
 
 def test_decode_to_hdf5_and_workers_keep_order(image_folder, tmp_path, leak_check):

@@ -8,7 +8,8 @@
 - :class:`NumpySerializer` / :class:`NumpyData`: one ``.npz`` file, for small datasets.
 - :func:`encode` / :func:`decode` (one buffer) and :func:`encode_frames` / :func:`decode_frames` (arrays as
   separate frames, for transports): the codec; it never unpickles unless both sides ask.
-- :class:`ImageFolderData`: ``root/<class>/<image>`` as ``[image bytes or array, label]``.
+- :class:`ImageFolderData`: ``root/<class>/<image>`` as ``[image, label]`` (the file's bytes as a ``uint8``
+  array, or decoded).
 - :func:`load`: any of the three formats, recognised by content.
 
 Every save writes a temporary file beside the target and renames it on success; loads check the
