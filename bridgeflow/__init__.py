@@ -38,6 +38,7 @@ from .parallel import (
     ThreadedMapData,
     WorkerPool,
 )
+from .queues import DataFromQueue, MultiThreadPrefetchData
 from .remote import (
     MessageTooLargeError,
     ProducerError,
@@ -97,6 +98,7 @@ __all__ = [
     "DataFromGenerator",
     "DataFromIterable",
     "DataFromList",
+    "DataFromQueue",
     "DatapointError",
     "DatasetChangedError",
     "DatasetNotFoundError",
@@ -126,6 +128,7 @@ __all__ = [
     "MultiProcessRunner",
     "MultiProcessRunnerZMQ",
     "MultiThreadMapData",
+    "MultiThreadPrefetchData",
     "MultiThreadRunner",
     "NumpyData",
     "NumpySerializer",
