@@ -32,6 +32,7 @@ import base64
 import gc
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -106,7 +107,15 @@ def dicts(n: int) -> list:
     return [{"x": np.arange(2, dtype=np.int64) * i, "y": float(i)} for i in range(n)]
 
 
-# name -> (expression over the names of the dataflow package and dps/shaped/labels/dicts/np, epochs)
+def filled_queue(n: int) -> queue.Queue:
+    """A queue holding ``dps(n)``."""
+    q: queue.Queue = queue.Queue()
+    for dp in dps(n):
+        q.put(dp)
+    return q
+
+
+# name -> (expression over the names of the dataflow package and the helpers above, epochs)
 FLOWS = {
     "data_from_list": ("DataFromList(dps(7), shuffle=False)", 2),
     "data_from_generator": ("DataFromGenerator(lambda: iter(dps(3)))", 2),
@@ -134,13 +143,16 @@ FLOWS = {
     "fixed_size_restarts": ("FixedSizeData(DataFromList(dps(5), shuffle=False), 3, keep_state=False)", 2),
     "fixed_size_longer": ("FixedSizeData(DataFromList(dps(4), shuffle=False), 6, keep_state=False)", 1),
     "cache": ("CacheData(DataFromList(dps(3), shuffle=False))", 2),
+    "data_from_queue": ("FixedSizeData(DataFromQueue(filled_queue(6)), 4)", 1),
+    "multi_thread_prefetch_one_thread": ("MultiThreadPrefetchData(lambda: DataFromList(dps(5), shuffle=False), 4, 1)",
+                                         2),
 }
 
 
 def flow_namespace(package: object) -> dict:
     """The names an expression of ``FLOWS`` may use: the package's public names and the helpers here."""
     ns = {name: getattr(package, name) for name in package.__all__ if hasattr(package, name)}
-    ns.update(np=np, dps=dps, shaped=shaped, labels=labels, dicts=dicts)
+    ns.update(np=np, dps=dps, shaped=shaped, labels=labels, dicts=dicts, filled_queue=filled_queue)
     return ns
 
 
