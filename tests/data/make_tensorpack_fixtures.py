@@ -17,7 +17,8 @@ It writes, into ``tests/data`` (or ``--out``):
   array) or as a structured dtype;
 - ``tensorpack_expected.json``: for each file, what tensorpack's ``LMDBSerializer.load`` and
   ``LMDBData`` (shuffle=False) yield; for each case of ``FLOWS``, what the flow yields in each of
-  ``epochs`` iterations, and its ``len()``.
+  ``epochs`` iterations, and its ``len()``; the public names of ``tensorpack.dataflow``, its ``imgaug``
+  and its ``dataset`` (the README's porting table must cover them).
 
 tests/test_tensorpack_diff.py evaluates the same ``FLOWS`` expressions with
 ``from bridgeflow.dataflow import *`` (the import is all that changes), reads the same LMDB files, and
@@ -264,6 +265,16 @@ def _flows() -> dict:
     return {name: to_json(run_flow(expr, epochs, ns)) for name, (expr, epochs) in FLOWS.items()}
 
 
+def _names() -> dict:
+    """The public names of tensorpack.dataflow, its imgaug and its dataset (classes; it has no __all__)."""
+    import tensorpack.dataflow as tp
+    from tensorpack.dataflow import dataset, imgaug
+
+    datasets = [n for n in dir(dataset) if not n.startswith("_") and isinstance(getattr(dataset, n), type)]
+    return {"dataflow": sorted(tp.__all__), "imgaug": sorted(imgaug.__all__),
+            "dataset": sorted(n for n in datasets if n != "RNGDataFlow")}
+
+
 def main(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     expected: dict = {"tensorpack": None, "lmdb": {}, "flows": None}
@@ -283,6 +294,7 @@ def main(out: str) -> None:
 
     expected["tensorpack"] = tensorpack.__version__
     expected["flows"] = _flows()
+    expected["names"] = _names()
     with open(os.path.join(out, EXPECTED), "w") as f:
         json.dump(expected, f, indent=0, sort_keys=True)
 
