@@ -81,12 +81,12 @@ def labels_by_producer(dps: list, bases: list[int], n: int) -> dict[int, list[in
 
 def test_two_address_form_binds_both_and_reads_every_producer(leak_check, producers, tmp_path):
     a, b = f"ipc://{tmp_path}/a.sock", free_tcp()
-    with RemoteDataZMQ(a, b, bind=True, timeout=10) as df:  # tensorpack: RemoteDataZMQ(addr1, addr2)
+    with RemoteDataZMQ(a, b, bind=True, producers=3, timeout=10) as df:  # tensorpack: RemoteDataZMQ(addr1, addr2)
         assert df.addrs == [a, b] and df.bind
         df.reset_state()
         for base, addr in ((0, a), (1000, b), (2000, b)):  # two producers share b
             producers(addr, 40, base)
-        got = list(df)  # ends when all three said their last pass
+        got = list(df)  # ends when the three said their last pass
         by = labels_by_producer(got, [0, 1000, 2000], 40)
         assert all(v == sorted(v) for v in by.values())  # each producer's order is kept
         assert df.stats()["producers"] == 0 and df.stats()["datapoints"] == 120
@@ -94,7 +94,7 @@ def test_two_address_form_binds_both_and_reads_every_producer(leak_check, produc
 
 def test_large_datapoints_of_producers_sharing_an_address_are_not_mixed(leak_check, producers, tmp_path):
     addr = f"ipc://{tmp_path}/big.sock"
-    with RemoteDataZMQ(addr, bind=True, timeout=20) as df:
+    with RemoteDataZMQ(addr, bind=True, producers=2, timeout=20) as df:
         df.reset_state()
         for base in (0, 100):  # 3 MiB each: sent in 1 MiB pieces, interleaved on one socket
             producers(addr, 4, base, shape=(1024, 1024, 3))
@@ -113,6 +113,31 @@ def test_default_topology_two_addresses_connect_to_binding_producers(leak_check,
         assert not df.bind
         df.reset_state()
         labels_by_producer(list(df), [0, 500], 10)
+
+
+def test_without_a_producer_count_the_iteration_waits_and_then_says_what_to_do(leak_check, producers, tmp_path):
+    addr = f"ipc://{tmp_path}/n.sock"
+    with RemoteDataZMQ(addr, bind=True, timeout=1.0) as df:  # endless, as tensorpack's
+        df.reset_state()
+        producers(addr, 5, 0)
+        it = iter(df)
+        assert [next(it)[1] for _ in range(5)] == list(range(5))
+        with pytest.raises(ProducerLostError, match=r"1 producer\(s\) finished: pass producers=N"):
+            next(it)
+
+
+def test_late_producers_are_waited_for(leak_check, producers, tmp_path):
+    addr = f"ipc://{tmp_path}/late.sock"
+    with RemoteDataZMQ(addr, bind=True, producers=2, timeout=10) as df:
+        df.reset_state()
+        producers(addr, 5, 0)
+        it = iter(df)
+        first = [next(it) for _ in range(5)]  # the first producer is done before the second starts
+        producers(addr, 5, 100)
+        rest = list(it)
+    labels_by_producer(first + rest, [0, 100], 5)
+    with pytest.raises(ValueError, match="bind=True"):
+        RemoteDataZMQ(addr, producers=2)
 
 
 def test_earlier_positional_hwm_still_means_hwm():
@@ -182,7 +207,7 @@ def test_format_names_map_to_safe_codecs_and_pickle_needs_consent(leak_check, tm
         addr = f"ipc://{tmp_path}/{fmt}{reader_allows}.sock"
         sender = threading.Thread(target=send_dataflow_zmq, args=(DataFromList([[np.arange(3), "x"]]), addr),
                                   kwargs=dict(format=fmt, allow_pickle=allow, bind=False, send_timeout=10))
-        with RemoteDataZMQ(addr, bind=True, timeout=10, allow_pickle=reader_allows) as rdf:
+        with RemoteDataZMQ(addr, bind=True, producers=1, timeout=10, allow_pickle=reader_allows) as rdf:
             rdf.reset_state()
             sender.start()
             if fmt == "pickle" and not reader_allows:

@@ -128,9 +128,10 @@ class RemoteDataZMQ(DataFlow):
     ``addr2``: a second address, for tensorpack's ``RemoteDataZMQ(addr1, addr2)`` (an int here is taken as
     ``hwm``, the second argument of earlier bridgeflow versions). ``bind=True`` is tensorpack's topology:
     this flow binds every address and producers connect (``send_dataflow_zmq(..., bind=False)``), any
-    number per address, told apart by the id each sends; an iteration then ends when every producer
-    heard from has sent its last pass (producers with ``epochs=None`` make it endless, as tensorpack's
-    is), and it waits ``timeout`` seconds for a first producer before raising :class:`ProducerLostError`.
+    number per address, told apart by the id each sends. The iteration is then endless, as tensorpack's
+    is, unless ``producers=N``: it ends once N producers have sent their last pass (however late they
+    connect). When no producer is sending (none connected yet, or all finished), it waits ``timeout``
+    seconds for one before raising :class:`ProducerLostError`.
     ``hwm``: messages queued per producer (per bound address with ``bind=True``) on this side.
     ``timeout``: seconds a producer may stay silent while this flow waits before it counts as lost (keep
     it several times the producers' ``heartbeat_s``).
@@ -154,8 +155,8 @@ class RemoteDataZMQ(DataFlow):
     """
 
     def __init__(self, addrs: str | Sequence[str], addr2: str | None = None, hwm: int = 50, bind: bool = False, *,
-                 timeout: float = 30.0, on_lost: str = "raise", allow_pickle: bool = False,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+                 producers: int | None = None, timeout: float = 30.0, on_lost: str = "raise",
+                 allow_pickle: bool = False, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         who = type(self).__name__
         if isinstance(addr2, int) and not isinstance(addr2, bool):  # RemoteDataZMQ(addrs, hwm) of earlier versions
             addr2, hwm = None, addr2
@@ -166,6 +167,12 @@ class RemoteDataZMQ(DataFlow):
         if not isinstance(bind, bool):
             raise TypeError(f"{who}: bind must be True or False, got {bind!r}")
         self.bind = bind
+        if producers is not None:
+            if not bind:
+                raise ValueError(f"{who}: producers= counts the producers that connect to a bound address "
+                                 "(bind=True); a connecting consumer knows its producers from addrs")
+            producers = int(_positive(producers, "producers", who))
+        self.producers = producers
         self.hwm = int(_positive(hwm, "hwm", who))
         self.timeout = float(_positive(timeout, "timeout", who))
         if on_lost not in ("raise", "skip"):
@@ -302,24 +309,24 @@ class RemoteDataZMQ(DataFlow):
 
     def _iter_bound(self) -> Iterator:
         who = type(self).__name__
-        began = time.monotonic()
+        heard = time.monotonic()  # the last time anything arrived (or the iteration began)
         finished = lost = 0  # producers that finished / were lost during this iteration
         while True:
             if self._ctx is None:
                 raise DataFlowTerminated(f"{who} was closed while being iterated")
+            if self.producers is not None and finished >= self.producers:
+                return  # the producers this flow waits for have all sent their last pass
             active = [p for p in self._producers if p.state == _ACTIVE]
-            if not active:
-                if finished:  # every producer heard from has sent its last pass
-                    return
-                if lost:  # on_lost="skip", and no producer is left
-                    raise ProducerLostError(f"{who}: every producer is lost ({', '.join(self.addrs)})",
-                                            addr=", ".join(self.addrs))
-            got = self._receive_bound(active, began)
+            if not active and lost and not finished and self.producers is None:
+                raise ProducerLostError(f"{who}: every producer is lost ({', '.join(self.addrs)})",
+                                        addr=", ".join(self.addrs))
+            got = self._receive_bound(active, heard)
             if got is None:
                 before = sum(p.state == _LOST for p in self._producers)
-                self._sweep_bound(active, began)
+                self._sweep_bound(active, heard, finished)
                 lost += sum(p.state == _LOST for p in self._producers) - before
                 continue
+            heard = time.monotonic()
             addr, frames = got
             p = self._tagged(addr, frames)
             if p is None or p.state != _ACTIVE:  # a producer already finished or lost: ignored
@@ -363,7 +370,7 @@ class RemoteDataZMQ(DataFlow):
         p.last_seen = time.monotonic()
         return p
 
-    def _receive_bound(self, active: list[_Producer], began: float) -> tuple[str, list] | None:
+    def _receive_bound(self, active: list[_Producer], heard: float) -> tuple[str, list] | None:
         """The next message on a bound socket (fair between them), or ``None`` when it is time to look for
         silent producers."""
         zmq = self._zmq
@@ -379,7 +386,7 @@ class RemoteDataZMQ(DataFlow):
             self._next = start + k + 1
             self._ready += 1
             return addr, frames
-        deadline = (min(p.last_seen for p in active) if active else began) + self.timeout
+        deadline = (min(p.last_seen for p in active) if active else heard) + self.timeout
         wait_ms = min(250, max(0, int((deadline - time.monotonic()) * 1000)) + 1)
         poller = zmq.Poller()
         for _, sock in self._bound:
@@ -394,18 +401,23 @@ class RemoteDataZMQ(DataFlow):
                 return addr, sock.recv_multipart(zmq.NOBLOCK, copy=False)
         return None
 
-    def _sweep_bound(self, active: list[_Producer], began: float) -> None:
+    def _sweep_bound(self, active: list[_Producer], heard: float, finished: int) -> None:
         """Raise (or, with ``on_lost="skip"``, log) for producers silent for ``timeout`` with nothing queued;
-        with no producer yet, raise once ``timeout`` has passed since the iteration began."""
+        with no producer sending, raise once nothing at all arrived for ``timeout``."""
         now = time.monotonic()
         if any(sock.poll(0) for _, sock in self._bound):
             return  # something is queued: read it first (it may be from the silent one)
         if not active:
-            if now - began >= self.timeout:
+            if now - heard >= self.timeout:
+                done = sum(p.state == _FINISHED for p in self._producers)
+                hint = (f"; {done} producer(s) finished: pass producers=N to end an iteration once N have"
+                        if done and self.producers is None else "")
+                waiting = (f", waiting for {self.producers - finished} more producer(s) to finish"
+                           if self.producers is not None else "")
                 raise ProducerLostError(
                     f"{type(self).__name__}: no producer sent anything to {', '.join(self.addrs)} for "
-                    f"{self.timeout:g} s (bind=True: producers connect with send_dataflow_zmq(..., bind=False))",
-                    addr=", ".join(self.addrs), silent_s=now - began)
+                    f"{self.timeout:g} s{waiting} (bind=True: producers connect with "
+                    f"send_dataflow_zmq(..., bind=False)){hint}", addr=", ".join(self.addrs), silent_s=now - heard)
             return
         lost = [p for p in active if now - p.last_seen >= self.timeout]
         if lost:
