@@ -38,6 +38,7 @@ from .parallel import (
     ThreadedMapData,
     WorkerPool,
 )
+from .queues import DataFromQueue, MultiThreadPrefetchData
 from .remote import (
     MessageTooLargeError,
     ProducerError,
@@ -54,6 +55,9 @@ from .serialize import (
     HDF5Data,
     HDF5Serializer,
     LMDBData,
+    LMDBDataDecoder,
+    LMDBDataPoint,
+    LMDBDataset,
     LMDBSerializer,
     NumpyData,
     NumpySerializer,
@@ -96,6 +100,7 @@ __all__ = [
     "DataFromGenerator",
     "DataFromIterable",
     "DataFromList",
+    "DataFromQueue",
     "DatapointError",
     "DatasetChangedError",
     "DatasetNotFoundError",
@@ -107,6 +112,9 @@ __all__ = [
     "ImageFromFile",
     "JoinData",
     "LMDBData",
+    "LMDBDataDecoder",
+    "LMDBDataPoint",
+    "LMDBDataset",
     "LMDBSerializer",
     "LengthUnknownError",
     "LocallyShuffleData",
@@ -122,6 +130,7 @@ __all__ = [
     "MultiProcessRunner",
     "MultiProcessRunnerZMQ",
     "MultiThreadMapData",
+    "MultiThreadPrefetchData",
     "MultiThreadRunner",
     "NotResumableError",
     "NumpyData",

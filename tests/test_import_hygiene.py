@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-HEAVY = ["torch", "tensorflow", "lmdb", "h5py", "zmq", "ray", "cv2", "PIL", "albumentations", "bridgeflow.adapters"]
+HEAVY = ["torch", "tensorflow", "lmdb", "h5py", "zmq", "ray", "cv2", "PIL", "albumentations", "msgpack",
+         "bridgeflow.adapters"]
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
@@ -20,7 +21,8 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("module", ["bridgeflow", "bridgeflow.parallel", "bridgeflow.testing", "bridgeflow.cli",
-                                    "bridgeflow.dataflow"])
+                                    "bridgeflow.dataflow", "bridgeflow.serialize.tensorpack_codec",
+                                    "bridgeflow.serialize.lmdb_raw", "bridgeflow.queues"])
 def test_import_loads_no_heavy_module(module):
     out = run_python(f"""
         import json, sys

@@ -17,7 +17,7 @@ from bridgeflow.serialize.cli import bench_file, detect_format, main, register
 from bridgeflow.serialize.errors import CorruptDataError
 from bridgeflow.serialize.hdf5_format import HDF5Data
 from bridgeflow.serialize.images import ImageFolderData
-from bridgeflow.serialize.lmdb_format import LMDBData
+from bridgeflow.serialize.lmdb_format import LMDBDataset
 from bridgeflow.serialize.npz_format import NumpyData
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 
@@ -53,8 +53,9 @@ def test_image_folder_flow(image_folder):
     df = ImageFolderData(root, decode=False)
     assert df.classes == ["cat", "dog", "zebra"] and len(df) == 11
     out = check_dataflow(df, deterministic=True)
-    for (path, label), (raw, got_label) in zip(df.files, out):
-        assert raw == open(path, "rb").read() and got_label == label
+    for (path, label), (raw, got_label) in zip(df.files, out):  # the file's bytes, as cv2.imdecode takes them
+        assert raw.dtype == np.uint8 and raw.ndim == 1 and raw.tobytes() == open(path, "rb").read()
+        assert got_label == label
     assert [lbl for _, lbl in df.files] == [0] * 4 + [1] * 4 + [2] * 3
     decoded = ImageFolderData(root, decode=True)
     for i, (path, _) in enumerate(decoded.files):
@@ -75,9 +76,50 @@ def test_serialize_image_folder_to_lmdb_with_progress(image_folder, tmp_path, ca
     assert "wrote 11 datapoints" in cap.out
     assert "dp/s" in cap.err and "11/11" in cap.err  # tqdm: count and rate on stderr
     ref = list(ImageFolderData(root))
-    with LMDBData(out, shuffle=False) as ds:
+    with LMDBDataset(out, shuffle=False) as ds:
         assert_same_datapoints(ref, list(ds))
     assert detect_format(str(out)) == "lmdb"
+
+
+@pytest.mark.parametrize("ext", ["lmdb", "h5", "npz"])
+def test_encoded_images_decode_with_cv2_as_tensorpack_code_does(image_folder, tmp_path, ext):
+    import cv2
+
+    from bridgeflow.serialize import load_dataset
+
+    root, _ = image_folder
+    out = tmp_path / f"imgs.{ext}"
+    assert run(["serialize", root, out, "--quiet"])[0] == 0
+    with load_dataset(out) as ds:
+        ds.reset_state()
+        got = list(ds)
+    files = ImageFolderData(root).files
+    assert len(got) == len(files) == 11
+    for (path, label), (img, got_label) in zip(files, got):
+        decoded = cv2.imdecode(img, cv2.IMREAD_COLOR)  # tensorpack's idiom, as it is
+        np.testing.assert_array_equal(decoded, cv2.imread(path, cv2.IMREAD_COLOR))
+        assert got_label == label
+
+
+def test_files_written_with_bytes_images_still_load_as_bytes(image_folder, tmp_path):
+    import cv2
+
+    from bridgeflow.serialize.lmdb_format import LMDBSerializer
+
+    root, _ = image_folder
+    old = tmp_path / "old.lmdb"  # as bridgeflow wrote image folders before: bytes
+    LMDBSerializer.save(ImageFolderData(root, encoded="bytes"), old, progress=False)
+    new = tmp_path / "new.lmdb"
+    assert run(["serialize", root, new, "--quiet"])[0] == 0
+    with LMDBDataset(old, shuffle=False) as a, LMDBDataset(new, shuffle=False) as b:
+        for (raw, la), (arr, lb) in zip(a, b):
+            assert isinstance(raw, bytes) and isinstance(arr, np.ndarray) and la == lb
+            assert raw == arr.tobytes()
+            # the README's one-line decode reads both
+            np.testing.assert_array_equal(cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR),
+                                          cv2.imdecode(np.frombuffer(arr, np.uint8), cv2.IMREAD_COLOR))
+    with pytest.raises(ValueError, match="encoded"):
+        ImageFolderData(root, encoded="str")
 
 
 def test_decode_to_hdf5_and_workers_keep_order(image_folder, tmp_path, leak_check):
@@ -118,13 +160,13 @@ def test_module_function_source_and_conversions(tmp_path, capsys):
                 "--limit", "5"])[0] == 0
     capsys.readouterr()
     ref = [[np.full((2, 3), i, np.int32), i, f"s{i}"] for i in range(20)]
-    for path, cls in (("a.npz", NumpyData), ("b.lmdb", LMDBData), ("c.h5", HDF5Data)):
+    for path, cls in (("a.npz", NumpyData), ("b.lmdb", LMDBDataset), ("c.h5", HDF5Data)):
         with cls(tmp_path / path, shuffle=False) as ds:
             assert_same_datapoints(ref, list(ds))
     assert_same_datapoints(ref[:5], list(NumpyData(tmp_path / "d.bin", shuffle=False)))
     assert run(["serialize", src, tmp_path / "w.lmdb", "--workers", "2", "--quiet", "--checksum"])[0] == 0
-    assert LMDBData(tmp_path / "w.lmdb").meta["checksum"] == "crc32"
-    with LMDBData(tmp_path / "w.lmdb", shuffle=False) as ds:
+    assert LMDBDataset(tmp_path / "w.lmdb").meta["checksum"] == "crc32"
+    with LMDBDataset(tmp_path / "w.lmdb", shuffle=False) as ds:
         assert_same_datapoints(ref, list(ds))  # the map stage ran in 2 processes, order kept
     code, cap = run(["serialize", f"{mod}:no_map", tmp_path / "v.lmdb", "--workers", "2"], capsys)
     assert code == 1 and "MapData" in cap.err
@@ -193,7 +235,7 @@ def test_load_recognises_formats_by_content(tmp_path):
     from bridgeflow.serialize import HDF5Serializer, LMDBSerializer, NumpySerializer, load
 
     dps = [[np.arange(3) + i, i] for i in range(4)]
-    for saver, name, cls in ((LMDBSerializer, "a.data", LMDBData), (HDF5Serializer, "b.data", HDF5Data),
+    for saver, name, cls in ((LMDBSerializer, "a.data", LMDBDataset), (HDF5Serializer, "b.data", HDF5Data),
                              (NumpySerializer, "c.data", NumpyData)):
         saver.save(DataFromList(dps, shuffle=False), tmp_path / name, progress=False)
         ds = load(tmp_path / name)  # no telling extension: the first bytes decide
@@ -303,7 +345,7 @@ def test_a_folder_of_splits_is_refused_naming_split(split_folder, tmp_path, caps
     assert "--split train" in cap.err and os.path.join(str(split_folder), "train") in cap.err
     assert not (tmp_path / "x.lmdb").exists()
     code, cap = run(["serialize", split_folder, tmp_path / "x.lmdb", "--quiet", "--split", "train"], capsys)
-    assert code == 0 and LMDBData(tmp_path / "x.lmdb").classes == ["cat", "dog"]
+    assert code == 0 and LMDBDataset(tmp_path / "x.lmdb").classes == ["cat", "dog"]
     assert len(ImageFolderData(split_folder, split="val")) == 2
 
 

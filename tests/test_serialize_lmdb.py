@@ -1,4 +1,4 @@
-"""LMDBSerializer and LMDBData on real LMDB files: round trips, random access, atomic saves, bad files."""
+"""LMDBSerializer and LMDBDataset on real LMDB files: round trips, random access, atomic saves, bad files."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from bridgeflow.serialize.errors import (
     TargetExistsError,
     UnsupportedFormatError,
 )
-from bridgeflow.serialize.lmdb_format import LMDBData, LMDBSerializer, read_lmdb_meta
+from bridgeflow.serialize.lmdb_format import LMDBDataset, LMDBSerializer, read_lmdb_meta
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 
 
@@ -53,7 +53,7 @@ def test_shuffled_is_a_permutation_reproducible_by_seed(tmp_path):
     check_dataflow(ds)
     orders = []
     for _ in range(2):
-        d = LMDBData(path, shuffle=True, seed=5)
+        d = LMDBDataset(path, shuffle=True, seed=5)
         d.reset_state()
         orders.append([[dp[0] for dp in d], [dp[0] for dp in d]])
         d.close()
@@ -65,7 +65,7 @@ def test_shuffled_is_a_permutation_reproducible_by_seed(tmp_path):
 def test_random_access_and_len(tmp_path):
     dps = mixed(25)
     path = save(tmp_path, dps)
-    with LMDBData(path, shuffle=False) as ds:
+    with LMDBDataset(path, shuffle=False) as ds:
         assert len(ds) == 25
         assert_same_datapoints([dps[3], dps[-1], dps[0]], [ds[3], ds[-1], ds[np.int64(0)]])
         with pytest.raises(IndexError, match="25"):
@@ -113,7 +113,7 @@ def test_lmdb_directory_layout_is_read(tmp_path):
     folder = tmp_path / "dir_env"
     folder.mkdir()
     os.replace(path, folder / "data.mdb")
-    ds = LMDBData(folder, shuffle=False)
+    ds = LMDBDataset(folder, shuffle=False)
     assert check_dataflow(ds, deterministic=True) == [[1], [2]]
 
 
@@ -145,7 +145,7 @@ def test_existing_target_refused_unless_overwrite(tmp_path):
     with pytest.raises(FileExistsError):
         save(tmp_path, [[2]])
     save(tmp_path, [[2], [3]], overwrite=True)
-    with LMDBData(path, shuffle=False) as ds:
+    with LMDBDataset(path, shuffle=False) as ds:
         assert list(ds) == [[2], [3]]
 
 
@@ -275,13 +275,13 @@ def test_flipped_and_cut_files_raise_library_errors_never_crash(tmp_path, where,
 
 def test_verify_checks_a_deep_tree_and_can_be_forced(tmp_path):
     path = save(tmp_path, [[i, "x" * (i % 200)] for i in range(20000)], write_frequency=999)
-    ds = LMDBData(path, shuffle=False, verify=True)  # a 3-level tree passes the page check
+    ds = LMDBDataset(path, shuffle=False, verify=True)  # a 3-level tree passes the page check
     assert len(ds) == 20000 and ds[12345] == [12345, "x" * 145]
     ds.close()
 
 
 def _read_all(path, q):
-    ds = LMDBData(path, shuffle=True, seed=os.getpid())
+    ds = LMDBDataset(path, shuffle=True, seed=os.getpid())
     ds.reset_state()
     q.put(sorted(dp[0] for dp in ds))
     ds.close()
@@ -289,7 +289,7 @@ def _read_all(path, q):
 
 def test_readers_in_several_processes_after_fork(tmp_path, leak_check):
     path = save(tmp_path, [[i] for i in range(100)])
-    parent = LMDBData(path, shuffle=False)
+    parent = LMDBDataset(path, shuffle=False)
     parent.reset_state()  # an open handle in the parent, inherited by the children
     assert parent[7] == [7]
     results = results_of_forked_children(_read_all, (str(path),))
@@ -302,7 +302,7 @@ def test_flow_survives_pickling_before_reset(tmp_path):
     import pickle
 
     path = save(tmp_path, [[1], [2]])
-    ds = LMDBData(path, shuffle=False)
+    ds = LMDBDataset(path, shuffle=False)
     ds.reset_state()
     copy = pickle.loads(pickle.dumps(ds))
     assert copy._held.env is None and copy._held.pin.fd is None  # nothing of the original's
@@ -312,7 +312,7 @@ def test_flow_survives_pickling_before_reset(tmp_path):
 
 def test_two_flows_on_one_file_in_one_process(tmp_path):
     path = save(tmp_path, [[i] for i in range(10)])
-    a, b = LMDBData(path, shuffle=False), LMDBData(path, shuffle=True, seed=1)
+    a, b = LMDBDataset(path, shuffle=False), LMDBDataset(path, shuffle=True, seed=1)
     a.reset_state()
     b.reset_state()
     assert sorted(dp[0] for dp in b) == [dp[0] for dp in a]
@@ -349,7 +349,7 @@ def test_a_damaged_key_is_noticed_in_order_and_by_index(tmp_path):
     env.close()
     # key 5 moved past the others: same count, same number of entries, but a reordered sequence
     _rewrite(path, deletes=[struct.pack(">Q", 5)], puts=[(struct.pack(">Q", 1 << 40), value)])
-    with LMDBData(path, shuffle=False) as ds:
+    with LMDBDataset(path, shuffle=False) as ds:
         ds.reset_state()
         with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 5: key"):
             list(ds)
@@ -365,7 +365,7 @@ def test_a_value_claiming_another_version_or_codec_is_damage_and_never_unpickled
     future[4] += 1  # format version
     _rewrite(path, puts=[(struct.pack(">Q", 1), bytes(future)),
                          (struct.pack(">Q", 2), encode({"evil": {1, 2}}, codec="pickle"))])
-    with LMDBData(path, shuffle=False, allow_pickle=True) as ds:  # a bridgeflow-codec file
+    with LMDBDataset(path, shuffle=False, allow_pickle=True) as ds:  # a bridgeflow-codec file
         ds.reset_state()
         with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 1: .*version"):
             ds[1]
@@ -382,13 +382,13 @@ def test_checksum_roundtrip_and_a_changed_array_byte(tmp_path):
     path = save(tmp_path, dps, checksum=True)
     assert read_lmdb_meta(path)["checksum"] == "crc32"
     for shuffle in (False, True):
-        assert_same_datapoints(dps, check_dataflow(LMDBData(path, shuffle=shuffle, seed=0)), ordered=not shuffle)
+        assert_same_datapoints(dps, check_dataflow(LMDBDataset(path, shuffle=shuffle, seed=0)), ordered=not shuffle)
     data = bytearray(path.read_bytes())
     at = data.find((np.arange(100, dtype=np.int32) + 6).tobytes())
     data[at + 40] ^= 1  # one bit of one array element: a valid value with another number in it
     path.write_bytes(bytes(data))
     for verify in (None, False):
-        with LMDBData(path, shuffle=False, verify=verify) as ds:
+        with LMDBDataset(path, shuffle=False, verify=verify) as ds:
             ds.reset_state()
             assert_same_datapoints(dps[:6], [ds[i] for i in range(6)])
             with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 6: checksum mismatch"):
@@ -473,7 +473,7 @@ def test_checksums_are_on_by_default_and_old_files_without_them_load(tmp_path):
     old = save(tmp_path, dps, name="old.lmdb", checksum=False)  # as files were written before
     assert read_lmdb_meta(old)["checksum"] is None
     for path in (default, old):
-        assert_same_datapoints(dps, check_dataflow(LMDBData(path, shuffle=False), deterministic=True))
+        assert_same_datapoints(dps, check_dataflow(LMDBDataset(path, shuffle=False), deterministic=True))
     # the one byte that differs between two values, changed: an error with the checksum, silent without
     for path, caught in ((default, True), (old, False)):
         data = bytearray(path.read_bytes())
@@ -484,7 +484,7 @@ def test_checksums_are_on_by_default_and_old_files_without_them_load(tmp_path):
             data[at + 40] ^= 0x10
             at = data.find(needle, at + 1)
         path.write_bytes(bytes(data))
-        with LMDBData(path, shuffle=False) as ds:
+        with LMDBDataset(path, shuffle=False) as ds:
             ds.reset_state()
             if caught:
                 with pytest.raises(CorruptDataError, match=r"default\.lmdb: datapoint 3: checksum mismatch"):

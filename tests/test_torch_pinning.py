@@ -260,12 +260,14 @@ def test_a_dying_worker_leaves_no_registration_and_no_shared_memory(leak_check):
     pinner = SlabPinner(registrar)
     df = bridgeflow.MultiProcessMapData(bridgeflow.DataFromList(list(range(100)), shuffle=False), 2, _dying_load)
     df.set_mapping_hooks(pinner)
-    with pytest.raises(WorkerError):
+    def drain():  # its locals, the last batch among them, go with its frame
         with df:
-            for dp in df:
+            for _dp in df:
                 pass
-    del dp  # a slab stays mapped, and registered, while an array from it is held (the core's guarantee)
-    gc.collect()
+
+    with pytest.raises(WorkerError):
+        drain()
+    gc.collect()  # a slab stays mapped, and registered, while an array from it is held (the core's guarantee)
     assert pinner.registrations > 0
     assert registrar.live == {} and registrar.unmapped_at_unregister == []
 

@@ -19,6 +19,10 @@ by ``<QI`` (total bytes, number of frames) and one ``<Q`` size per frame of the 
 frames' bytes in order, as two-frame messages ``[SPLIT_PART, up to FRAGMENT_BYTES bytes]``. Both start
 with ``b"\x00BG"``, not the control prefix, so that a consumer of an older version, which ignores
 unknown control messages, fails loudly on them instead of dropping the datapoint.
+
+A producer that *connects* (``send_dataflow_zmq(..., bind=False)``, to a consumer that binds and may hear
+from many producers on one socket) starts every message with one more frame, ``TAG`` followed by
+``TAG_ID_BYTES`` random bytes naming the producer; the rest of the message is as above.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "BYE", "CONTROL", "END", "ERROR", "FRAGMENT_BYTES", "HEARTBEAT", "LAST", "SPLIT", "SPLIT_HEAD", "SPLIT_PART",
-    "check_address", "check_addresses", "is_public", "split_header", "read_split_header",
+    "TAG", "TAG_ID_BYTES", "check_address", "check_addresses", "is_public", "split_header", "read_split_header",
 ]
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,8 @@ ERROR = CONTROL + b"X"
 SPLIT = b"\x00BG"
 SPLIT_HEAD = SPLIT + b"P"
 SPLIT_PART = SPLIT + b"F"
+TAG = b"\x00BT"
+TAG_ID_BYTES = 8
 FRAGMENT_BYTES = 1 << 20  # datapoints above this travel in pieces of this size
 MAX_SPLIT_FRAMES = 1 << 16
 _TOTAL = struct.Struct("<QI")

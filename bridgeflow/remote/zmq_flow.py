@@ -7,6 +7,12 @@ every address, it knows how many producers feed it, can tell which one went sile
 that producer. One producer serves one consumer (a second consumer connected to the same producer would
 take every other datapoint).
 
+tensorpack's topology is the reverse, and is there too: ``RemoteDataZMQ(addr1, addr2, bind=True)`` binds
+its addresses and producers connect to them (``send_dataflow_zmq(df, addr, bind=False)``), any number
+per address; each names itself in every message (see :mod:`bridgeflow.remote._protocol`), so silence,
+errors and large datapoints are still tracked per producer. The producer sending code lives in
+:mod:`bridgeflow.remote.zmq_send`.
+
 Datapoints travel as the frames of :func:`bridgeflow.serialize.codec.encode_frames`: array bytes are
 their own frames, sent without copying (and without pickle: the safe codec is the default). A
 datapoint over 1 MiB travels in 1 MiB pieces after a header that announces its size (see
@@ -45,208 +51,45 @@ Example:
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
-import traceback
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from .._deps import require
-from .._progress import progress_bar
 from ..base import DataFlow
 from ..errors import DataFlowTerminated
-from ..serialize.codec import DECODE_ERRORS, DEFAULT_CODEC, decode_frames, encode_frames
+from ..serialize.codec import DECODE_ERRORS, decode_frames
 from ..serialize.errors import CorruptDataError
 from . import _protocol as P
 from .errors import MessageTooLargeError, ProducerError, ProducerLostError, RemoteConnectionError
+from .zmq_send import _QUEUE_DEPTH, _positive, send_dataflow_zmq  # noqa: F401 - re-exported
 
 __all__ = ["RemoteDataZMQ", "send_dataflow_zmq"]
 
 log = logging.getLogger(__name__)
 
-_QUEUE_DEPTH = 4  # encoded datapoints waiting between the producer's reader thread and its socket
 DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
-
-
-def _positive(value: Any, what: str, who: str, *, allow_none: bool = False) -> Any:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{who}: {what} must be a positive number, got {value!r}")
-    return value
-
-
-# --- producer -------------------------------------------------------------------------------------
-
-
-def _put(q: queue.Queue, item: tuple, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _byte_view(frame: Any) -> memoryview:
-    mv = memoryview(frame)
-    if mv.ndim == 1 and mv.format == "B":
-        return mv
-    return mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
-
-
-def _send_datapoint(sock: Any, frames: list) -> None:
-    """Send one datapoint's frames: as one message, or in pieces after a split header when it is large."""
-    views = [_byte_view(f) for f in frames]
-    sizes = [v.nbytes for v in views]
-    if sum(sizes) <= P.FRAGMENT_BYTES:
-        sock.send_multipart(views, copy=False)
-        return
-    sock.send(P.split_header(sizes))
-    step = P.FRAGMENT_BYTES
-    for v in views:
-        for off in range(0, v.nbytes, step):
-            sock.send_multipart([P.SPLIT_PART, v[off:off + step]], copy=False)
-
-
-def _read_source(df: Any, epochs: int | None, codec: str, q: queue.Queue, stop: threading.Event) -> None:
-    """Reader thread: encode every datapoint of ``epochs`` passes over ``df`` into ``q``."""
-    try:
-        done = 0
-        while epochs is None or done < epochs:
-            for dp in df:
-                if not _put(q, ("D", encode_frames(dp, codec=codec)), stop):
-                    return
-            done += 1
-            last = epochs is not None and done == epochs
-            if not _put(q, ("L" if last else "E", None), stop):  # the last end says goodbye too
-                return
-    except BaseException as exc:  # sent to the consumer and re-raised by the sending thread
-        _put(q, ("X", exc), stop)
-
-
-def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, codec: str = DEFAULT_CODEC, *,
-                      epochs: int | None = 1, heartbeat_s: float = 1.0, send_timeout: float | None = None,
-                      progress: bool = False) -> int:
-    """Bind a PUSH socket on ``addr`` and send ``epochs`` passes over ``df``; return the datapoints sent.
-
-    Blocks until done: each send waits while the consumer's queue is full (``hwm`` messages), so start
-    it in the process (or host) that should do the work. ``df`` is reset here. A reader thread iterates
-    and encodes the flow while this thread sends, so heartbeats keep flowing even while one datapoint
-    takes long to make. ``epochs=None`` sends forever. ``send_timeout`` (seconds) gives up with
-    :class:`RemoteConnectionError` when no consumer takes a message for that long (default: wait).
-    The end-and-goodbye marker of the last pass is delivered before returning (within ``send_timeout``).
-    Arrays are sent without copying: the flow must not modify an array after yielding it.
-
-    ``addr`` must be explicit; a wildcard host (``tcp://*:PORT``, ``tcp://0.0.0.0:PORT``) makes the
-    stream readable by anyone who can reach the port, and is logged as a warning.
-    """
-    who = "send_dataflow_zmq"
-    zmq = require("zmq", who)
-    addr = P.check_address(addr, "addr")
-    hwm = int(_positive(hwm, "hwm", who))
-    heartbeat_s = float(_positive(heartbeat_s, "heartbeat_s", who))
-    _positive(send_timeout, "send_timeout", who, allow_none=True)
-    if epochs is not None:
-        epochs = int(_positive(epochs, "epochs", who))
-    encode_frames([], codec=codec)  # an unknown codec fails here, before binding
-    if not hasattr(df, "__iter__"):
-        raise TypeError(f"{who}: df must be a DataFlow or iterable, got {type(df).__name__}")
-    if P.is_public(addr):
-        log.warning("%s binds %s on every network interface: anyone who can reach this port can read the "
-                    "stream (no authentication, no encryption)", who, addr)
-    if hasattr(df, "reset_state"):
-        df.reset_state()
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.SNDHWM, hwm)
-    sock.setsockopt(zmq.LINGER, 0)
-    if send_timeout is not None:
-        sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
-    try:
-        sock.bind(addr)
-    except zmq.ZMQError as exc:
-        sock.close(0)
-        ctx.term()
-        raise RemoteConnectionError(f"{who}: cannot bind {addr}: {exc}", addr=addr) from exc
-
-    q: queue.Queue = queue.Queue(maxsize=_QUEUE_DEPTH)
-    stop = threading.Event()
-    reader = threading.Thread(target=_read_source, args=(df, epochs, codec, q, stop), daemon=True,
-                              name=f"bridgeflow-zmq-reader {addr}")
-    total = None
-    if epochs is not None:
-        try:
-            total = len(df) * epochs  # type: ignore[arg-type]
-        except TypeError:
-            total = None
-    bar = None
-    if progress:
-        bar = progress_bar(total=total, desc=f"serve {addr}", unit="dp")
-    sent = 0
-    linger = 0
-    reader.start()
-    try:
-        while True:
-            try:
-                kind, payload = q.get(timeout=heartbeat_s)
-            except queue.Empty:
-                try:
-                    sock.send(P.HEARTBEAT, zmq.NOBLOCK)
-                except zmq.Again:  # no consumer yet, or its queue is full (it has data to read)
-                    pass
-                continue
-            try:
-                if kind == "D":
-                    _send_datapoint(sock, payload)
-                    sent += 1
-                    if bar is not None:
-                        bar.update(1)
-                elif kind == "E":
-                    sock.send(P.END)
-                elif kind == "L":
-                    sock.send(P.LAST)
-                    linger = -1 if send_timeout is None else int(send_timeout * 1000)
-                    return sent
-                else:
-                    text = "".join(traceback.format_exception(type(payload), payload, payload.__traceback__))
-                    try:
-                        sock.send(P.ERROR + text.encode("utf-8", "replace"), zmq.NOBLOCK)
-                        linger = 2000
-                    except zmq.Again:
-                        pass
-                    raise payload
-            except zmq.Again:
-                raise RemoteConnectionError(f"{who}: no consumer took a message on {addr} for {send_timeout} s "
-                                            "(send_timeout)", addr=addr) from None
-    finally:
-        stop.set()
-        reader.join(timeout=5)
-        if reader.is_alive():  # stuck inside the flow; it is a daemon thread and stops at its next put
-            log.warning("%s: the reader thread of %s is still inside the flow after 5 s", who, addr)
-        if bar is not None:
-            bar.close()
-        sock.close(linger=linger)
-        ctx.term()
+_MAX_BOUND_PRODUCERS = 4096
 
 
 # --- consumer -------------------------------------------------------------------------------------
 
 _ACTIVE, _FINISHED, _LOST = "active", "finished", "lost"
+_INCOMPLETE = object()  # a piece of a datapoint arriving in pieces: nothing to yield yet
 
 
 class _Producer:
-    """The consumer's view of one producer: its socket, state and the time it was last heard from."""
+    """The consumer's view of one producer: its socket, state and the time it was last heard from.
 
-    __slots__ = ("addr", "sock", "state", "ended", "last_seen", "split")
+    ``shared``: the socket is a bound one that other producers also send to (``bind=True``).
+    """
 
-    def __init__(self, addr: str, sock: Any) -> None:
-        self.addr, self.sock = addr, sock
+    __slots__ = ("addr", "sock", "state", "ended", "last_seen", "split", "shared")
+
+    def __init__(self, addr: str, sock: Any, shared: bool = False) -> None:
+        self.addr, self.sock, self.shared = addr, sock, shared
         self.state = _ACTIVE
         self.ended = False  # sent its end marker in the current iteration
         self.last_seen = time.monotonic()
@@ -282,8 +125,16 @@ class RemoteDataZMQ(DataFlow):
     """A flow of the datapoints that producers push from :func:`send_dataflow_zmq` (see the module doc).
 
     ``addrs``: one address or a list, one per producer (each producer binds, this flow connects).
-    ``hwm``: messages queued per producer on this side. ``timeout``: seconds a producer may stay silent
-    while this flow waits before it counts as lost (keep it several times the producers' ``heartbeat_s``).
+    ``addr2``: a second address, for tensorpack's ``RemoteDataZMQ(addr1, addr2)`` (an int here is taken as
+    ``hwm``, the second argument of earlier bridgeflow versions). ``bind=True`` is tensorpack's topology:
+    this flow binds every address and producers connect (``send_dataflow_zmq(..., bind=False)``), any
+    number per address, told apart by the id each sends. The iteration is then endless, as tensorpack's
+    is, unless ``producers=N``: it ends once N producers have sent their last pass (however late they
+    connect). When no producer is sending (none connected yet, or all finished), it waits ``timeout``
+    seconds for one before raising :class:`ProducerLostError`.
+    ``hwm``: messages queued per producer (per bound address with ``bind=True``) on this side.
+    ``timeout``: seconds a producer may stay silent while this flow waits before it counts as lost (keep
+    it several times the producers' ``heartbeat_s``).
     ``on_lost``: ``"raise"`` (raise :class:`ProducerLostError`, then go on with the others when iterated
     again) or ``"skip"`` (log a warning and go on). Received arrays are writable views of the received
     messages (not copied again; each datapoint owns its memory; a datapoint over 1 MiB, which arrives in
@@ -303,11 +154,25 @@ class RemoteDataZMQ(DataFlow):
         >>> df = RemoteDataZMQ(["tcp://10.0.0.5:8877", "tcp://10.0.0.6:8877"], timeout=30)  # doctest: +SKIP
     """
 
-    def __init__(self, addrs: str | Sequence[str], hwm: int = 50, *, timeout: float = 30.0,
-                 on_lost: str = "raise", allow_pickle: bool = False,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, addrs: str | Sequence[str], addr2: str | None = None, hwm: int = 50, bind: bool = False, *,
+                 producers: int | None = None, timeout: float = 30.0, on_lost: str = "raise",
+                 allow_pickle: bool = False, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         who = type(self).__name__
-        self.addrs = P.check_addresses(addrs, "addrs")
+        if isinstance(addr2, int) and not isinstance(addr2, bool):  # RemoteDataZMQ(addrs, hwm) of earlier versions
+            addr2, hwm = None, addr2
+        elif addr2 is not None and not isinstance(addr2, str):
+            raise TypeError(f"{who}: addr2 must be an address string like 'tcp://127.0.0.1:8877', got {addr2!r}")
+        items = [addrs] if isinstance(addrs, str) else list(addrs)
+        self.addrs = P.check_addresses(items + ([addr2] if addr2 else []), "addrs")
+        if not isinstance(bind, bool):
+            raise TypeError(f"{who}: bind must be True or False, got {bind!r}")
+        self.bind = bind
+        if producers is not None:
+            if not bind:
+                raise ValueError(f"{who}: producers= counts the producers that connect to a bound address "
+                                 "(bind=True); a connecting consumer knows its producers from addrs")
+            producers = int(_positive(producers, "producers", who))
+        self.producers = producers
         self.hwm = int(_positive(hwm, "hwm", who))
         self.timeout = float(_positive(timeout, "timeout", who))
         if on_lost not in ("raise", "skip"):
@@ -319,6 +184,8 @@ class RemoteDataZMQ(DataFlow):
         self.max_message_bytes = max_message_bytes
         self._ctx: Any = None
         self._producers: list[_Producer] = []
+        self._bound: list[tuple[str, Any]] = []  # bind=True: (address, socket)
+        self._by_id: dict[bytes, _Producer] = {}
 
     # lifecycle
 
@@ -327,7 +194,7 @@ class RemoteDataZMQ(DataFlow):
         zmq = require("zmq", type(self).__name__)
         self._zmq = zmq
         self._ctx = zmq.Context()
-        self._producers = []
+        self._producers, self._bound, self._by_id = [], [], {}
         try:
             for addr in self.addrs:
                 sock = self._ctx.socket(zmq.PULL)
@@ -336,12 +203,23 @@ class RemoteDataZMQ(DataFlow):
                 # A single frame over the limit is refused by ZeroMQ itself (it drops the connection), so
                 # that a peer that does not announce its sizes cannot make this process allocate it.
                 sock.setsockopt(zmq.MAXMSGSIZE, max(self.max_message_bytes, P.FRAGMENT_BYTES) + 65536)
-                self._producers.append(_Producer(addr, sock))
-                sock.connect(addr)
+                if self.bind:
+                    self._bound.append((addr, sock))
+                    if P.is_public(addr):
+                        log.warning("%s binds %s on every network interface: anyone who can reach this port can "
+                                    "send it datapoints (no authentication)", type(self).__name__, addr)
+                    sock.bind(addr)
+                else:
+                    self._producers.append(_Producer(addr, sock))
+                    sock.connect(addr)
         except zmq.ZMQError as exc:
             self.close()
-            raise RemoteConnectionError(f"{type(self).__name__}: cannot connect to {addr}: {exc}",
-                                        addr=addr) from exc
+            if self.bind:
+                raise RemoteConnectionError(f"{type(self).__name__}: cannot bind {addr}: {exc}", addr=addr) from exc
+            raise RemoteConnectionError(
+                f"{type(self).__name__}: cannot connect to {addr}: {exc} (bridgeflow's consumer connects to "
+                "producers that bind; for tensorpack's topology, where the consumer binds a wildcard address "
+                "such as tcp://*:PORT, pass bind=True)", addr=addr) from exc
         self._next = 0
         self._sweep_at = 0.0
         self._n = self._ready = self._reads = 0
@@ -351,18 +229,20 @@ class RemoteDataZMQ(DataFlow):
 
     def close(self) -> None:
         producers, self._producers = self._producers, []
-        for p in producers:
-            if not p.sock.closed:
-                p.sock.close(linger=0)
+        bound, self._bound = getattr(self, "_bound", []), []
+        self._by_id = {}
+        for sock in [p.sock for p in producers] + [sock for _, sock in bound]:
+            if not sock.closed:
+                sock.close(linger=0)
         ctx, self._ctx = self._ctx, None
         if ctx is not None:
             ctx.term()
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        for key in ("_ctx", "_producers", "_zmq"):
+        for key in ("_ctx", "_producers", "_zmq", "_bound", "_by_id"):
             state.pop(key, None)
-        state["_ctx"], state["_producers"] = None, []
+        state["_ctx"], state["_producers"], state["_bound"], state["_by_id"] = None, [], [], {}
         return state
 
     def stats(self) -> dict[str, float]:
@@ -385,6 +265,9 @@ class RemoteDataZMQ(DataFlow):
             raise DataFlowTerminated(f"{type(self).__name__} is closed; call reset_state() to connect again")
         if self._started is None:
             self._started = time.perf_counter()
+        if self.bind:
+            yield from self._iter_bound()
+            return
         if not any(p.state == _ACTIVE for p in self._producers):
             log.warning("%s: no producer is connected any more (all finished or lost); the iteration is empty",
                         type(self).__name__)
@@ -407,15 +290,138 @@ class RemoteDataZMQ(DataFlow):
             if head[:3] == P.CONTROL:
                 self._control(p, bytes(head))
                 continue
+            dp = self._decode(p, frames)
+            if dp is not _INCOMPLETE:
+                self._n += 1
+                yield dp
+
+    def _decode(self, p: _Producer, frames: list) -> Any:
+        """The datapoint of a data message, or ``_INCOMPLETE`` for a piece of a large one."""
+        try:
+            parts = self._datapoint_frames(p, frames)
+            if parts is None:  # a piece of a large datapoint: more to come
+                return _INCOMPLETE
+            return decode_frames(parts, allow_pickle=self.allow_pickle)
+        except DECODE_ERRORS as exc:
+            raise type(exc)(f"{type(self).__name__}: bad message from {p.addr}: {exc}") from exc
+
+    # bind=True: producers connect, any number per bound address, each naming itself in every message
+
+    def _iter_bound(self) -> Iterator:
+        who = type(self).__name__
+        heard = time.monotonic()  # the last time anything arrived (or the iteration began)
+        finished = lost = 0  # producers that finished / were lost during this iteration
+        while True:
+            if self._ctx is None:
+                raise DataFlowTerminated(f"{who} was closed while being iterated")
+            if self.producers is not None and finished >= self.producers:
+                return  # the producers this flow waits for have all sent their last pass
+            active = [p for p in self._producers if p.state == _ACTIVE]
+            if not active and lost and not finished and self.producers is None:
+                raise ProducerLostError(f"{who}: every producer is lost ({', '.join(self.addrs)})",
+                                        addr=", ".join(self.addrs))
+            got = self._receive_bound(active, heard)
+            if got is None:
+                before = sum(p.state == _LOST for p in self._producers)
+                self._sweep_bound(active, heard, finished)
+                lost += sum(p.state == _LOST for p in self._producers) - before
+                continue
+            heard = time.monotonic()
+            addr, frames = got
+            p = self._tagged(addr, frames)
+            if p is None or p.state != _ACTIVE:  # a producer already finished or lost: ignored
+                continue
+            frames = frames[1:]
+            head = frames[0].buffer
+            if head[:3] == P.CONTROL:
+                msg = bytes(head)
+                if msg != P.END:  # passes do not end iterations here: producers come and go
+                    self._control(p, msg)
+                finished += p.state == _FINISHED
+                continue
+            dp = self._decode(p, frames)
+            if dp is not _INCOMPLETE:
+                self._n += 1
+                yield dp
+
+    def _tagged(self, addr: str, frames: list) -> _Producer | None:
+        """The producer a message on the bound ``addr`` comes from (new ones are added), or an error naming
+        what came instead."""
+        head = frames[0].buffer
+        if len(frames) < 2 or len(head) != len(P.TAG) + P.TAG_ID_BYTES or bytes(head[:len(P.TAG)]) != P.TAG:
+            raise CorruptDataError(
+                f"{type(self).__name__}: a message on {addr} that is not from bridgeflow's send_dataflow_zmq(..., "
+                "bind=False); tensorpack's send_dataflow_zmq sends pickled or msgpack datapoints, which bridgeflow "
+                "does not read: send them with bridgeflow's send_dataflow_zmq (nothing was unpickled)")
+        pid = bytes(head[len(P.TAG):])
+        p = self._by_id.get(pid)
+        if p is None:
+            if len(self._by_id) >= _MAX_BOUND_PRODUCERS:
+                raise CorruptDataError(f"{type(self).__name__}: more than {_MAX_BOUND_PRODUCERS} producers sent to "
+                                       f"{', '.join(self.addrs)}")
             try:
-                parts = self._datapoint_frames(p, frames)
-                if parts is None:  # a piece of a large datapoint: more to come
-                    continue
-                dp = decode_frames(parts, allow_pickle=self.allow_pickle)
-            except DECODE_ERRORS as exc:
-                raise type(exc)(f"{type(self).__name__}: bad message from {p.addr}: {exc}") from exc
-            self._n += 1
-            yield dp
+                peer = " from " + frames[0].get("Peer-Address")
+            except Exception:  # not every transport knows its peer's address (ipc)
+                peer = ""
+            sock = next(sock for a, sock in self._bound if a == addr)
+            p = self._by_id[pid] = _Producer(f"{addr} (producer {pid.hex()}{peer})", sock, shared=True)
+            self._producers.append(p)
+            log.info("%s: producer %s connected", type(self).__name__, p.addr)
+        p.last_seen = time.monotonic()
+        return p
+
+    def _receive_bound(self, active: list[_Producer], heard: float) -> tuple[str, list] | None:
+        """The next message on a bound socket (fair between them), or ``None`` when it is time to look for
+        silent producers."""
+        zmq = self._zmq
+        n = len(self._bound)
+        start = self._next % n
+        self._reads += 1
+        for k in range(n):  # fast path: a message is already waiting
+            addr, sock = self._bound[(start + k) % n]
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                continue
+            self._next = start + k + 1
+            self._ready += 1
+            return addr, frames
+        deadline = (min(p.last_seen for p in active) if active else heard) + self.timeout
+        wait_ms = min(250, max(0, int((deadline - time.monotonic()) * 1000)) + 1)
+        poller = zmq.Poller()
+        for _, sock in self._bound:
+            poller.register(sock, zmq.POLLIN)
+        t0 = time.perf_counter()
+        try:
+            events = dict(poller.poll(wait_ms))
+        finally:
+            self._wait += time.perf_counter() - t0
+        for addr, sock in self._bound:
+            if events.get(sock):
+                return addr, sock.recv_multipart(zmq.NOBLOCK, copy=False)
+        return None
+
+    def _sweep_bound(self, active: list[_Producer], heard: float, finished: int) -> None:
+        """Raise (or, with ``on_lost="skip"``, log) for producers silent for ``timeout`` with nothing queued;
+        with no producer sending, raise once nothing at all arrived for ``timeout``."""
+        now = time.monotonic()
+        if any(sock.poll(0) for _, sock in self._bound):
+            return  # something is queued: read it first (it may be from the silent one)
+        if not active:
+            if now - heard >= self.timeout:
+                done = sum(p.state == _FINISHED for p in self._producers)
+                hint = (f"; {done} producer(s) finished: pass producers=N to end an iteration once N have"
+                        if done and self.producers is None else "")
+                waiting = (f", waiting for {self.producers - finished} more producer(s) to finish"
+                           if self.producers is not None else "")
+                raise ProducerLostError(
+                    f"{type(self).__name__}: no producer sent anything to {', '.join(self.addrs)} for "
+                    f"{self.timeout:g} s{waiting} (bind=True: producers connect with "
+                    f"send_dataflow_zmq(..., bind=False)){hint}", addr=", ".join(self.addrs), silent_s=now - heard)
+            return
+        lost = [p for p in active if now - p.last_seen >= self.timeout]
+        if lost:
+            self._lose(lost, now)
 
     def _datapoint_frames(self, p: _Producer, frames: list) -> list | None:
         """The frames of a datapoint, or ``None`` while one arriving in pieces is incomplete."""
@@ -471,7 +477,8 @@ class RemoteDataZMQ(DataFlow):
 
     def _drop(self, p: _Producer, state: str) -> None:
         p.state = state
-        p.sock.close(linger=0)
+        if not p.shared:  # a bound socket stays open for the other producers; this one's messages are ignored
+            p.sock.close(linger=0)
 
     def _receive(self, pending: list[_Producer]) -> tuple[_Producer, list] | None:
         """The next message from one of ``pending``, fair between them; ``None`` when silent producers were

@@ -1,12 +1,15 @@
 """Serialization of DataFlows to LMDB, HDF5 and npz files, with a safe, versioned codec.
 
-- :class:`LMDBSerializer` / :class:`LMDBData`: any codec-supported datapoint, one LMDB value each; fast
-  sequential cursor reads, random access, several reader processes.
+- :class:`LMDBSerializer` / :class:`LMDBDataset`: any codec-supported datapoint, one LMDB value each; fast
+  sequential cursor reads, random access, several reader processes. ``LMDBSerializer.load`` also reads
+  the files tensorpack's ``LMDBSerializer.save`` writes (:func:`decode_tensorpack` decodes their values).
+- :class:`LMDBData` / :class:`LMDBDataDecoder`: tensorpack's raw ``[key, value]`` reader of any LMDB file.
 - :class:`HDF5Serializer` / :class:`HDF5Data`: one chunked HDF5 dataset per component.
 - :class:`NumpySerializer` / :class:`NumpyData`: one ``.npz`` file, for small datasets.
 - :func:`encode` / :func:`decode` (one buffer) and :func:`encode_frames` / :func:`decode_frames` (arrays as
   separate frames, for transports): the codec; it never unpickles unless both sides ask.
-- :class:`ImageFolderData`: ``root/<class>/<image>`` as ``[image bytes or array, label]``.
+- :class:`ImageFolderData`: ``root/<class>/<image>`` as ``[image, label]`` (the file's bytes as a ``uint8``
+  array, or decoded).
 - :func:`load`: any of the three formats, recognised by content.
 
 Every save writes a temporary file beside the target and renames it on success; loads check the
@@ -30,8 +33,10 @@ from .errors import (
 from .formats import detect_format, load, load_dataset
 from .hdf5_format import HDF5Data, HDF5Serializer
 from .images import ImageFolderData, image_folder, list_image_folder, read_image
-from .lmdb_format import LMDBData, LMDBSerializer, read_lmdb_meta
+from .lmdb_format import LMDBDataset, LMDBSerializer, read_lmdb_meta
+from .lmdb_raw import LMDBData, LMDBDataDecoder, LMDBDataPoint
 from .npz_format import NumpyData, NumpySerializer
+from .tensorpack_codec import decode_tensorpack
 
 __all__ = [
     "CODECS",
@@ -46,6 +51,9 @@ __all__ = [
     "HDF5Serializer",
     "ImageFolderData",
     "LMDBData",
+    "LMDBDataDecoder",
+    "LMDBDataPoint",
+    "LMDBDataset",
     "LMDBSerializer",
     "NumpyData",
     "NumpySerializer",
@@ -56,6 +64,7 @@ __all__ = [
     "atomic_path",
     "decode",
     "decode_frames",
+    "decode_tensorpack",
     "detect_format",
     "encode",
     "encode_frames",

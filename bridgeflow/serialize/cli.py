@@ -172,6 +172,9 @@ def _size(path: str) -> str:
 
 def _checksums(fmt: str, ds: Any) -> str:
     """What checks the file's data on read, in words."""
+    if fmt == "lmdb" and getattr(ds, "format", None) == "tensorpack":
+        return ("none: written by tensorpack, whose values carry no checksum (bridgeflow serialize converts it to a "
+                "file with one)")
     if fmt == "lmdb":
         if ds.meta.get("checksum"):
             return f"{ds.meta['checksum']} per value, checked on every read"
@@ -195,11 +198,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     ds = load_dataset(path, allow_pickle=args.allow_pickle)
     fmt = detect_format(path)
     print(f"path:    {path}")
-    print(f"format:  {fmt}")
+    layout = getattr(ds, "format", None)
+    print(f"format:  {fmt}" + (" (written by tensorpack's LMDBSerializer)" if layout == "tensorpack" else ""))
     print(f"size:    {_size(path)} on disk")
     print(f"count:   {len(ds)}")
     meta = getattr(ds, "meta", None)
-    if meta:
+    if meta and layout == "tensorpack":
+        print(f"codec:   {meta['codec']} (tensorpack's serializer)")
+    elif meta:
         print(f"codec:   {meta['codec']} (format version {meta['version']})")
     print(f"checksum: {_checksums(fmt, ds)}")
     classes = getattr(ds, "classes", None)

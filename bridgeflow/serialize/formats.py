@@ -48,9 +48,9 @@ def load_dataset(path: str | os.PathLike, *, shuffle: bool = False, seed: int | 
         raise DatasetNotFoundError(f"no such dataset file: {path}")
     fmt = fmt or detect_format(path)
     if fmt == "lmdb":
-        from .lmdb_format import LMDBData
+        from .lmdb_format import LMDBDataset
 
-        return LMDBData(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle)
+        return LMDBDataset(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle)
     if fmt == "hdf5":
         from .hdf5_format import HDF5Data
 

@@ -1,9 +1,11 @@
 """A folder of images in class subfolders as a flow: ``root/<class>/<image>`` -> ``[image, label]``.
 
 Labels are indices into the sorted class folder names (``.classes``; the serializers store them in the
-file). Images are the file's encoded bytes (store them as they are: smallest on disk, decode at training
-time), or, with ``decode=True``, a ``uint8`` array decoded by Pillow (``HxWx3`` RGB by default; ``mode=``
-picks another Pillow mode). Files are recognised as images by their first bytes (JPEG, PNG, GIF, BMP,
+file). Images are the file's encoded bytes as a 1-D ``uint8`` array (store them as they are: smallest on
+disk, decode at training time with ``cv2.imdecode(img, cv2.IMREAD_COLOR)``, the tensorpack idiom, which
+needs an array; ``encoded="bytes"`` gives ``bytes`` instead, as bridgeflow did before), or, with
+``decode=True``, a ``uint8`` array decoded by Pillow (``HxWx3`` RGB by default; ``mode=`` picks another
+Pillow mode). Files are recognised as images by their first bytes (JPEG, PNG, GIF, BMP,
 TIFF, WebP, PPM/PGM), not only their extension: others are skipped and counted (``.skipped``), or refused
 with ``non_images="error"``. A root holding only ``train``/``val``/``test`` folders is refused: those are
 splits, not classes (pass ``split="train"``, or the split's folder). The flow is a
@@ -126,25 +128,34 @@ def read_image(path: str, decode: bool = False, mode: str | None = "RGB") -> byt
         raise CorruptDataError(f"{path}: cannot decode image ({exc})") from exc
 
 
-def read_image_datapoint(dp: list, decode: bool = False, mode: str | None = "RGB") -> list:
+def read_image_datapoint(dp: list, decode: bool = False, mode: str | None = "RGB", encoded: str = "array") -> list:
     """``[path, label]`` -> ``[image, label]`` (module level, so process workers can pickle it)."""
     path, label = dp
+    if not decode and encoded == "array":  # one read straight into a writable array
+        return [np.fromfile(path, np.uint8), label]
     return [read_image(path, decode, mode), label]
 
 
 class ImageFolderData(MapData):
-    """``[image, label]`` datapoints of an image folder (see the module doc); ``.classes`` names the labels."""
+    """``[image, label]`` datapoints of an image folder (see the module doc); ``.classes`` names the labels.
+
+    ``encoded``: how undecoded images come: ``"array"`` (a 1-D ``uint8`` array of the file's bytes, the
+    default) or ``"bytes"``.
+    """
 
     def __init__(self, root: str | os.PathLike, decode: bool = False, shuffle: bool = False,
                  seed: int | None = None, extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
-                 mode: str | None = "RGB", *, non_images: str = "skip", split: str | None = None) -> None:
+                 mode: str | None = "RGB", *, non_images: str = "skip", split: str | None = None,
+                 encoded: str = "array") -> None:
+        if encoded not in ("array", "bytes"):
+            raise ValueError(f"ImageFolderData: encoded must be 'array' or 'bytes', got {encoded!r}")
         self.root = os.fspath(root) if split is None else os.path.join(os.fspath(root), split)
         self.skipped: list[str] = []
         self.classes, self.files = list_image_folder(self.root, extensions, non_images=non_images,
                                                      skipped=self.skipped)
         self.decode = decode
         super().__init__(DataFromList(self.files, shuffle=shuffle, seed=seed),
-                         functools.partial(read_image_datapoint, decode=decode, mode=mode))
+                         functools.partial(read_image_datapoint, decode=decode, mode=mode, encoded=encoded))
 
     def __getitem__(self, index: int) -> Any:
         return self.func(self.files[index])

@@ -13,15 +13,21 @@ CRC on the copy and decodes zero-copy, so arrays are writable, owned by the data
 file is closed. The CRC is zlib's, computed by zlib-ng when installed (the ``lmdb`` extra): ~70 GB/s,
 about 15% of a read of large values from the page cache (see :mod:`bridgeflow.serialize._checksum`).
 
-One open per reader: ``LMDBData`` opens the path once, holds that file (see
+One open per reader: ``LMDBDataset`` (what ``load`` returns) opens the path once, holds that file (see
 :mod:`bridgeflow.serialize._pinned`) and reads its length and every value from it, so a file renamed over
 the path by ``save(overwrite=True)`` is never mixed with the one being read. Readers of one file in one
 process share one LMDB environment (LMDB allows one per file per process), found by the file's inode, not
-its name, and closed with the last reader, or when a reader is dropped without ``close()``.
+its name, and closed with the last reader, or when a reader is dropped without ``close()``
+(:mod:`bridgeflow.serialize._lmdb_env`).
+
+``load`` also reads the files tensorpack's ``LMDBSerializer.save`` writes (keys ``"{:08}"`` and
+``__keys__``, values msgpack or pickle; :mod:`bridgeflow.serialize.tensorpack_lmdb`), with the same
+pinning, page check and errors; those values carry no checksum. ``LMDBData`` (tensorpack's raw
+``[key, value]`` reader) lives in :mod:`bridgeflow.serialize.lmdb_raw`.
 
 Damage: truncated files, foreign files, damaged metadata and damaged values raise
 :class:`CorruptDataError` naming the path. LMDB trusts its own B-tree pages (damage there would crash the
-reader with SIGBUS), so ``LMDBData`` first walks the tree with plain reads and checks every page, offset
+reader with SIGBUS), so ``LMDBDataset`` first walks the tree with plain reads and checks every page, offset
 and size against the file's real size (``verify=None`` or ``True``; ``verify=False`` skips it). The
 count, the keys and every value's structure and CRC are checked on read. Without a checksum, a changed
 byte inside array data or a string reads back as a changed value.
@@ -37,8 +43,6 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import threading
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -47,13 +51,15 @@ from ..base import DataFlow
 from ..order import IndexedSource
 from ._checksum import crc32
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes
-from ._lmdb_check import check_lmdb_file
+from ._lmdb_env import Held, PinnedLMDB, _envs, lmdb_error  # noqa: F401 - _envs: tests look at it
 from ._pinned import PinnedFile
 from .atomic import atomic_path
 from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, TOTAL, decode, encode
 from .errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
+from .tensorpack_codec import decode_tensorpack
+from .tensorpack_lmdb import TENSORPACK_SEQUENTIAL_LIMIT, lmdb_layout, read_tensorpack_meta, tensorpack_key
 
-__all__ = ["LMDBData", "LMDBSerializer", "read_lmdb_meta"]
+__all__ = ["LMDB_FORMATS", "LMDBDataset", "LMDBSerializer", "read_lmdb_meta"]
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +77,8 @@ def _key(i: int) -> bytes:
     return _KEY.pack(i)
 
 
-def _wrap(path: str, exc: Exception, doing: str) -> CorruptDataError:
-    return CorruptDataError(f"{path}: {doing} failed ({type(exc).__name__}: {exc}); is it a complete "
-                            "LMDB file written by LMDBSerializer?")
+LMDB_FORMATS = ("bridgeflow", "tensorpack")
+_wrap = lmdb_error
 
 
 class LMDBSerializer:
@@ -111,12 +116,13 @@ class LMDBSerializer:
 
     @staticmethod
     def load(path: str | os.PathLike, shuffle: bool = True, *, seed: int | None = None,
-             allow_pickle: bool = False, verify: bool | None = None, shard: tuple[int, int] | str | None = None,
-             drop_last: bool = False) -> LMDBData:
-        """The flow of datapoints stored at ``path`` (see :class:`LMDBData`); ``shard=(rank, world)`` or
-        ``"auto"`` reads this rank's part only."""
-        return LMDBData(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle, verify=verify, shard=shard,
-                        drop_last=drop_last)
+             allow_pickle: bool = False, verify: bool | None = None, format: str | None = None,
+             shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> LMDBDataset:
+        """The flow of datapoints stored at ``path`` (see :class:`LMDBDataset`): a file written by this
+        class, or by tensorpack's ``LMDBSerializer.save`` (``format=None`` recognises which);
+        ``shard=(rank, world)`` or ``"auto"`` reads this rank's part only."""
+        return LMDBDataset(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle, verify=verify,
+                           format=format, shard=shard, drop_last=drop_last)
 
 
 def _commit(lmdb: Any, env: Any, items: list[tuple[bytes, bytes]], append: bool) -> None:
@@ -163,89 +169,6 @@ def _write_all(lmdb: Any, env: Any, df: DataFlow, codec: str, every: int, progre
     return count
 
 
-def _open_env(pin: PinnedFile, path: str, readahead: bool = False) -> Any:
-    """An LMDB environment on the pinned file (opened through its descriptor, never the path again)."""
-    lmdb = require("lmdb", "LMDBSerializer")
-    try:
-        env = lmdb.open(pin.name(), subdir=False, readonly=True, lock=False, readahead=readahead, meminit=False,
-                        max_readers=2048)
-    except lmdb.Error as exc:
-        raise _wrap(path, exc, "opening") from exc
-    # A truncated file would make LMDB touch pages past its end (SIGBUS): check the real size first.
-    need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    have = pin.size()
-    if have < need:
-        env.close()
-        raise CorruptDataError(f"{path}: truncated LMDB file ({have} bytes, its pages need {need})")
-    return env
-
-
-# LMDB allows one environment per file per process: readers of one file share it, counted, keyed by the
-# file's (device, inode): a file renamed over the path is another key, never the old handle.
-_envs: dict[tuple[int, int], list] = {}  # (dev, inode) -> [env, users]
-_envs_pid = os.getpid()
-_envs_lock = threading.Lock()
-
-
-def _acquire_env(pin: PinnedFile, path: str, readahead: bool) -> Any:
-    global _envs_pid
-    with _envs_lock:
-        if _envs_pid != os.getpid():
-            # Handles inherited through fork must not be used; closing them is safe here because they
-            # are read-only and lock-free (no reader slot to release): it only unmaps this process's
-            # copy, and lets py-lmdb open the file again.
-            for env, _users in _envs.values():
-                env.close()
-            _envs.clear()
-            _envs_pid = os.getpid()
-        pin.ensure()
-        entry = _envs.get(pin.ident)  # type: ignore[arg-type]
-        if entry is None:
-            entry = _envs[pin.ident] = [_open_env(pin, path, readahead), 0]  # type: ignore[index]
-        entry[1] += 1
-        return entry[0]
-
-
-def _release_env(key: Any, env: Any) -> None:
-    with _envs_lock:
-        entry = _envs.get(key)
-        if _envs_pid != os.getpid() or entry is None or entry[0] is not env:
-            return
-        entry[1] -= 1
-        if entry[1] <= 0:
-            del _envs[key]
-            env.close()
-
-
-class _Held:
-    """What one reader holds in one process: its pinned file and its share of the environment. Released
-    by ``close()`` or, for a reader dropped without it, by a finalizer (it holds no reference to the
-    reader)."""
-
-    __slots__ = ("pin", "env", "pid")
-
-    def __init__(self, pin: PinnedFile) -> None:
-        self.pin, self.env, self.pid = pin, None, None
-
-    def environment(self, path: str, readahead: bool) -> Any:
-        if self.env is None or self.pid != os.getpid():
-            self.env = _acquire_env(self.pin, path, readahead)
-            self.pid = os.getpid()
-        return self.env
-
-    def release(self) -> None:
-        env, self.env = self.env, None
-        if env is not None and self.pid == os.getpid():
-            _release_env(self.pin.ident, env)
-        self.pin.close()
-
-    def __getstate__(self) -> dict:
-        return {"pin": self.pin}
-
-    def __setstate__(self, state: dict) -> None:
-        self.pin, self.env, self.pid = state["pin"], None, None
-
-
 def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
     """``{"format", "codec", "version", "count", "checksum", "classes"}`` of an LMDB dataset; checks they
     are ones we read (``checksum`` is ``"crc32"`` or ``None``; ``classes`` a list of label names or
@@ -254,7 +177,7 @@ def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
     lmdb = require("lmdb", "LMDBSerializer")
     held = None
     if env is None:  # one open of the file, released below
-        held = _Held(PinnedFile(os.path.join(p, "data.mdb") if os.path.isdir(p) else p, "LMDB dataset"))
+        held = Held(PinnedFile(os.path.join(p, "data.mdb") if os.path.isdir(p) else p, "LMDB dataset"))
         try:
             env = held.environment(p, False)
         except BaseException:
@@ -314,8 +237,13 @@ def _count_meta_keys(txn: Any) -> int:
     return n
 
 
-class LMDBData(IndexedSource):
+class LMDBDataset(IndexedSource, PinnedLMDB):
     """Datapoints of an LMDB dataset: ``len()``, ``ds[i]``, and iteration in order or shuffled.
+
+    Reads files written by :class:`LMDBSerializer` and by tensorpack's ``LMDBSerializer.save`` (values
+    in msgpack, read without pickle, or in pickle, read only with ``allow_pickle=True``; see
+    :mod:`bridgeflow.serialize.tensorpack_lmdb`). ``.format`` says which; ``.meta`` holds the count, codec
+    and, for bridgeflow's files, checksum and class names.
 
     Sequential epochs are one cursor pass; shuffled epochs read keys in a permutation drawn from
     ``seed`` each epoch. The path is opened once, here, and that file is read for the reader's lifetime
@@ -329,44 +257,71 @@ class LMDBData(IndexedSource):
         path: a single-file LMDB (``foo.lmdb``) or an LMDB directory.
         shuffle: a new random order every epoch.
         seed: makes the shuffled orders reproducible.
-        allow_pickle: needed to read files saved with ``codec="pickle"`` (unpickling can run code).
+        allow_pickle: needed to read files saved with ``codec="pickle"`` and tensorpack's pickled files
+            (tensorpack's default): unpickling can run code.
         verify: check the file's pages before mapping it (see the module doc); ``None`` (the default) and
             ``True`` check, within the file's real size; ``False`` skips the check (a damaged page may
             then crash the process).
+        format: ``"bridgeflow"``, ``"tensorpack"`` or ``None`` (recognised from the file's keys).
         shard: ``(rank, world)`` or ``"auto"``: read only this rank's contiguous part of every epoch's
             order, all ranks equally long (``drop_last`` drops the remainder instead of wrapping around;
             see :mod:`bridgeflow.shard`). Shuffled shards need the same ``seed`` on every rank.
 
     ``state_dict()`` is the epoch, the position and the shuffle's entropy (see :mod:`bridgeflow.order`).
+
+    Example:
+        >>> ds = LMDBDataset("train.lmdb", shuffle=False)   # doctest: +SKIP
+        >>> len(ds), ds.format, ds[0]                      # doctest: +SKIP
     """
 
     def __init__(self, path: str | os.PathLike, shuffle: bool = True, seed: int | None = None, *,
-                 allow_pickle: bool = False, verify: bool | None = None, shard: tuple[int, int] | str | None = None,
-                 drop_last: bool = False) -> None:
-        self.path = existing_path(path, "LMDBData")
+                 allow_pickle: bool = False, verify: bool | None = None, format: str | None = None,
+                 shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> None:
+        if format is not None and format not in LMDB_FORMATS:
+            raise ValueError(f"LMDBDataset: unknown format {format!r}; choose one of {list(LMDB_FORMATS)} or None")
         self.shuffle = shuffle
         self.seed = seed
         self.allow_pickle = allow_pickle
-        data = os.path.join(self.path, "data.mdb") if os.path.isdir(self.path) else self.path
-        self._held = _Held(PinnedFile(data, "LMDBData"))  # the one open of the path
-        self._finalizer = weakref.finalize(self, self._held.release)  # a reader dropped without close()
-        self.verified = verify is not False
+        self._open_pinned(path, verify, "LMDBSerializer.load")
         try:
-            if self.verified:  # every value size now lies inside the file: copying a value cannot fault
-                check_lmdb_file(self._held.pin, self.path)
-            self.meta = read_lmdb_meta(self.path, env=self._environment())
+            env = self._environment()
+            self.format = format or self._detect(env)
+            if self.format == "bridgeflow":
+                self.meta = read_lmdb_meta(self.path, env=env)
+            else:
+                self.meta = read_tensorpack_meta(self.path, env, require_keys_entry=format is None)
         except BaseException:
-            self._held.release()
+            self._abandon()
             raise
         if self.meta["codec"] == "pickle" and not allow_pickle:
-            self._held.release()
-            raise PickleNotAllowedError(f"{self.path} was saved with codec='pickle'; pass allow_pickle=True "
-                                        "to load it, only if you trust the file (unpickling can run code)")
+            self._abandon()
+            raise PickleNotAllowedError(self._pickle_refusal())
         # a value of a bridgeflow-codec file that claims to be a pickle is damage, never unpickled
         self._unpickle = allow_pickle and self.meta["codec"] == "pickle"
         self._crc = self.meta["checksum"] is not None
         self.classes: list[str] | None = self.meta["classes"]
         self._init_order(self.meta["count"], shuffle, shard, drop_last)
+
+    def _detect(self, env: Any) -> str:
+        lmdb = require("lmdb", "LMDBSerializer")
+        try:
+            with env.begin(buffers=True) as txn:
+                layout = lmdb_layout(txn)
+        except lmdb.Error as exc:
+            raise _wrap(self.path, exc, "reading its keys") from exc
+        if layout is None:
+            raise CorruptDataError(f"{self.path}: an LMDB file, but not one written by LMDBSerializer (no "
+                                   f"{(META + b'format').decode()} key) nor by tensorpack's LMDBSerializer (no "
+                                   "__keys__ key); LMDBData(path) reads the raw [key, value] pairs of any LMDB file")
+        return layout
+
+    def _pickle_refusal(self) -> str:
+        if self.format == "tensorpack":
+            return (f"{self.path} holds pickled values (written by tensorpack with its default serializer, "
+                    "TENSORPACK_SERIALIZE=pickle): pass allow_pickle=True (bridgeflow serialize/inspect: "
+                    "--allow-pickle) to load it, only if you trust the file (unpickling can run code)")
+        return (f"{self.path} was saved with codec='pickle'; pass allow_pickle=True to load it, only if you "
+                "trust the file (unpickling can run code)")
 
     def __len__(self) -> int:
         return self._order.length()
@@ -374,20 +329,25 @@ class LMDBData(IndexedSource):
     def _identity(self) -> dict:
         return {"count": self.meta["count"], "bytes": self._held.pin.size()}
 
-    def _environment(self) -> Any:
-        return self._held.environment(self.path, not self.shuffle)
-
-    def reset_state(self) -> None:
-        super().reset_state()
-        self._environment()
-
     def _decode(self, value: Any, index: int) -> Any:
+        if self.format == "tensorpack":
+            return self._decode_tensorpack(value, index)
         if value is None:
             raise CorruptDataError(f"{self.path}: datapoint {index} is missing (count says {self.meta['count']})")
         try:
             return decode(self._payload(value), allow_pickle=self._unpickle)
         except DECODE_ERRORS as exc:
             raise self._damaged(index, exc) from exc
+
+    def _decode_tensorpack(self, value: Any, index: int) -> Any:
+        if value is None:
+            raise CorruptDataError(f"{self.path}: key {tensorpack_key(index).decode()!r} (datapoint {index}) is "
+                                   f"missing ({self.meta['count']} datapoints)")
+        try:
+            return decode_tensorpack(value, allow_pickle=self.allow_pickle, serializer=self.meta["codec"])
+        except DECODE_ERRORS as exc:
+            raise type(exc)(f"{self.path}: key {tensorpack_key(index).decode()!r} (datapoint {index}): "
+                            f"{exc}") from exc
 
     def _payload(self, value: Any) -> bytearray:
         """The encoding inside a stored value, copied out of the map once the checks this file needs pass:
@@ -414,45 +374,47 @@ class LMDBData(IndexedSource):
                                                              else ""))
         return CorruptDataError(f"{self.path}: datapoint {index}: {exc}")
 
+    def _key_of(self, i: int) -> bytes:
+        return tensorpack_key(i) if self.format == "tensorpack" else _key(i)
+
     def __getitem__(self, index: int) -> Any:
-        i = self._order.shard_index(normalize_index(index, len(self), "LMDBData"))
-        lmdb = require("lmdb", "LMDBData")
+        i = self._order.shard_index(normalize_index(index, len(self), type(self).__name__))
+        lmdb = require("lmdb", "LMDBDataset")
         try:
             with self._environment().begin(buffers=True) as txn:
-                return self._decode(txn.get(_key(i)), i)
+                return self._decode(txn.get(self._key_of(i)), i)
         except lmdb.Error as exc:
             raise _wrap(self.path, exc, f"reading datapoint {i}") from exc
 
-    def _check_size(self, env: Any) -> None:
-        """The pinned file still holds every page the map will touch: a file cut short in place (not
-        replaced) since it was opened would otherwise crash this process with SIGBUS."""
-        need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-        have = self._held.pin.size()
-        if have < need:
-            raise CorruptDataError(f"{self.path}: the file was cut to {have} bytes while open (its pages need "
-                                   f"{need}); it is no longer readable")
-
     def _read(self, runs: list, pos: int) -> Iterator[Any]:
-        lmdb = require("lmdb", "LMDBData")
+        lmdb = require("lmdb", "LMDBDataset")
         env = self._environment()
         self._check_size(env)  # once an epoch: one fstat
         try:
             with env.begin(buffers=True) as txn:
                 for it, run, skip in self._order.iters(runs, pos):
-                    if self.shuffle:
-                        get = txn.get
+                    if self.shuffle or self._by_key:
+                        get, key = txn.get, self._key_of
                         for i in it:
-                            yield self._decode(get(_key(i)), i)
+                            yield self._decode(get(key(i)), i)
                     else:
                         yield from self._read_run(txn, it, run.start + skip, run.stop)
         except lmdb.Error as exc:
             raise _wrap(self.path, exc, "reading") from exc
 
+    @property
+    def _by_key(self) -> bool:
+        """tensorpack's keys have 9 digits from 10**8 on and then sort before some 8-digit ones: read by key."""
+        return self.format == "tensorpack" and self.meta["count"] > TENSORPACK_SEQUENTIAL_LIMIT
+
     def _read_run(self, txn: Any, indices: Iterator[int], first: int, stop: int) -> Iterator[Any]:
         """Datapoints ``first:stop`` by one cursor pass; ``indices`` counts them off (the position)."""
         cursor = txn.cursor()
-        if not cursor.set_key(_key(first)):
+        if not cursor.set_key(self._key_of(first)):
             raise CorruptDataError(f"{self.path}: datapoint {first} is missing (count says {self.meta['count']})")
+        if self.format == "tensorpack":
+            yield from self._read_tensorpack_run(cursor, indices, first, stop)
+            return
         allow, i, key, payload = self._unpickle, first - 1, _KEY.pack, self._payload
         items = cursor.iternext()
         # Sizes checked against the file and no CRC: a plain copy. Otherwise an unchecked size must
@@ -470,18 +432,14 @@ class LMDBData(IndexedSource):
         if i + 1 != stop:
             raise CorruptDataError(f"{self.path}: {i + 1} datapoints found, its count says {self.meta['count']}")
 
-    def close(self) -> None:
-        self._held.release()
-        super().close()
-
-    def __getstate__(self) -> dict:
-        state = super().__getstate__()
-        state.pop("_finalizer", None)  # the copy's handles are opened, and released, in its own process
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        self._finalizer = weakref.finalize(self, self._held.release)
+    def _read_tensorpack_run(self, cursor: Any, indices: Iterator[int], first: int, stop: int) -> Iterator[Any]:
+        i = first - 1
+        for i, (k, value) in zip(indices, cursor.iternext()):
+            if k != tensorpack_key(i):  # a damaged key would reorder or skip datapoints silently
+                raise CorruptDataError(f"{self.path}: key {bytes(k)!r} where key {tensorpack_key(i)!r} belongs")
+            yield self._decode_tensorpack(value, i)
+        if i + 1 != stop:
+            raise CorruptDataError(f"{self.path}: {i + 1} datapoints found, its entries count {self.meta['count']}")
 
     def __repr__(self) -> str:
-        return f"LMDBData({self.path!r}, shuffle={self.shuffle}, n={self.meta['count']})"
+        return f"LMDBDataset({self.path!r}, shuffle={self.shuffle}, format={self.format!r}, n={self.meta['count']})"

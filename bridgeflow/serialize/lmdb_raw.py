@@ -1,0 +1,243 @@
+"""tensorpack's raw LMDB readers: ``LMDBData`` yields ``[key, value bytes]``, ``LMDBDataDecoder`` maps them.
+
+``LMDBData(lmdb_path, shuffle=True, keys=None)`` reads any LMDB file (a directory or a single file) as
+tensorpack's does: in key order, or shuffled over a list of keys, skipping the ``__keys__`` entry that
+tensorpack's ``LMDBSerializer.save`` writes. Decoding is left to you: ``LMDBDataDecoder(ds, decoder)``
+applies ``decoder(key, value)`` (``None`` drops the datapoint), and the decoding can run in parallel
+(``MultiProcessMapData(LMDBData(path), 8, decode)``). ``LMDBDataPoint`` (deprecated, as in tensorpack)
+is ``LMDBSerializer.load``.
+
+The reader holds the file it opened (one open per reader, the page check before mapping, environments
+shared by inode: :mod:`bridgeflow.serialize._lmdb_env`). Files written by bridgeflow's own
+``LMDBSerializer`` are refused here, because their datapoints come from ``LMDBSerializer.load(path)``
+(what ``LMDBData(path)`` returned in earlier bridgeflow versions).
+
+Example:
+    >>> ds = LMDBData("ILSVRC-train.lmdb", shuffle=False)                       # doctest: +SKIP
+    >>> ds = LMDBDataDecoder(ds, lambda k, v: [cv2.imdecode(np.frombuffer(v, np.uint8), 1)])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .._deps import require
+from ..base import DataFlow
+from ..transforms import MapData
+from ._common import normalize_index
+from ._lmdb_env import PinnedLMDB, lmdb_error
+from .codec import DECODE_ERRORS
+from .errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
+from .tensorpack_codec import decode_tensorpack, which_serializer
+from .tensorpack_lmdb import KEYS_ENTRY, lmdb_layout, tensorpack_key
+
+__all__ = ["LMDBData", "LMDBDataDecoder", "LMDBDataPoint"]
+
+log = logging.getLogger(__name__)
+
+
+def _as_key(k: Any, i: int) -> bytes:
+    if isinstance(k, bytes):
+        return k
+    if isinstance(k, str):
+        return k.encode("utf-8")
+    if isinstance(k, (bytearray, memoryview)):
+        return bytes(k)
+    raise TypeError(f"LMDBData: keys[{i}] is a {type(k).__name__}; keys are bytes or str")
+
+
+class LMDBData(PinnedLMDB):
+    """``[key, value]`` pairs (both ``bytes``) of an LMDB file, as tensorpack's ``LMDBData`` yields them.
+
+    Args:
+        lmdb_path: an LMDB directory or single file.
+        shuffle: ``False``: every entry in key order, one cursor pass. ``True``: the keys in a new random
+            order each epoch.
+        keys: used when ``shuffle`` is true (as in tensorpack): a list of keys (``bytes`` or ``str``) or a
+            format string such as ``"{:08}"`` formatted with ``0 .. entries-1``. By default, the keys of a
+            file written by tensorpack's ``LMDBSerializer.save`` (``__keys__`` present, ``"{:08}"`` keys),
+            else every key of the file, found by one pass over the keys.
+        seed: makes the shuffled orders reproducible.
+        verify: check the file's pages before mapping it (``False`` skips it; see ``LMDBSerializer``).
+
+    ``len()`` is the number of pairs an epoch yields: the entries less ``__keys__``, or ``len(keys)``
+    when ``keys`` is given and ``shuffle`` is true. ``ds[i]`` is the pair of the ``i``-th key. A key that
+    is missing from the file raises :class:`CorruptDataError` (a key you gave: ``KeyError``), naming it.
+
+    Its state (``state_dict()``) is the default count and skip: the generator's state at the start of the
+    epoch and the pairs handed out since; resuming reads those pairs again and drops them.
+    """
+
+    _bf_state_mode = "count"
+
+    def __init__(self, lmdb_path: str | os.PathLike, shuffle: bool = True,
+                 keys: Sequence[bytes | str] | str | None = None, *, seed: int | None = None,
+                 verify: bool | None = None) -> None:
+        if keys is not None and not isinstance(keys, (str, Sequence)) or isinstance(keys, bytes):
+            raise TypeError(f"LMDBData: keys must be a list of keys or a format string like '{{:08}}', got {keys!r}")
+        self.shuffle = bool(shuffle)
+        self.seed = seed
+        self._open_pinned(lmdb_path, verify, "LMDBData")
+        lmdb = require("lmdb", "LMDBData")
+        try:
+            env = self._environment()
+            with env.begin(buffers=True) as txn:
+                layout = lmdb_layout(txn)
+                entries = txn.stat(env.open_db())["entries"]
+                keys_value = txn.get(KEYS_ENTRY)
+                self.serializer = None if keys_value is None or not len(keys_value) else which_serializer(keys_value)
+                self._entries = entries - (keys_value is not None)
+                n = self._entries
+                self._tensorpack = layout == "tensorpack" and (
+                    n == 0 or (txn.get(tensorpack_key(0)) is not None and txn.get(tensorpack_key(n - 1)) is not None))
+        except lmdb.Error as exc:
+            self._abandon()
+            raise lmdb_error(self.path, exc, "reading its keys", "LMDB") from exc
+        except BaseException:
+            self._abandon()
+            raise
+        if layout == "bridgeflow":
+            self._abandon()
+            raise UnsupportedFormatError(
+                f"{self.path} was written by bridgeflow's LMDBSerializer: load its datapoints with "
+                "LMDBSerializer.load(path) (what LMDBData(path) returned in earlier bridgeflow versions). LMDBData now "
+                "yields tensorpack's raw [key, value bytes] pairs, which for this file would be encoded bytes")
+        self._given: list[bytes] | None = None
+        if keys is not None and self.shuffle:
+            if isinstance(keys, str):
+                self._given = [keys.format(i).encode("utf-8") for i in range(self._entries)]
+            else:
+                self._given = [_as_key(k, i) for i, k in enumerate(keys)]
+        self._all_keys: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return len(self._given) if self._given is not None else self._entries
+
+    def keys(self) -> list[bytes]:
+        """The keys, in the order ``ds[i]`` uses (the given keys, else the file's key order)."""
+        if self._given is not None:
+            return self._given
+        if self._all_keys is None:
+            if self._tensorpack:
+                self._all_keys = [tensorpack_key(i) for i in range(self._entries)]
+            else:
+                self._all_keys = self._scan_keys()
+        return self._all_keys
+
+    def _scan_keys(self) -> list[bytes]:
+        log.info("LMDBData: listing the keys of %s (one pass over its keys; pass keys= to skip it)", self.path)
+        lmdb = require("lmdb", "LMDBData")
+        try:
+            with self._environment().begin() as txn:
+                found = [k for k in txn.cursor().iternext(values=False) if k != KEYS_ENTRY]
+        except lmdb.Error as exc:
+            raise lmdb_error(self.path, exc, "listing its keys", "LMDB") from exc
+        if len(found) != self._entries:
+            raise CorruptDataError(f"{self.path}: {len(found)} keys found, its entries count {self._entries}")
+        return found
+
+    def _missing(self, key: bytes) -> Exception:
+        if self._given is not None:
+            return KeyError(f"{self.path}: no key {key!r} (one of the keys given to LMDBData)")
+        return CorruptDataError(f"{self.path}: key {key!r} is missing; the file changed or is damaged")
+
+    def __getitem__(self, index: int) -> list[bytes]:
+        keys = self.keys()
+        key = keys[normalize_index(index, len(keys), "LMDBData")]
+        lmdb = require("lmdb", "LMDBData")
+        try:
+            with self._environment().begin(buffers=True) as txn:
+                value = txn.get(key)
+                if value is None:
+                    raise self._missing(key)
+                return [key, bytes(value)]
+        except lmdb.Error as exc:
+            raise lmdb_error(self.path, exc, f"reading key {key!r}", "LMDB") from exc
+
+    def __iter__(self) -> Iterator[list[bytes]]:
+        lmdb = require("lmdb", "LMDBData")
+        env = self._environment()
+        self._check_size(env)
+        try:
+            with env.begin(buffers=True) as txn:
+                if self.shuffle:
+                    keys = self.keys()
+                    get = txn.get
+                    for i in self.rng.permutation(len(keys)).tolist():
+                        value = get(keys[i])
+                        if value is None:
+                            raise self._missing(keys[i])
+                        yield [keys[i], bytes(value)]
+                    return
+                n = 0
+                for k, value in txn.cursor().iternext():
+                    if k == KEYS_ENTRY:
+                        continue
+                    n += 1
+                    yield [bytes(k), bytes(value)]
+                if n != self._entries:
+                    raise CorruptDataError(f"{self.path}: {n} entries read, its entries count {self._entries}")
+        except lmdb.Error as exc:
+            raise lmdb_error(self.path, exc, "reading", "LMDB") from exc
+
+    def __repr__(self) -> str:
+        return f"LMDBData({self.path!r}, shuffle={self.shuffle}, n={len(self)})"
+
+
+def _apply_decoder(decoder: Callable[[bytes, bytes], Any], dp: list) -> Any:
+    return decoder(dp[0], dp[1])
+
+
+class LMDBDataDecoder(MapData):
+    """``decoder(key, value)`` applied to every pair of an :class:`LMDBData`; ``None`` drops the pair.
+
+    Example:
+        >>> ds = LMDBDataDecoder(LMDBData("x.lmdb", shuffle=False), lambda k, v: [k.decode(), len(v)])  # doctest: +SKIP
+    """
+
+    def __init__(self, lmdb_data: DataFlow, decoder: Callable[[bytes, bytes], Any]) -> None:
+        if not callable(decoder):
+            raise TypeError(f"LMDBDataDecoder needs a callable decoder(key, value), got {decoder!r}")
+        self.decoder = decoder
+        super().__init__(lmdb_data, functools.partial(_apply_decoder, decoder))
+
+
+def _decode_pair(path: str, serializer: str | None, allow_pickle: bool, dp: list) -> Any:
+    key, value = dp
+    try:
+        return decode_tensorpack(value, allow_pickle=allow_pickle, serializer=serializer)
+    except DECODE_ERRORS as exc:
+        raise type(exc)(f"{path}: key {key!r}: {exc}") from exc
+
+
+def LMDBDataPoint(lmdb_path: str | os.PathLike | LMDBData, shuffle: bool = True,
+                  keys: Sequence[bytes | str] | str | None = None, *, allow_pickle: bool = False) -> DataFlow:
+    """Deprecated (as in tensorpack): the decoded datapoints of a tensorpack LMDB file; use
+    ``LMDBSerializer.load(path, shuffle)``.
+
+    ``lmdb_path`` may be an :class:`LMDBData` (then alone): its values are decoded with tensorpack's
+    serializers (msgpack safely; pickle only with ``allow_pickle=True``).
+    """
+    warnings.warn("LMDBDataPoint is deprecated, as in tensorpack: use LMDBSerializer.load(path, shuffle=...)",
+                  DeprecationWarning, stacklevel=2)
+    if isinstance(lmdb_path, LMDBData):
+        if keys is not None or shuffle is not True:
+            raise TypeError("LMDBDataPoint(lmdb_data) takes no other arguments (as in tensorpack)")
+        ds = lmdb_path
+    elif keys is None:
+        from .lmdb_format import LMDBSerializer
+
+        return LMDBSerializer.load(lmdb_path, shuffle=shuffle, allow_pickle=allow_pickle, format="tensorpack")
+    else:
+        ds = LMDBData(lmdb_path, shuffle, keys)
+    if ds.serializer == "pickle" and not allow_pickle:
+        path = ds.path
+        ds.close()
+        raise PickleNotAllowedError(f"{path} holds pickled values (tensorpack's default serializer): pass "
+                                    "allow_pickle=True to decode them, only if you trust the file")
+    return MapData(ds, functools.partial(_decode_pair, ds.path, ds.serializer, allow_pickle))
