@@ -157,9 +157,13 @@ def test_a_sweep_spares_segments_whose_owner_holds_the_lock_whatever_its_pid(lea
         assert not [n for n in unlinked if n.startswith(prefix)]
         release.set()
         holder.join(10)
-        assert segments._owner_state(prefix + "ctl") == "dead"
+        state = segments._owner_state(prefix + "ctl")
+        # Released, the segments are fair game: a sweep in another process sharing /dev/shm (another test
+        # run) may remove them before ours does.
+        assert state in ("dead", "gone")
         shm_mod.sweep_orphans()
-        assert {prefix + "ctl", prefix + "r0_0_abcdef"} <= set(unlinked)
+        if state == "dead":
+            assert {prefix + "ctl", prefix + "r0_0_abcdef"} <= set(unlinked)
         assert not os.path.exists(slab) and not os.path.exists(shm_mod.SHM_DIR + f"/{prefix}ctl")
     finally:
         holder.kill()
