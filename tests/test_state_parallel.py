@@ -294,7 +294,12 @@ def test_process_killed_after_saving_is_continued_by_a_new_one(tmp_path):
         return [json.loads(x) for x in out.read_text().splitlines()]
 
     whole = run(tmp_path / "whole.jsonl", tmp_path / "none.json", -1, kill=False)
-    assert len(whole) == 2 * 33  # 300 - 33 dropped = 267 datapoints per epoch: 33 whole batches
+    # each epoch takes 300 datapoints of LocallyShuffleData's endless stream, drops ids 4 mod 9 and keeps the
+    # whole batches of 8 of what is left
+    shuffled = bf.LocallyShuffleData(bf.DataFromList([[i] for i in range(300)], shuffle=True, seed=1), 16, seed=2)
+    shuffled.reset_state()
+    kept = [sum(dp[0] % 9 != 4 for dp in shuffled) for _ in range(2)]
+    assert len(whole) == sum(k // 8 for k in kept) and [len(b[0]) for b in whole] == [8] * len(whole)
     first = run(tmp_path / "a.jsonl", tmp_path / "state.json", 19, kill=True)
     assert len(first) == 19
     second = run(tmp_path / "b.jsonl", tmp_path / "state.json", -1, kill=False)
