@@ -800,3 +800,18 @@ def test_fused_batching_of_an_empty_source_gives_empty_epochs(leak_check):
     with bf.BatchData(MultiProcessMapData(bf.DataFromList([], shuffle=False), 2, image_of), 4) as df:
         df.reset_state()
         assert [list(df), list(df)] == [[], []]
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_reset_state_again_releases_the_source(batched, leak_check):
+    """A second reset_state() (TestDataSpeed after a training loop does one) while the carried stream holds
+    the source mid-epoch: the stream is closed at once, so the new one may iterate the source (it used to
+    be refused as a second consumer until a garbage collection)."""
+    src = bf.MapData(bf.DataFromList([[i] for i in range(256)], shuffle=False), lambda dp: dp)
+    stage = MultiProcessMapData(src, 2, lambda dp: dp, buffer_size=128)
+    df = bf.BatchData(stage, 32) if batched else stage
+    with df:
+        df.reset_state()
+        assert len(list(df)) == len(df)
+        df.reset_state()
+        assert len(list(df)) == len(df)

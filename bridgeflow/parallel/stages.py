@@ -107,7 +107,7 @@ class _MapStage(ParallelStage):
     def _new_pool(self) -> WorkerPool:
         if self._processes and self.start_method not in (None, "fork"):
             check_picklable(self.map_func, "map_func", type(self).__name__, self.start_method)
-        self._carry = self._batched = self._ledger = None
+        self._drop_stream()  # the carried stream of the pool before (a reset_state() while it is under way)
         return WorkerPool(functools.partial(_map_init, self.map_func), self.num_workers,
                           processes=self._processes, start_method=self.start_method, name=type(self).__name__,
                           base_seed=self.seed, ordered=self.ordered,
@@ -486,7 +486,10 @@ class _MapStage(ParallelStage):
         self._bf_pending = {"strict": strict, "ordered": bool(self.ordered), "source": source, "replay": replay,
                             "skip": skip, "taken": taken, "batch": batch}
 
-    def close(self) -> None:
+    def _drop_stream(self) -> None:
+        """Close the carried stream of source datapoints and the fused plan: the source's iteration they hold
+        ends now (a dropped generator caught in a reference cycle would hold the source until a collection,
+        and the source would refuse its next iteration)."""
         plan, self._batched = self._batched, None
         if plan is not None:
             plan.close()
@@ -494,6 +497,9 @@ class _MapStage(ParallelStage):
         if carry is not None:
             carry.close()
         self._ledger = None
+
+    def close(self) -> None:
+        self._drop_stream()
         super().close()
 
     def __getstate__(self) -> dict:
