@@ -715,7 +715,7 @@ def test_runner_order_change_is_loud(caplog):
                                         r".*Pass the counts by keyword") as record:
         MultiProcessRunner(Shard(), 2, 16).close()
     assert record[0].filename == __file__
-    with pytest.warns(UserWarning, match=r"MultiThreadRunner\(ds, 1, 4\) starts 4 threads"):
+    with pytest.warns(UserWarning, match=r"MultiThreadRunner\(get_df, 1, 4\) starts 4 threads"):
         MultiThreadRunner(Shard, 1, 4).close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")

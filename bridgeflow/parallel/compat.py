@@ -68,6 +68,7 @@ class MultiProcessMapAndBatchData(BatchData):
         remainder = kwargs.pop("remainder", False)
         stage = MultiProcessMapData(ds, num_proc, map_func, buffer_size=buffer_size or 4 * batch_size, **kwargs)
         super().__init__(stage, batch_size, remainder=remainder)
+        self.num_workers = stage.num_workers
 
 
 MultiProcessMapAndBatchDataZMQ = MultiProcessMapAndBatchData

@@ -193,7 +193,8 @@ def _check_counts(who: str, sig: str, old: str, num_prefetch: Any, count: Any, n
         raise TypeError(f"{who}{sig} needs {name}, the number of {what}; {_ORDER_NOTE.format(sig=sig, old=old)}: "
                         "pass both counts, or use keywords")
     if positional and isinstance(count, int) and isinstance(num_prefetch, int) and count > num_prefetch:
-        warnings.warn(f"{who}(ds, {num_prefetch}, {count}) starts {count} {what} and prefetches {num_prefetch}: "
+        first = sig.strip("()").split(",")[0]
+        warnings.warn(f"{who}({first}, {num_prefetch}, {count}) starts {count} {what} and prefetches {num_prefetch}: "
                       f"{_ORDER_NOTE.format(sig=sig, old=old)}. Pass the counts by keyword to say which you mean",
                       UserWarning, stacklevel=5)  # the caller, above the two decorators
 
