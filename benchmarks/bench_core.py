@@ -17,6 +17,13 @@ Cases, each timed with interleaved repetitions (anchor, bridgeflow, anchor, ...)
   0.98); ``ratio_state_every_batch`` adds a ``state_dict()`` call after every batch, as a checkpointing
   loader does, and ``state_dict_us`` is one such call.
 
+- ``local_shuffle``: ``LocallyShuffleData(DataFromList(...), buffer)`` (tensorpack's buffer, endless) against
+  the bare source, for buffers of 1,000 and 50,000: the time the buffer adds per datapoint, in
+  microseconds. Then, deep into the stream, what a state costs: ``state_dict_us`` (one call; the buffer is
+  scanned at most once per ``buffer // 4`` datapoints read), ``state_bytes`` (json), ``replay_buffers``
+  (how far back the state rebuilds the buffer from, in buffers) and ``resume_s`` (the first ``iter()``
+  after ``load_state_dict``, which replays that far without yielding).
+
 Each line printed is one JSON object with the median of the repetitions (and the machine it ran on:
 absolute rates mean something only beside it; the ratios are what to compare across machines).
 
@@ -35,7 +42,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bridgeflow import BatchData, DataFlow, DataFromList, FakeData, MapData, RNGDataFlow
+from bridgeflow import BatchData, DataFlow, DataFromList, FakeData, LocallyShuffleData, MapData, RNGDataFlow
 from bridgeflow.batch import batch_datapoints
 from bridgeflow.transforms import _DATAPOINT_TYPES, check_datapoint
 
@@ -222,6 +229,56 @@ def bench_state(reps: int, datapoints: int) -> None:
          **machine())
 
 
+def bench_local_shuffle(reps: int, datapoints: int) -> None:
+    for buffer in (1000, 50_000):
+        data = [[i] for i in range(datapoints + buffer)]
+        bare = DataFromList(data, shuffle=False)
+        shuffled = LocallyShuffleData(DataFromList(data, shuffle=False), buffer, seed=0)
+        for df in (bare, shuffled):
+            df.reset_state()
+        streams = {"bare": iter(RepeatedDataForever(bare)), "shuffled": iter(RepeatedDataForever(shuffled))}
+
+        def take(it) -> Callable[[], int]:
+            def run() -> int:
+                for _ in range(datapoints // 4):
+                    next(it)
+                return datapoints // 4
+            return run
+
+        times = interleave({name: take(it) for name, it in streams.items()}, reps)
+        base, lsd = statistics.median(times["bare"]), statistics.median(times["shuffled"])
+        deep_data = [[i] for i in range(max(datapoints, 20 * buffer) + buffer)]
+        deep = LocallyShuffleData(DataFromList(deep_data, shuffle=False), buffer, seed=0)
+        it = iter(RepeatedDataForever(deep))
+        for _ in range(max(datapoints, 20 * buffer)):  # deep enough for the buffer's oldest to settle
+            next(it)
+        t0 = time.perf_counter()
+        state = deep.state_dict()
+        state_us = (time.perf_counter() - t0) * 1e6
+        text = json.dumps(state)
+        again = LocallyShuffleData(DataFromList(deep_data, shuffle=False), buffer, seed=0)
+        again.load_state_dict(json.loads(text))
+        t0 = time.perf_counter()
+        resumed = iter(again)
+        resume_s = time.perf_counter() - t0
+        assert next(resumed) == next(it)
+        emit(bench="core", case="local_shuffle", buffer=buffer, datapoints=datapoints, reps=reps,
+             bare_us_per_dp=round(base * 1e6, 4), added_us_per_dp=round((lsd - base) * 1e6, 4),
+             state_dict_us=round(state_us, 1), state_bytes=len(text),
+             replay_buffers=round(state["replay"] / buffer, 2), resume_s=round(resume_s, 3), **machine())
+
+
+class RepeatedDataForever:
+    """Epoch after epoch of a flow, as one iterator."""
+
+    def __init__(self, df: DataFlow) -> None:
+        self.df = df
+
+    def __iter__(self):
+        while True:
+            yield from self.df
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=9, help="timed repetitions per case (median; >= 5)")
@@ -234,6 +291,7 @@ def main() -> None:
     bench_batch_overhead(args.reps, 2000)
     bench_map_chain(args.reps, args.datapoints)
     bench_state(args.reps, args.datapoints)
+    bench_local_shuffle(args.reps, max(args.datapoints, 400_000))
 
 
 if __name__ == "__main__":

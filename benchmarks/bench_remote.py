@@ -115,7 +115,7 @@ def _consume(df: DataFlow, warmup: int, samples: int) -> float:
 
 
 def run_runner(warmup: int, samples: int) -> float:
-    with MultiProcessRunner(Images(None), 1, num_prefetch=16) as df:
+    with MultiProcessRunner(Images(None), num_prefetch=16, num_proc=1) as df:
         df.reset_state()
         return _consume(df, warmup, samples)
 

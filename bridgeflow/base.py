@@ -249,6 +249,36 @@ def _state_mode(cls: type) -> str:
     return "unsupported" if iter_owner.__module__.split(".")[0] == "bridgeflow" else "count"
 
 
+def _adapt_old_style(cls: type) -> None:
+    """tensorpack's older protocol: a class that defines ``get_data()`` but not ``__iter__`` iterates with it,
+    one that defines ``size()`` but not ``__len__`` has it as its length (as tensorpack maps them).
+
+    ``get_data`` then becomes the guarded ``__iter__`` (auto-reset, one consumer at a time, the default
+    state's count), and calling ``df.get_data()`` goes through it too; a subclass's ``super().get_data()``
+    still reaches the parent's own generator.
+    """
+    ns = cls.__dict__
+    get_data = ns.get("get_data")
+    if "__iter__" not in ns and callable(get_data) and not getattr(get_data, "_bf_old_style", False):
+        cls.__iter__ = get_data  # wrapped by the guard next, like any __iter__
+        cls.get_data = _old_style_get_data(get_data)
+    size = ns.get("size")
+    if "__len__" not in ns and callable(size):
+        cls.__len__ = size
+
+
+def _old_style_get_data(original):
+    @functools.wraps(original)
+    def get_data(self):
+        cls = type(self)
+        if cls.get_data is get_data and getattr(cls.__iter__, "__wrapped__", None) is original:
+            return iter(self)  # the guarded __iter__ made of this very get_data
+        return original(self)  # a super() call, or a subclass iterating with its own __iter__
+
+    get_data._bf_old_style = True
+    return get_data
+
+
 def _mark_reset(original):
     @functools.wraps(original)
     def reset_state(self, *args, **kwargs):
@@ -263,6 +293,9 @@ def _mark_reset(original):
 class DataFlow:
     """Base class of every flow. Subclasses implement ``__iter__`` and, when they can, ``__len__``.
 
+    tensorpack's older protocol works too: a subclass defining ``get_data()`` and ``size()`` instead is
+    iterated with them (with the same guard and default state as an ``__iter__``).
+
     ``class MyFlow(DataFlow, resumable=False)`` declares a flow whose position cannot be saved (its
     ``state_dict()`` raises :class:`~bridgeflow.state.NotResumableError`); see :meth:`state_dict`.
     """
@@ -276,6 +309,7 @@ class DataFlow:
 
     def __init_subclass__(cls, resumable: bool | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _adapt_old_style(cls)
         it = cls.__dict__.get("__iter__")
         if it is not None and not getattr(it, "_bf_guarded", False):
             cls.__iter__ = _guard_iter(it)

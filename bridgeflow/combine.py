@@ -1,9 +1,8 @@
 """Flows that combine several flows, or reorder one: concat, join, random choice and mix, local shuffle.
 
 State: the children's states in a list under ``"children"``, plus the flow's own position (which child
-a concatenation is in, the random generator of a random choice or mix). ``LocallyShuffleData`` keeps
-datapoints in its buffer, which no state holds: it resumes by replaying its epoch from its start (the
-default state of :meth:`DataFlow.state_dict`), reading the wrapped flow again up to the saved point.
+a concatenation is in, the random generator of a random choice or mix). ``LocallyShuffleData`` lives in
+:mod:`bridgeflow.local_shuffle` (its buffer needs a module of its own) and is re-exported here.
 """
 
 from __future__ import annotations
@@ -13,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, ProxyDataFlow, RNGDataFlow, as_dataflow, epoch_live, take_pending
+from .base import DataFlow, RNGDataFlow, as_dataflow, epoch_live, take_pending
 from .errors import DatapointError, LengthUnknownError
+from .local_shuffle import LocallyShuffleData
 from .order import iterator_position
 from .state import (
     StateMismatchError,
@@ -273,50 +273,3 @@ class RandomMixData(_MultiFlow, RNGDataFlow):
         pos = check_count(state, "pos")
         load_children(self.df_lists, field(state, "children", list))
         self._bf_pending = {"rng": rng, "pos": pos}
-
-
-class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
-    """Shuffle within a sliding buffer: good mixing of a sequential source without reading it all.
-
-    Each incoming datapoint swaps with a random one in a buffer of ``buffer_size``, which is emitted;
-    at the end of the epoch the buffer drains in random order. Each datapoint is emitted ``num_reuse``
-    times. ``shuffle_interval`` is accepted for tensorpack compatibility and has no effect: this buffer
-    reshuffles on every datapoint.
-
-    Its state is the default one (see :meth:`DataFlow.state_dict`): resuming replays the epoch so far,
-    reading the wrapped flow again up to the saved point.
-    """
-
-    _bf_state_mode = "count"  # the buffer holds datapoints: replay the epoch from its start
-
-    def __init__(self, ds: DataFlow, buffer_size: int, num_reuse: int = 1, shuffle_interval: Any = None,
-                 seed: int | None = None) -> None:
-        ProxyDataFlow.__init__(self, ds)
-        if buffer_size <= 0:
-            raise ValueError(f"LocallyShuffleData buffer_size must be positive, got {buffer_size}")
-        if num_reuse <= 0:
-            raise ValueError(f"LocallyShuffleData num_reuse must be positive, got {num_reuse}")
-        self.buffer_size = int(buffer_size)
-        self.num_reuse = int(num_reuse)
-        self.seed = seed
-
-    def reset_state(self) -> None:
-        ProxyDataFlow.reset_state(self)
-        RNGDataFlow.reset_state(self)
-
-    def __len__(self) -> int:
-        return len(self.ds) * self.num_reuse
-
-    def __iter__(self) -> Iterator:
-        buf: list = []
-        size, rng = self.buffer_size, self.rng
-        for dp in self.ds:
-            for _ in range(self.num_reuse):
-                if len(buf) < size:
-                    buf.append(dp)
-                    continue
-                k = rng.randint(size)
-                out, buf[k] = buf[k], dp
-                yield out
-        rng.shuffle(buf)
-        yield from buf

@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 import queue as _queue
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from .base import DataFlow
@@ -86,12 +86,8 @@ class DataFromQueue(DataFlow):
 
 class MultiThreadPrefetchData(MultiThreadRunner):
     """``MultiThreadPrefetchData(get_df, num_prefetch, num_thread)``: tensorpack's older name of
-    :class:`~bridgeflow.MultiThreadRunner`, in tensorpack's argument order.
+    :class:`~bridgeflow.MultiThreadRunner`, which takes the same arguments in the same order.
 
     Example:
         >>> df = MultiThreadPrefetchData(lambda: DataFromList(items), 16, 4)  # doctest: +SKIP
     """
-
-    def __init__(self, get_df: Callable[[], DataFlow] | DataFlow, num_prefetch: int, num_thread: int,
-                 **kwargs: Any) -> None:
-        super().__init__(get_df, num_thread, num_prefetch, **kwargs)

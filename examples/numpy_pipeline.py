@@ -60,7 +60,7 @@ def keep(dp: dict) -> bool:
 
 def pipeline(records: list[dict], threads: int = 0) -> BatchData:
     df = DataFromList(records, shuffle=True, seed=0)
-    df = LocallyShuffleData(df, buffer_size=256, seed=0)
+    df = LocallyShuffleData(df, buffer_size=256, seed=0, one_pass=True)  # every image once per epoch
     df = MultiThreadMapData(df, threads, Augment()) if threads else MapData(df, Augment())
     df = FilterData(df, keep)
     return BatchData(df, BATCH, remainder=True)

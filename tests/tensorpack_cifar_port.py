@@ -1,11 +1,9 @@
 """tensorpack's CIFAR-10 input pipeline (examples/ResNet/cifar10-resnet.py, get_data), ported.
 
 With tensorpack the imports read ``from tensorpack import *`` and ``from tensorpack.dataflow import
-dataset``. Two lines differ besides the imports, each marked PORT:
-
-- CIFAR's python batches are pickles, which bridgeflow reads only when told: ``allow_pickle=True``;
-- ``MultiProcessRunner(ds, 3, 2)`` is written with keywords, because bridgeflow's positional order of
-  the two counts still differs from tensorpack's (being fixed separately).
+dataset``. One line differs besides the imports, marked PORT: CIFAR's python batches are pickles, which
+bridgeflow reads only when told: ``allow_pickle=True``. ``MultiProcessRunner(ds, 3, 2)`` is tensorpack's
+line as it is (two processes, three datapoints prefetched).
 
 tests/test_tensorpack_examples.py runs it on a generated copy of CIFAR-10 found through
 ``$TENSORPACK_DATASET``, as tensorpack finds it.
@@ -35,5 +33,5 @@ def get_data(train_or_test):
     ds = AugmentImageComponent(ds, augmentors)  # noqa: F405
     ds = BatchData(ds, BATCH_SIZE, remainder=not isTrain)  # noqa: F405
     if isTrain:
-        ds = MultiProcessRunner(ds, num_prefetch=3, num_proc=2)  # noqa: F405 - PORT: keywords
+        ds = MultiProcessRunner(ds, 3, 2)  # noqa: F405
     return ds

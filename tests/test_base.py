@@ -343,3 +343,132 @@ def test_unimplemented_iter():
     assert list(NoIter(Counting())) == [[0], [1], [2]]  # a proxy forwards by default
     with pytest.raises(NotImplementedError, match="Empty"):
         type("Empty", (DataFlow,), {})().__iter__()
+
+
+# --- tensorpack's older protocol: get_data() and size() ------------------------------------------
+
+
+class OldRange(DataFlow):
+    """An old-style flow: get_data() and size(), no __iter__ or __len__."""
+
+    def __init__(self, n: int = 4) -> None:
+        self.n = n
+        self.resets = 0
+
+    def reset_state(self) -> None:
+        self.resets += 1
+
+    def get_data(self):
+        for i in range(self.n):
+            yield [i, i * i]
+
+    def size(self):
+        return self.n
+
+
+class OldDouble(ProxyDataFlow):
+    """An old-style proxy that reads its child the old way too."""
+
+    def get_data(self):
+        for dp in self.ds.get_data():
+            yield [dp[0] * 2]
+
+    def size(self):
+        return self.ds.size()
+
+
+class OldOffset(OldRange):
+    """Extends an old-style parent through super().get_data()."""
+
+    def get_data(self):
+        for dp in super().get_data():
+            yield [dp[0] + 100, dp[1]]
+
+
+class OldNoise(RNGDataFlow):
+    """An old-style random flow (tensorpack's RNGDataFlow idiom)."""
+
+    def __init__(self, n: int = 6, seed: int | None = None) -> None:
+        self.n, self.seed = n, seed
+
+    def get_data(self):
+        for _ in range(self.n):
+            yield [int(self.rng.randint(1 << 30))]
+
+    def size(self):
+        return self.n
+
+
+class NewOverOld(OldRange):
+    """A new-style subclass of an old-style flow, reaching the parent both ways."""
+
+    def __iter__(self):
+        yield from super().__iter__()
+        yield from self.get_data()
+
+
+def test_old_style_flow_iterates_with_get_data_and_measures_with_size():
+    df = OldRange(3)
+    assert list(df) == [[0, 0], [1, 1], [2, 4]] and len(df) == 3 and df.size() == 3
+    assert df.resets == 1  # iterated before reset_state(): reset once, like any flow
+    assert list(df.get_data()) == [[0, 0], [1, 1], [2, 4]]
+    assert check_dataflow(OldRange(5), deterministic=True) == [[i, i * i] for i in range(5)]
+    assert list(OldDouble(OldRange(3))) == [[0], [2], [4]] and OldDouble(OldRange(3)).size() == 3
+    assert list(OldOffset(2)) == [[100, 0], [101, 1]] and list(OldOffset(2).get_data()) == [[100, 0], [101, 1]]
+    assert [dp[0] for dp in NewOverOld(2)] == [0, 1, 0, 1]
+    assert [dp[0].tolist() for dp in BatchData(OldDouble(OldRange(4)), 2)] == [[0, 2], [4, 6]]
+
+
+def test_old_style_get_data_has_the_one_consumer_guard():
+    df = OldRange(3)
+    it = df.get_data()
+    assert next(it) == [0, 0]
+    with pytest.raises(DataFlowReentrantError):
+        next(iter(df))
+    with pytest.raises(DataFlowReentrantError):
+        next(df.get_data())
+    it.close()
+    assert len(list(df.get_data())) == 3
+
+
+def test_old_style_random_flow_is_reproducible_and_resumable():
+    from bridgeflow.testing import check_resumable
+
+    a, b = OldNoise(seed=3), OldNoise(seed=3)
+    a.reset_state()
+    b.reset_state()
+    assert list(a) == list(b) and list(a) != list(OldNoise(seed=4))
+    assert type(a)._bf_state_mode == "count"  # the default state: count and skip
+    check_resumable(lambda: OldNoise(8, seed=1), epochs=3)
+    check_resumable(lambda: BatchData(OldDouble(OldOffset(7)), 2, remainder=True), positions=range(5))
+
+
+def test_old_style_flow_goes_to_worker_processes(leak_check):
+    from bridgeflow import MultiProcessMapData, MultiProcessRunner
+
+    with MultiProcessMapData(OldDouble(OldRange(20)), 2, lambda dp: [dp[0] + 1]) as df:
+        assert [dp[0] for dp in df] == [2 * i + 1 for i in range(20)]
+    with MultiProcessRunner(OldNoise(5, seed=2), 4, 2) as df:
+        got = [dp[0] for dp in df]
+    assert len(got) == 5 and len(set(got)) == 5
+
+
+def test_what_is_not_the_old_protocol_is_left_alone():
+    class Both(DataFlow):  # __iter__ wins; get_data stays a method of its own
+        def __iter__(self):
+            yield [1]
+
+        def get_data(self):
+            return iter([[2]])
+
+    class SizeAttribute(DataFlow):  # a size that is not a method is not a length
+        size = 5
+
+        def __iter__(self):
+            yield [1]
+
+    assert list(Both()) == [[1]] and list(Both().get_data()) == [[2]]
+    with pytest.raises(LengthUnknownError):
+        len(SizeAttribute())
+    with pytest.raises(NotImplementedError, match="must implement __iter__"):
+        list(type("Empty", (DataFlow,), {"size": lambda self: 1})())

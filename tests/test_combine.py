@@ -1,4 +1,4 @@
-"""Flows that combine or reorder: ConcatData, JoinData, RandomChooseData, RandomMixData, LocallyShuffleData."""
+"""Flows that combine: ConcatData, JoinData, RandomChooseData, RandomMixData (LocallyShuffleData: its own file)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from bridgeflow import (
     DatapointError,
     JoinData,
     LengthUnknownError,
-    LocallyShuffleData,
     RandomChooseData,
     RandomMixData,
 )
@@ -112,31 +111,3 @@ def test_random_mix_short_flow():
 
     with pytest.raises(DatapointError, match="flow 1 .*Liar.* fewer datapoints than its len\\(\\) of 5"):
         list(RandomMixData([source("list", 3), Liar([[1]] * 2, shuffle=False)], seed=0))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_locally_shuffle(kind):
-    df = LocallyShuffleData(source(kind, 100), buffer_size=10, seed=0)
-    got = check_dataflow(df)
-    y = ys(got, kind)
-    assert sorted(y) == list(range(100)) and y != list(range(100))
-    assert all(type(dp) is type(make(kind, 0)) for dp in got)
-    # local: a datapoint cannot come out before the buffer has seen it
-    assert all(v <= i + 10 for i, v in enumerate(y))
-    df.reset_state()
-    assert ys(df, kind) != ys(df, kind)  # a new order each epoch
-
-
-def test_locally_shuffle_reuse_and_small_flow():
-    df = LocallyShuffleData(source("list", 10), buffer_size=4, num_reuse=3, seed=0)
-    y = ys(list(df), "list")
-    assert len(df) == 30 and sorted(y) == sorted(list(range(10)) * 3)
-    small = LocallyShuffleData(source("list", 3), buffer_size=50, seed=0)  # never fills its buffer
-    assert sorted(ys(list(small), "list")) == [0, 1, 2]
-
-
-def test_locally_shuffle_bad_input():
-    with pytest.raises(ValueError, match="buffer_size"):
-        LocallyShuffleData(source("list", 3), 0)
-    with pytest.raises(ValueError, match="num_reuse"):
-        LocallyShuffleData(source("list", 3), 2, num_reuse=0)

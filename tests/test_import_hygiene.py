@@ -134,7 +134,7 @@ QUIET = """
                     raise AssertionError("the worker's KeyError did not arrive")
                 for dp in failing:
                     break
-        with bf.MultiThreadRunner(lambda: bf.DataFromList([[1]] * 4), 2) as runner:
+        with bf.MultiThreadRunner(lambda: bf.DataFromList([[1]] * 4), num_thread=2) as runner:
             runner.reset_state()
             assert len(list(runner)) == 4
 """

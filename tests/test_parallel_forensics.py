@@ -110,8 +110,8 @@ def sleepy_flow():
 @pytest.mark.parametrize("make", [
     lambda: MultiProcessMapData(source(), 2, waits_for_a_lock_that_never_comes, timeout=0.5),
     lambda: MultiThreadMapData(source(), 2, waits_for_a_lock_that_never_comes, timeout=0.5),
-    lambda: MultiProcessRunner(sleepy_flow(), 1, timeout=0.5),
-    lambda: MultiThreadRunner(sleepy_flow, 1, timeout=0.5),
+    lambda: MultiProcessRunner(sleepy_flow(), num_proc=1, timeout=0.5),
+    lambda: MultiThreadRunner(sleepy_flow, num_thread=1, timeout=0.5),
 ], ids=["MultiProcessMapData", "MultiThreadMapData", "MultiProcessRunner", "MultiThreadRunner"])
 def test_every_parallel_stage_takes_a_timeout(make, leak_check):
     df = make()
@@ -153,7 +153,7 @@ def test_timeouts_are_validated():
         with pytest.raises(ValueError, match="MultiProcessMapData: timeout must be a positive number"):
             MultiProcessMapData(source(), 2, identity, timeout=bad)
         with pytest.raises(ValueError, match="MultiThreadRunner: stall_warning must be a positive number"):
-            MultiThreadRunner(sleepy_flow, 1, stall_warning=bad)
+            MultiThreadRunner(sleepy_flow, num_thread=1, stall_warning=bad)
     df = MultiProcessMapData(source(), 2, identity, timeout=0, stall_warning=None)  # torch's 0: no timeout
     assert df.timeout is None and df.stall_warning is None
 

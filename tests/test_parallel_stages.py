@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -556,9 +557,9 @@ class Shard(bf.RNGDataFlow):
 @pytest.mark.parametrize("kind", ["thread", "fork", "spawn"])
 def test_runner_workers_iterate_their_own_reset_copies(kind, leak_check):
     if kind == "thread":
-        df = MultiThreadRunner(Shard, 2, 4, seed=5)
+        df = MultiThreadRunner(Shard, 4, 2, seed=5)
     else:
-        df = MultiProcessRunner(Shard(), 2, 4, start_method=kind, seed=5)
+        df = MultiProcessRunner(Shard(), 4, 2, start_method=kind, seed=5)
     with df:
         df.reset_state()
         epoch1 = [dp[0] for dp in df]
@@ -568,14 +569,14 @@ def test_runner_workers_iterate_their_own_reset_copies(kind, leak_check):
 
 
 def test_runner_source_error_reaches_the_consumer(leak_check):
-    with MultiProcessRunner(bf.MapData(source(30), fail_at_13), 2, 4, start_method="fork") as df:
+    with MultiProcessRunner(bf.MapData(source(30), fail_at_13), 4, 2, start_method="fork") as df:
         df.reset_state()
         with pytest.raises(KeyError, match="13"):
             list(df)
 
 
 def test_runner_with_batching_inside(leak_check):
-    with MultiProcessRunner(bf.BatchData(bf.MapData(source(64), image_of), 16), 2, 4) as df:
+    with MultiProcessRunner(bf.BatchData(bf.MapData(source(64), image_of), 16), 4, 2) as df:
         out = check_dataflow(df, deterministic=False)
     assert len(out) == 4 and out[0][0].shape == (16, 3, 16, 16)
 
@@ -588,7 +589,7 @@ def test_a_started_stage_copied_into_a_runner_keeps_working_here(leak_check):
     with inner:
         inner.reset_state()
         assert len(list(inner)) == 40
-        with MultiProcessRunner(inner, 2, 4, start_method="fork") as runner:
+        with MultiProcessRunner(inner, 4, 2, start_method="fork") as runner:
             runner.reset_state()
             with pytest.raises(bf.BridgeflowError, match="cannot start worker processes inside .*MultiThreadMapData"):
                 next(iter(runner))
@@ -617,7 +618,7 @@ def test_argument_validation():
     with pytest.raises(ValueError, match="start_method"):
         MultiProcessMapData(source(), 2, image_of, start_method="teleport").reset_state()
     with pytest.raises(TypeError, match="DataFlow or a function"):
-        MultiThreadRunner(42, 2)
+        MultiThreadRunner(42, 4, 2)
 
 
 # --- tensorpack's other names ------------------------------------------------------------------------
@@ -630,8 +631,6 @@ def test_tensorpack_names_take_tensorpack_argument_orders(leak_check):
     with bf.MultiProcessMapDataZMQ(source(64), 2, image_of, buffer_size=8) as df:
         df.reset_state()
         assert_same_datapoints(sequential(image_of, 64), list(df))
-    runner = bf.PrefetchData(Shard(), 6, 2)  # (ds, num_prefetch, num_proc), as in tensorpack
-    assert (runner.num_prefetch, runner.num_workers) == (6, 2)
     zmq_runner = bf.PrefetchDataZMQ(Shard(), 3)  # (ds, num_proc=1, hwm=50)
     assert (zmq_runner.num_workers, zmq_runner.num_prefetch) == (3, 50)
     with zmq_runner:
@@ -668,13 +667,103 @@ def test_an_iteration_interrupted_mid_receive_restarts_the_workers(batched, leak
         assert "interrupted while receiving" in caplog.text
 
 
-def test_runner_warns_when_counts_look_like_tensorpacks_order(caplog):
+# --- tensorpack's positional orders and older keywords ------------------------------------------------
+
+RUNNERS = {  # name -> (call in tensorpack's positional order, workers it starts, its num_prefetch)
+    "MultiProcessRunner": (lambda: MultiProcessRunner(Shard(), 3, 2), 2, 3),
+    "PrefetchData": (lambda: bf.PrefetchData(Shard(), 3, 2), 2, 3),
+    "MultiProcessPrefetchData": (lambda: bf.MultiProcessPrefetchData(Shard(), 5, 1), 1, 5),
+    "MultiProcessRunnerZMQ": (lambda: bf.MultiProcessRunnerZMQ(Shard(), 2), 2, 50),
+    "PrefetchDataZMQ": (lambda: bf.PrefetchDataZMQ(Shard(), 3, 7), 3, 7),
+    "MultiThreadRunner": (lambda: MultiThreadRunner(Shard, 3, 2), 2, 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUNNERS))
+def test_runners_take_tensorpacks_positional_order(name, leak_check):
+    make, workers, prefetch = RUNNERS[name]
+    threads0 = threading.active_count()
+    kids0 = child_pids()
+    with make() as df:
+        assert (df.num_workers, df.num_prefetch) == (workers, prefetch)
+        df.reset_state()
+        started = len(child_pids() - kids0) if df._processes else threading.active_count() - threads0
+        assert started == workers
+        assert len([dp for dp in df]) == 10
+
+
+def test_runner_counts_by_keyword_keep_working(leak_check):
+    df = MultiProcessRunner(Shard(), num_proc=2)
+    assert (df.num_workers, df.num_prefetch) == (2, 16)
+    df = MultiThreadRunner(Shard, num_thread=3, num_prefetch=1)
+    assert (df.num_workers, df.num_prefetch) == (3, 1)
+    with df:
+        df.reset_state()
+        assert len(list(df)) == 10  # fewer prefetched than workers: every worker still gets work
+
+
+def test_runner_order_change_is_loud(caplog):
+    """One count alone (bridgeflow's old ``(ds, num_proc)``) is an error; counts that read like the old order
+    warn at the caller's line; keywords never warn."""
+    with pytest.raises(TypeError, match=r"needs num_proc, the number of processes; the positional order is "
+                                        r"tensorpack's, \(ds, num_prefetch, num_proc\) \(earlier bridgeflow "
+                                        r"versions took \(ds, num_proc, num_prefetch\)\)"):
+        MultiProcessRunner(Shard(), 4)
+    with pytest.raises(TypeError, match=r"needs num_thread.*\(get_df, num_thread, num_prefetch\)"):
+        MultiThreadRunner(Shard, 4)
+    with pytest.warns(UserWarning, match=r"MultiProcessRunner\(ds, 2, 16\) starts 16 processes and prefetches 2"
+                                        r".*Pass the counts by keyword") as record:
+        MultiProcessRunner(Shard(), 2, 16).close()
+    assert record[0].filename == __file__
+    with pytest.warns(UserWarning, match=r"MultiThreadRunner\(get_df, 1, 4\) starts 4 threads"):
+        MultiThreadRunner(Shard, 1, 4).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MultiProcessRunner(Shard(), num_prefetch=2, num_proc=3).close()
+        MultiProcessRunner(Shard(), 4, 2).close()  # tensorpack's usual shape: more prefetched than processes
+        bf.MultiProcessRunnerZMQ(Shard(), 3, 2).close()
     cpus = os.cpu_count() or 1
     with caplog.at_level("WARNING", logger="bridgeflow"):
-        MultiProcessRunner(bf.DataFromList([[1]]), 2, 16).close()
-        assert "tensorpack" not in caplog.text
-        MultiProcessRunner(bf.DataFromList([[1]]), 4 * cpus + 1, 2).close()  # tensorpack's (ds, 50, 2)
-    assert "pass them by keyword" in caplog.text
+        MultiProcessRunner(Shard(), 2 * cpus + 8, 2 * cpus + 1).close()
+    assert f"starts {2 * cpus + 1} processes on {cpus} CPUs" in caplog.text
+
+
+DEPRECATED = [  # (class, the older keyword, the keyword it stands for, the other arguments)
+    (MultiProcessRunner, "nr_proc", "num_proc", dict(num_prefetch=4)),
+    (MultiProcessRunner, "nr_prefetch", "num_prefetch", dict(num_proc=2)),
+    (bf.PrefetchData, "nr_proc", "num_proc", dict(num_prefetch=4)),
+    (bf.PrefetchData, "nr_prefetch", "num_prefetch", dict(num_proc=2)),
+    (bf.MultiProcessRunnerZMQ, "nr_proc", "num_proc", {}),
+    (MultiThreadRunner, "nr_thread", "num_thread", dict(num_prefetch=4)),
+    (MultiThreadRunner, "nr_prefetch", "num_prefetch", dict(num_thread=2)),
+    (MultiProcessMapData, "nr_proc", "num_proc", dict(map_func=image_of)),
+    (bf.MultiProcessMapDataZMQ, "nr_proc", "num_proc", dict(map_func=image_of)),
+    (MultiThreadMapData, "nr_thread", "num_thread", dict(map_func=image_of)),
+    (bf.ThreadedMapData, "nr_thread", "num_thread", dict(map_func=image_of)),
+]
+
+
+@pytest.mark.parametrize("cls, old, new, rest", DEPRECATED, ids=[f"{c.__name__}-{o}" for c, o, _, _ in DEPRECATED])
+def test_tensorpacks_older_keywords_are_accepted_with_a_deprecation_warning(cls, old, new, rest):
+    ds = Shard if cls is MultiThreadRunner else Shard() if "Runner" in cls.__name__ or "Prefetch" in cls.__name__ \
+        else source()
+    with pytest.warns(DeprecationWarning, match=rf"{cls.__name__}\({old}=\.\.\.\) is tensorpack's older name of "
+                                                rf"the argument: use {new}=") as record:
+        df = cls(ds, **rest, **{old: 3})
+    assert record[0].filename == __file__
+    attr = {"num_prefetch": "num_prefetch"}.get(new, "num_workers")
+    assert getattr(df, attr) == 3
+    with pytest.raises(TypeError, match=f"got both {old}= and {new}="):
+        cls(ds, **rest, **{old: 3, new: 3})
+    df.close()
+
+
+def test_map_and_batch_takes_nr_proc(leak_check):
+    with pytest.deprecated_call(match="use num_proc="):
+        df = bf.MultiProcessMapAndBatchData(source(32), map_func=image_of, batch_size=8, nr_proc=2)
+    with df:
+        assert df.ds.num_workers == 2
+        assert len(list(df)) == 4
 
 
 @pytest.mark.parametrize("remainder", [False, True])
@@ -711,3 +800,18 @@ def test_fused_batching_of_an_empty_source_gives_empty_epochs(leak_check):
     with bf.BatchData(MultiProcessMapData(bf.DataFromList([], shuffle=False), 2, image_of), 4) as df:
         df.reset_state()
         assert [list(df), list(df)] == [[], []]
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_reset_state_again_releases_the_source(batched, leak_check):
+    """A second reset_state() (TestDataSpeed after a training loop does one) while the carried stream holds
+    the source mid-epoch: the stream is closed at once, so the new one may iterate the source (it used to
+    be refused as a second consumer until a garbage collection)."""
+    src = bf.MapData(bf.DataFromList([[i] for i in range(256)], shuffle=False), lambda dp: dp)
+    stage = MultiProcessMapData(src, 2, lambda dp: dp, buffer_size=128)
+    df = bf.BatchData(stage, 32) if batched else stage
+    with df:
+        df.reset_state()
+        assert len(list(df)) == len(df)
+        df.reset_state()
+        assert len(list(df)) == len(df)

@@ -152,8 +152,8 @@ def _by_tag(dps):
 
 @pytest.mark.parametrize("kind", ["processes", "threads"])
 def test_runner_restarts_each_worker_where_it_was(kind, leak_check):
-    make = (lambda: MultiProcessRunner(Tagged(), 2, 4, seed=7)) if kind == "processes" else \
-        (lambda: MultiThreadRunner(lambda: Tagged(), 2, 4, seed=7))
+    make = (lambda: MultiProcessRunner(Tagged(), 4, 2, seed=7)) if kind == "processes" else \
+        (lambda: MultiThreadRunner(lambda: Tagged(), 4, 2, seed=7))
     streams = {}
     for w in range(2):  # what each worker's copy yields, epoch after epoch
         copy = Tagged()
@@ -179,13 +179,13 @@ def test_runner_restarts_each_worker_where_it_was(kind, leak_check):
 
 
 def test_runner_state_loaded_after_reset_restarts_the_workers(leak_check):
-    with MultiProcessRunner(Tagged(), 2, 4, seed=7) as f:
+    with MultiProcessRunner(Tagged(), 4, 2, seed=7) as f:
         it = iter(f)
         before = [next(it) for _ in range(4)]
         state = f.state_dict()
         pids = None
         it.close()
-    with MultiProcessRunner(Tagged(), 2, 4, seed=7) as g:
+    with MultiProcessRunner(Tagged(), 4, 2, seed=7) as g:
         g.reset_state()
         pids = g._pool.pids
         g.load_state_dict(state)
@@ -221,9 +221,9 @@ def test_stage_mismatches_are_named(leak_check):
         with pytest.raises(StateMismatchError, match=r"saved without a BatchData, this stage is iterated by "
                                                      r"BatchData\(4\)"):
             list(bf.BatchData(g, 4))
-    runner_state = MultiThreadRunner(lambda: Tagged(), 2, 4).state_dict()
+    runner_state = MultiThreadRunner(lambda: Tagged(), 4, 2).state_dict()
     with pytest.raises(StateMismatchError, match=r"^MultiThreadRunner: the state is for 2 workers, this stage has 3"):
-        MultiThreadRunner(lambda: Tagged(), 3, 4).load_state_dict(runner_state)
+        MultiThreadRunner(lambda: Tagged(), 4, 3).load_state_dict(runner_state)
 
 
 def test_state_dict_with_many_in_flight_is_small(leak_check):
@@ -294,7 +294,12 @@ def test_process_killed_after_saving_is_continued_by_a_new_one(tmp_path):
         return [json.loads(x) for x in out.read_text().splitlines()]
 
     whole = run(tmp_path / "whole.jsonl", tmp_path / "none.json", -1, kill=False)
-    assert len(whole) == 2 * 33  # 300 - 33 dropped = 267 datapoints per epoch: 33 whole batches
+    # each epoch takes 300 datapoints of LocallyShuffleData's endless stream, drops ids 4 mod 9 and keeps the
+    # whole batches of 8 of what is left
+    shuffled = bf.LocallyShuffleData(bf.DataFromList([[i] for i in range(300)], shuffle=True, seed=1), 16, seed=2)
+    shuffled.reset_state()
+    kept = [sum(dp[0] % 9 != 4 for dp in shuffled) for _ in range(2)]
+    assert len(whole) == sum(k // 8 for k in kept) and [len(b[0]) for b in whole] == [8] * len(whole)
     first = run(tmp_path / "a.jsonl", tmp_path / "state.json", 19, kill=True)
     assert len(first) == 19
     second = run(tmp_path / "b.jsonl", tmp_path / "state.json", -1, kill=False)

@@ -62,6 +62,7 @@ def cifar(tmp_path, monkeypatch):
 
 def test_cifar_pipeline(cifar, leak_check):
     train = cifar.get_data("train")
+    assert (train.num_prefetch, train.num_workers) == (3, 2)  # tensorpack's MultiProcessRunner(ds, 3, 2)
     with train:
         train.reset_state()
         batches = [b for _ in range(3) for b in train]  # 150 images: one batch of 128 per epoch

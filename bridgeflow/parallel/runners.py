@@ -16,9 +16,11 @@ import logging
 import os
 import pickle
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._renamed import renamed_keywords
 from ..base import DataFlow, epoch_live, take_pending, worker_seed_scope
 from ..errors import LengthUnknownError
 from ..state import StateError, StateMismatchError, check_count, field
@@ -83,7 +85,7 @@ class _RunnerStage(ParallelStage):
         self.start_method = start_method
         self.seed = seed
         self._factory = factory
-        self._capacity = self.num_prefetch
+        self._capacity = max(self.num_prefetch, self.num_workers)  # in flight: at least one per worker
         self._workers: WorkerLedger | None = None
         self._started_with: dict | None = None  # the loaded state the workers were started from
         self._n = 0  # datapoints yielded in the epoch in progress
@@ -104,7 +106,7 @@ class _RunnerStage(ParallelStage):
         init = functools.partial(_runner_init, make, starts)
         pool = WorkerPool(init, self.num_workers, processes=self._processes, start_method=self.start_method,
                           name=type(self).__name__, base_seed=self.seed, ordered=False,
-                          chunk_size=chunk_size(self.num_prefetch, self.num_workers), **self._pool_options())
+                          chunk_size=chunk_size(self._capacity, self.num_workers), **self._pool_options())
         return pool
 
     def __iter__(self) -> Iterator:
@@ -125,7 +127,7 @@ class _RunnerStage(ParallelStage):
     def _run(self, pool: WorkerPool, size: int | None) -> Iterator:
         workers = self._workers
         while size is None or self._n < size:
-            while pool.outstanding < self.num_prefetch:
+            while pool.outstanding < self._capacity:
                 pool.put(None)
             if self._stats.started is None:
                 self._stats.started = time.perf_counter()
@@ -170,39 +172,82 @@ class _RunnerStage(ParallelStage):
         return state
 
 
+def _note_positional(init: Callable[..., None]) -> Callable[..., None]:
+    """Record whether both counts came positionally (``self._bf_positional``), for :func:`_check_counts`."""
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        self._bf_positional = len(args) >= 3
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+_ORDER_NOTE = "the positional order is tensorpack's, {sig} (earlier bridgeflow versions took {old})"
+
+
+def _check_counts(who: str, sig: str, old: str, num_prefetch: Any, count: Any, name: str, positional: bool,
+                  what: str) -> None:
+    """Make the change of positional order loud: a missing count, or counts that read like the old order."""
+    if count is None:
+        raise TypeError(f"{who}{sig} needs {name}, the number of {what}; {_ORDER_NOTE.format(sig=sig, old=old)}: "
+                        "pass both counts, or use keywords")
+    if positional and isinstance(count, int) and isinstance(num_prefetch, int) and count > num_prefetch:
+        first = sig.strip("()").split(",")[0]
+        warnings.warn(f"{who}({first}, {num_prefetch}, {count}) starts {count} {what} and prefetches {num_prefetch}: "
+                      f"{_ORDER_NOTE.format(sig=sig, old=old)}. Pass the counts by keyword to say which you mean",
+                      UserWarning, stacklevel=5)  # the caller, above the two decorators
+
+
 class MultiProcessRunner(_RunnerStage):
     """Run ``num_proc`` copies of ``ds`` in worker processes; yield their datapoints as they come.
 
-    Each worker resets its copy with a distinct seed and loops over it forever. An iteration yields
-    ``len(ds)`` datapoints (forever if ``ds`` has no length) drawn from all workers, so within one
-    iteration a datapoint can appear once per worker: shard the source if that matters. Note the
-    argument order ``(ds, num_proc, num_prefetch)``, which differs from tensorpack's
-    ``(ds, num_prefetch, num_proc)``: pass them by keyword when porting.
+    ``MultiProcessRunner(ds, num_prefetch, num_proc)``, in tensorpack's order (earlier bridgeflow versions
+    took ``(ds, num_proc, num_prefetch)``; counts that read like that order are warned about). Each worker
+    resets its copy with a distinct seed and loops over it forever. An iteration yields ``len(ds)``
+    datapoints (forever if ``ds`` has no length) drawn from all workers, so within one iteration a
+    datapoint can appear once per worker: shard the source if that matters. ``num_prefetch`` bounds the
+    datapoints in flight (at least one per worker). ``nr_prefetch=`` / ``nr_proc=`` are accepted, deprecated.
+
+    Example:
+        >>> df = MultiProcessRunner(BatchData(my_flow, 32), 3, 2)  # prefetch 3, two processes  # doctest: +SKIP
     """
 
     _processes = True
 
-    def __init__(self, ds: DataFlow, num_proc: int, num_prefetch: int = 16, *, start_method: str | None = None,
-                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+    @renamed_keywords(nr_prefetch="num_prefetch", nr_proc="num_proc")
+    @_note_positional
+    def __init__(self, ds: DataFlow, num_prefetch: int = 16, num_proc: int | None = None, *,
+                 start_method: str | None = None, seed: int | None = None, timeout: float | None = None,
+                 stall_warning: float | None = 60.0) -> None:
+        _check_counts(type(self).__name__, "(ds, num_prefetch, num_proc)", "(ds, num_proc, num_prefetch)",
+                      num_prefetch, num_proc, "num_proc", self.__dict__.pop("_bf_positional", False), "processes")
         super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed, timeout=timeout,
                          stall_warning=stall_warning)
         cpus = os.cpu_count() or 1
-        if self.num_workers > 2 * cpus and self.num_workers > self.num_prefetch:
-            log.warning("MultiProcessRunner(ds, num_proc=%d, num_prefetch=%d) starts %d processes on %d CPUs; "
-                        "tensorpack's order is (ds, num_prefetch, num_proc): pass them by keyword when porting",
-                        self.num_workers, self.num_prefetch, self.num_workers, cpus)
+        if self.num_workers > 2 * cpus:
+            log.warning("%s starts %d processes on %d CPUs (num_prefetch=%d, num_proc=%d; the positional order "
+                        "is (ds, num_prefetch, num_proc), as in tensorpack)", type(self).__name__,
+                        self.num_workers, cpus, self.num_prefetch, self.num_workers)
 
 
 class MultiThreadRunner(_RunnerStage):
     """Run ``num_thread`` flows in threads; ``get_df`` (a function returning a new flow) makes each one.
 
-    A DataFlow may be passed instead of a function: each thread then gets a copy of it.
+    ``MultiThreadRunner(get_df, num_prefetch, num_thread)``, in tensorpack's order (earlier bridgeflow
+    versions took ``(get_df, num_thread, num_prefetch)``). A DataFlow may be passed instead of a function: each
+    thread then gets a copy of it. ``nr_prefetch=`` / ``nr_thread=`` are accepted, deprecated.
     """
 
     _processes = False
 
-    def __init__(self, get_df: Callable[[], DataFlow] | DataFlow, num_thread: int, num_prefetch: int = 16, *,
-                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+    @renamed_keywords(nr_prefetch="num_prefetch", nr_thread="num_thread")
+    @_note_positional
+    def __init__(self, get_df: Callable[[], DataFlow] | DataFlow, num_prefetch: int = 16,
+                 num_thread: int | None = None, *, seed: int | None = None, timeout: float | None = None,
+                 stall_warning: float | None = 60.0) -> None:
+        _check_counts(type(self).__name__, "(get_df, num_prefetch, num_thread)", "(get_df, num_thread, num_prefetch)",
+                      num_prefetch, num_thread, "num_thread", self.__dict__.pop("_bf_positional", False), "threads")
         if isinstance(get_df, DataFlow):
             proto = get_df
             factory: Callable[[], DataFlow] = lambda: _copy_flow(proto)

@@ -37,6 +37,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._renamed import renamed_keywords
 from ..base import DataFlow, epoch_live, take_pending
 from ..batch import batch_datapoints
 from ..errors import LengthUnknownError
@@ -486,7 +487,9 @@ class _MapStage(ParallelStage):
                             "skip": skip, "taken": taken, "batch": batch}
 
     def _drop_iteration(self) -> None:
-        """Close the carried source stream and the fused plans, so the source is free to be read again."""
+        """Close the carried source stream and the fused plans: the source's iteration they hold ends now (a
+        dropped generator caught in a reference cycle would hold the source until a collection, and the
+        source would refuse its next iteration)."""
         for plan in {id(p): p for p in (self._batched, self._plan) if p is not None}.values():
             plan.close()
         carry = self._carry
@@ -511,7 +514,8 @@ class MultiProcessMapData(_MapStage):
 
     Array bytes in the results travel through shared memory (see :mod:`bridgeflow.parallel.shm`);
     received arrays are writable and valid for as long as you hold them. ``map_func`` returning
-    ``None`` drops the datapoint. ``buffer_size`` bounds the datapoints in flight.
+    ``None`` drops the datapoint. ``buffer_size`` bounds the datapoints in flight. ``nr_proc=`` (tensorpack's
+    older name of ``num_proc=``) is accepted, deprecated.
 
     ``timeout`` (seconds, like torch's ``DataLoader(timeout=)``; every parallel stage takes it) raises
     :class:`~bridgeflow.WorkerTimeoutError` naming the worker when a result takes longer; after
@@ -526,6 +530,7 @@ class MultiProcessMapData(_MapStage):
 
     _processes = True
 
+    @renamed_keywords(nr_proc="num_proc")
     def __init__(self, ds: DataFlow, num_proc: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
                  strict: bool = False, ordered: bool = True, *, start_method: str | None = None,
                  seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
@@ -538,10 +543,12 @@ class MultiThreadMapData(_MapStage):
 
     Threads pay off when ``map_func`` releases the GIL (I/O, decoding in C, large numpy operations).
     A thread cannot be killed: a ``map_func`` that never returns keeps its thread alive after ``close()``.
+    ``nr_thread=`` (tensorpack's older name of ``num_thread=``) is accepted, deprecated.
     """
 
     _processes = False
 
+    @renamed_keywords(nr_thread="num_thread")
     def __init__(self, ds: DataFlow, num_thread: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
                  strict: bool = False, ordered: bool = True, *, seed: int | None = None,
                  timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
