@@ -1,5 +1,5 @@
-"""Writing HDF5 datasets (format version 2): one chunked, fletcher32-checked HDF5 dataset per component,
-a CRC-32 per row of every component, and nothing variable-length.
+"""Writing HDF5 datasets (format version 2): one chunked HDF5 dataset per component, a CRC-32 per row of
+every component, and nothing variable-length.
 
 Layout, per component ``name`` (see :mod:`bridgeflow.serialize._columns` for the kinds):
 
@@ -8,7 +8,10 @@ Layout, per component ``name`` (see :mod:`bridgeflow.serialize._columns` for the
   values of the arrays) end to end, ``__bf_offsets__/name`` the ``N + 1`` row boundaries, and for
   ``ragged`` ``__bf_shapes__/name`` each row's shape;
 - ``__bf_crc__/name``: the CRC-32 of each row (:func:`row_crc`), checked on every read. fletcher32
-  cannot tell a zeroed chunk, nor 0x0000 from 0xFFFF words, from the data; the CRC can.
+  cannot tell a zeroed chunk, nor 0x0000 from 0xFFFF words, from the data; the CRC can. So the bulky
+  datasets (arrays, the bytes of text, bytes and ragged rows) carry only the row CRCs: fletcher32 on them
+  made sequential reads of 150 KB rows take 1.8x as long, for a weaker check. The small datasets (scalars,
+  offsets, shapes, the CRCs themselves) keep fletcher32 as well.
 
 Variable-length HDF5 types live in *global heaps*, which carry no checksum and which libhdf5 can loop on
 when damaged: this format uses none, attributes included (fixed-length strings in the object header,
@@ -95,9 +98,9 @@ class HDF5Writer:
             raise DatapointError(f"component {col.name!r} cannot be stored as HDF5 dataset {col.name!r} "
                                  f"({exc}); rename it or pass data_paths=") from exc
 
-    def _dataset(self, name: str, shape: tuple, dtype: Any, chunks: tuple) -> None:
+    def _dataset(self, name: str, shape: tuple, dtype: Any, chunks: tuple, fletcher32: bool = True) -> None:
         self.f.create_dataset(name, shape=shape, maxshape=(None, *shape[1:]), chunks=chunks, dtype=dtype,
-                              fletcher32=True)
+                              fletcher32=fletcher32)
 
     def _create_datasets(self, col: Column) -> None:
         if col.kind == "array":
@@ -105,13 +108,13 @@ class HDF5Writer:
             rows = max(1, min(_CHUNK_BYTES // row, self.size_hint or _CHUNK_BYTES))
             # HDF5 chunks must be positive: a zero-length axis gets chunk 1 and an unlimited max
             self.f.create_dataset(col.name, shape=(0, *col.shape),
-                                  maxshape=(None, *(d or None for d in col.shape)), fletcher32=True,
+                                  maxshape=(None, *(d or None for d in col.shape)),
                                   chunks=(rows, *(d or 1 for d in col.shape)), dtype=np.dtype(col.dtype))
         elif col.kind == "scalar":
             self._dataset(col.name, (0,), np.dtype(col.dtype), (1024,))
         else:
             dtype = np.dtype(col.dtype) if col.kind == "ragged" else np.dtype(np.uint8)
-            self._dataset(col.name, (0,), dtype, (max(1, _FLAT_CHUNK_BYTES // dtype.itemsize),))
+            self._dataset(col.name, (0,), dtype, (max(1, _FLAT_CHUNK_BYTES // dtype.itemsize),), fletcher32=False)
             self.f.create_dataset(f"{OFFSETS}/{col.name}", data=np.zeros(1, np.int64), maxshape=(None,),
                                   chunks=(4096,), fletcher32=True)
             if col.kind == "ragged":

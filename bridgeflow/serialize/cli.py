@@ -184,7 +184,7 @@ def _checksums(fmt: str, ds: Any) -> str:
         return "zip CRC-32 per member, checked on load"
     version = getattr(ds, "version", 0)
     if version >= 2:
-        return "HDF5 metadata checksums, fletcher32 per chunk and a CRC-32 per row of every component"
+        return "HDF5 metadata checksums and a CRC-32 per row of every component"
     if version == 1:
         return ("HDF5 metadata checksums, fletcher32 on fixed-size components, a CRC-32 per variable-length "
                 "row (format version 1: save it again for a CRC on every row)")
