@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -179,6 +180,7 @@ class CUDAPrefetcher:
         self.copy_threads = copy_threads
         self.pin_slabs = pin_slabs
         self.pinner: SlabPinner | None = None  # set once slabs of the loader are being registered
+        self._latest: Any = None  # weak reference to the latest iteration (a generator)
         self._backend = _backend
         self._counts: dict[str, Any] = {"zero_copy": 0, "staged": 0, "staging_copy": None}
         if _backend is None and self.device.type == "cuda":
@@ -209,14 +211,44 @@ class CUDAPrefetcher:
                 "pinning_failure": self.pinner.failure if self.pinner is not None else None}
 
     def __iter__(self) -> Iterator[Any]:
+        """A new iteration; one still held ends here (its threads stop, the loader's iterator is let go),
+        so a DataFlow or a DataLoader over one gets a single reader at a time, as frameworks expect."""
+        self.close()
         if self._backend is None and self.device.type == "cpu":
-            return (map_structure(b, _as_tensor, (np.ndarray,)) for b in self.loader)
-        backend = self._backend or _CudaBackend(self.device)
-        if self.pin_slabs and self.pinner is None and hasattr(backend, "registrar"):
-            pinner = SlabPinner(backend.registrar())
-            if attach_pinner(self.loader, pinner):
-                self.pinner = pinner
-        return self._pipeline(backend)
+            it = self._pass_through()
+        else:
+            backend = self._backend or _CudaBackend(self.device)
+            if self.pin_slabs and self.pinner is None and hasattr(backend, "registrar"):
+                pinner = SlabPinner(backend.registrar(), zero_copy=True)  # batches are held until copied
+                if attach_pinner(self.loader, pinner):
+                    self.pinner = pinner
+                    # the registrations end with this prefetcher: the loader, read directly later, copies
+                    weakref.finalize(self, pinner.close)
+            it = self._pipeline(backend)
+        self._latest = weakref.ref(it)
+        return it
+
+    def close(self) -> None:
+        """End the iteration in progress, if any: its threads are joined, copies in flight completed, and
+        the loader's iterator closed or let go. Idempotent; ``iter()`` calls it first."""
+        latest, self._latest = (self._latest() if self._latest is not None else None), None
+        if latest is not None:
+            try:
+                latest.close()
+            except ValueError as exc:  # "generator already executing": another thread is inside it
+                raise RuntimeError("CUDAPrefetcher: the previous iteration is running in another thread; it "
+                                   "cannot be ended from here") from exc
+
+    def _pass_through(self) -> Iterator[Any]:
+        """``device="cpu"``: the loader's batches, numpy arrays made tensors; its iterator closed at the end."""
+        it = iter(self.loader)
+        try:
+            for batch in it:
+                yield map_structure(batch, _as_tensor, (np.ndarray,))
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
 
     def _pipeline(self, backend: Any) -> Iterator[Any]:
         ready: queue.Queue = queue.Queue(maxsize=self.num_stages)
