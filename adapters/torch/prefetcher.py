@@ -9,8 +9,10 @@ the device batch; the consumer's stream waits on that event before the batch is 
 Where the host bytes come from:
 
 - **Pinned already** (a ``pin_memory=True`` loader, or a shared-memory slab registered as page-locked:
-  see :mod:`.pinning`; the prefetcher registers the slabs of the bridgeflow loader or flow it reads): the
-  copy reads the batch where it lies, with no host copy at all.
+  see :mod:`.pinning`; the prefetcher registers the slabs of the bridgeflow loader or flow it reads,
+  through their ``set_mapping_hooks``, for as long as it lives): the copy reads the batch where it lies,
+  with no host copy at all. Its :class:`~.pinning.SlabPinner` says ``zero_copy``, so a ``pin_memory=True``
+  loader hands tensors in registered slabs out as they are.
 - **Pageable** (in-process flows, user iterables): the batch is first copied into reused pinned buffers,
   large tensors by several threads at once (:class:`~.staging.ParallelCopier`). There are
   ``num_stages + 1`` sets of buffers, so staging the next batch never waits for the copy of this one.
@@ -19,6 +21,9 @@ No early reuse: host memory a copy reads (a staging buffer, or the batch's own t
 slab they view) is kept until the event of that copy has completed, then let go; a slab goes back to its
 worker only then. At the end (exhaustion, an error, an early ``break``) the stage thread waits for every
 copy still in flight before releasing anything.
+
+Iterating again ends the iteration in progress first (:meth:`CUDAPrefetcher.close`), whatever the source:
+a DataFlow, or a loader over one, has a single reader at a time.
 
 Nested dicts, lists, tuples and namedtuples keep their structure; strings and Python numbers pass
 through. With ``device="cpu"`` batches pass through (numpy arrays become tensors, zero copy), so the same
