@@ -244,3 +244,31 @@ def test_a_new_iteration_abandons_the_held_one(source, device, capfd, leak_check
         loader.close()
     err = capfd.readouterr().err
     assert "Exception ignored" not in err and "Traceback" not in err
+
+
+# --- on a GPU ----------------------------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_gpu_the_pin_thread_gives_pinned_batches(leak_check):
+    got = list(DataLoader(Images(), batch_size=4, num_workers=2, pin_memory=True))
+    assert all(b["x"].is_pinned() and b["y"].is_pinned() for b in got)
+    assert [b["y"].tolist() for b in got] == [[4 * k + j for j in range(4)] for k in range(10)]
+
+
+@needs_cuda
+def test_gpu_a_prefetcher_over_a_pinning_loader_reads_its_slabs_in_place(leak_check):
+    loader = DataLoader(Images(), batch_size=4, num_workers=2, pin_memory=True, persistent_workers=True)
+    prefetcher = CUDAPrefetcher(loader, "cuda")
+    for _epoch in range(2):
+        got = [(b["x"][:, 0, 0].tolist(), b["y"].tolist()) for b in prefetcher]
+        assert got == [([4.0 * k + j for j in range(4)], [4 * k + j for j in range(4)]) for k in range(10)]
+    stats = prefetcher.stats()
+    assert stats["pinning_failure"] is None, stats["pinning_failure"]
+    # "x" is read from the registered slab, "y" from the loader's pinned copy: nothing staged
+    assert stats["zero_copy"] == 40 and stats["staged"] == 0 and stats["registered_slabs"] > 0
+    loader.close()
+    gc.collect()
+    assert prefetcher.pinner.registered == {}
