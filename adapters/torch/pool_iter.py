@@ -77,6 +77,8 @@ def _keep_samples(samples: Any) -> Any:
 
 def _with_torch_wording(err: WorkerError) -> WorkerError:
     """torch's words for a dead worker in front of bridgeflow's, so searches for either find it."""
+    if str(err).startswith("DataLoader worker (pid"):  # worded already
+        return err
     code = err.exitcode
     if code is not None and code < 0:
         try:
@@ -101,6 +103,7 @@ class PoolLoaderIter(LoaderIter):
         self._pool = None
         self._source: Fetcher | None = None
         self._credits = None  # see read_ahead()
+        self._put_error: BaseException | None = None  # a worker found dead when sending it a task
         super().__init__(loader, record, resume)
         # torch takes any integer (True is one worker) and fails on a float with this same TypeError
         self._num_workers = operator.index(self._num_workers)
@@ -240,6 +243,7 @@ class PoolLoaderIter(LoaderIter):
             if stop.is_set():
                 raise Stopped
             self._apply_credits()  # tasks granted meanwhile go out now: a worker may be waiting for one
+            self._raise_put_error()
             waited = time.monotonic() - started
             left = None if timeout is None else timeout - waited
             # short slices while grants may come (batches are with the consumer), else long ones
@@ -281,7 +285,16 @@ class PoolLoaderIter(LoaderIter):
             else:
                 self._no_more = True
                 return
-        self._pool.put(task, worker=worker)
+        try:
+            self._pool.put(task, worker=worker)
+        except WorkerError as exc:
+            # The worker died with its results sent: the batch just received is handed out first, then
+            # this error, as when a get finds the death.
+            self.shutdown()
+            error = _with_torch_wording(exc)
+            error.__cause__ = exc.__cause__
+            self._put_error = error
+            return
         if not self._unordered:
             self._owners.append(worker)
 
@@ -320,6 +333,11 @@ class PoolLoaderIter(LoaderIter):
             else:
                 self._try_put(None if credit is _DRAW else credit)
 
+    def _raise_put_error(self) -> None:
+        if self._put_error is not None:
+            error, self._put_error = self._put_error, None
+            raise error
+
     def _owe(self) -> None:
         """A batch (or error) of the pool goes to the consumer: its task comes when it is handed out."""
         self._owed += 1
@@ -351,10 +369,11 @@ class PoolLoaderIter(LoaderIter):
     def _next_data(self) -> Any:
         reading = self._credits is not None  # driven by a reading thread: tasks are sent on grants
         while True:
-            if self.closed:
-                raise StopIteration
             if reading:
                 self._apply_credits()
+            self._raise_put_error()
+            if self.closed:
+                raise StopIteration
             if self._pool.outstanding <= 0:
                 if reading and self._owed > 0 and not self._no_more:
                     self._wait_for_credit()  # batches are with the consumer; their tasks come back
