@@ -6,6 +6,8 @@ worker start-up included as it is in every non-persistent epoch):
 - ``numpy``: samples are 3x224x224 uint8 numpy arrays + an int label;
 - ``tensor``: the same samples as torch tensors;
 - ``transform_2ms``: numpy samples through a ~2 ms CPU-bound per-sample transform;
+- ``pin_memory`` (GPU machines only): the numpy case with ``pin_memory=True``, pinned by each loader's
+  background thread;
 - ``cuda`` (GPU machines only; one "skipped" line elsewhere): CUDAPrefetcher's host-to-device throughput
   from pageable input (staged by torch's ``copy_``, or as the prefetcher chooses), pinned and registered
   shared-memory input and bridgeflow's DataLoader output, against a raw pinned ``copy_`` of the same
@@ -60,9 +62,9 @@ class ImageDataset(tud.Dataset):
         return image, i
 
 
-def run_epoch(loader_cls, dataset) -> tuple[float, float]:
+def run_epoch(loader_cls, dataset, **kwargs) -> tuple[float, float]:
     """Seconds for one epoch (worker start-up included) and seconds until the first batch."""
-    loader = loader_cls(dataset, batch_size=BATCH, num_workers=2, multiprocessing_context="fork")
+    loader = loader_cls(dataset, batch_size=BATCH, num_workers=2, multiprocessing_context="fork", **kwargs)
     start = time.perf_counter()
     first = None
     n = 0
@@ -178,9 +180,10 @@ def bench_cuda(reps: int, batches: int, machine: dict) -> None:
 
     loader = BFDataLoader(_WholeBatches(pageable, batches), batch_size=None, num_workers=2,
                           persistent_workers=True)
+    loader_prefetcher = CUDAPrefetcher(loader, device="cuda")  # one for the run: slabs are registered once
 
     def prefetch_loader():
-        for _ in CUDAPrefetcher(loader, device="cuda"):
+        for _ in loader_prefetcher:
             pass
 
     cases = {"raw_pinned_copy": raw_copy, "prefetcher_pageable_in": prefetch(pageable),
@@ -245,24 +248,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--batches", type=int, default=100, help="batches per epoch (transform case: 1/4)")
-    parser.add_argument("--cases", default="numpy,tensor,transform_2ms,cuda")
+    parser.add_argument("--cases", default="numpy,tensor,transform_2ms,pin_memory,cuda")
     args = parser.parse_args()
     machine = {"machine": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__}
     for case in args.cases.split(","):
         if case == "cuda":
             bench_cuda(args.reps, args.batches, machine)
             continue
+        options = {}
+        if case == "pin_memory":  # numpy samples, batches pinned by each loader's pin thread
+            if not torch.cuda.is_available():
+                print(json.dumps({"bench": "torch_dataloader", "case": case,
+                                  "skipped": "no CUDA device: nothing to pin for", **machine}))
+                continue
+            options = {"pin_memory": True}
         batches = args.batches if case != "transform_2ms" else max(2, args.batches // 4)
         dataset = ImageDataset(batches * BATCH, as_tensor=case == "tensor",
                                transform_ms=2.0 if case == "transform_2ms" else 0.0)
         loaders = {"torch": tud.DataLoader, "bridgeflow": BFDataLoader}
         times: dict[str, list[float]] = {name: [] for name in loaders}
         firsts: dict[str, list[float]] = {name: [] for name in loaders}
-        run_epoch(tud.DataLoader, dataset)  # warm-up (imports, page cache)
-        run_epoch(BFDataLoader, dataset)
+        run_epoch(tud.DataLoader, dataset, **options)  # warm-up (imports, page cache)
+        run_epoch(BFDataLoader, dataset, **options)
         for _ in range(args.reps):
             for name, cls in loaders.items():
-                elapsed, first = run_epoch(cls, dataset)
+                elapsed, first = run_epoch(cls, dataset, **options)
                 times[name].append(elapsed)
                 firsts[name].append(first)
         medians = {name: statistics.median(t) for name, t in times.items()}

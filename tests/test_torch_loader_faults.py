@@ -130,6 +130,32 @@ def test_sigkilled_worker_becomes_an_error_naming_it(leak_check):
     del it, info, err
 
 
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_worker_found_dead_when_its_next_task_is_sent_says_so_in_torchs_words(pinned, leak_check):
+    """The worker's results were all in its pipe when it died: receiving them works, sending its next task
+    fails (a broken pipe). That must read as any dead worker does, and stop the other workers."""
+    from torch_backends import FakePinnedMemory
+
+    loader = DataLoader(list(range(40)), batch_size=1, num_workers=2, pin_memory=pinned)
+    loader._bf_pin_backend = FakePinnedMemory() if pinned else None
+    it = iter(loader)
+    assert int(next(it)) == 0
+    time.sleep(0.5)  # every task sent so far is done: its result waits in a pipe
+    pool = (it._engine if pinned else it)._pool
+    pid = pool.pids[1]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    got = []
+    with pytest.raises(bridgeflow.WorkerError) as info:
+        for batch in it:
+            got.append(int(batch))
+    assert got == list(range(1, len(got) + 1)) and len(got) >= 1  # the results it sent before dying
+    message = str(info.value)
+    assert "is killed by signal: Killed" in message and str(pid) in message and info.value.worker == 1
+    assert it.closed and not pool.alive()
+    del it, info
+
+
 class SlowFirstDataset(tud.Dataset):
     def __len__(self) -> int:
         return 8

@@ -224,19 +224,23 @@ def test_attach_pinner_finds_the_hook_points_of_a_flow_and_a_loader():
     pinner = SlabPinner(FakeRegistrar())
     assert attach_pinner(outer, pinner) == 2 and inner.hooks == [pinner] and outer.hooks == [pinner]
 
-    class Loader:  # a loader over a DataFlow, itself with a hook point
+    class Loader:  # a loader over a DataFlow, without a hook point: its dataset is walked
         def __init__(self, dataset):
             self.dataset = dataset
-            self.hooks = None
 
         def __iter__(self):
             return iter([])
 
+    loader = Loader(Stage(bridgeflow.DataFromList([[1]], shuffle=False)))
+    assert attach_pinner(loader, pinner) == 1 and loader.dataset.hooks == [pinner]
+
+    class HookedLoader(Loader):  # with one, it passes the hooks on to its dataset itself: told once only
         def set_mapping_hooks(self, hooks):
             self.hooks = hooks
+            self.dataset.set_mapping_hooks(hooks)
 
-    loader = Loader(Stage(bridgeflow.DataFromList([[1]], shuffle=False)))
-    assert attach_pinner(loader, pinner) == 2 and loader.hooks is pinner and loader.dataset.hooks == [pinner]
+    loader = HookedLoader(Stage(bridgeflow.DataFromList([[1]], shuffle=False)))
+    assert attach_pinner(loader, pinner) == 1 and loader.hooks is pinner and loader.dataset.hooks == [pinner]
     assert attach_pinner([np.zeros(3)], pinner) == 0
     assert attach_pinner(bridgeflow.DataFromList([[1]]), pinner) == 0
 

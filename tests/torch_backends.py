@@ -233,3 +233,33 @@ def zero_copy_setup(n):
     pinner = SlabPinner(backend.reg)
     slabs = [SimSlab(backend, pinner) for _ in range(n)]
     return backend, pinner, slabs
+
+
+class FakePinnedMemory:
+    """Stands for torch's pinned allocator on a machine without an accelerator, as a DataLoader's
+    ``_bf_pin_backend``: remembers the tensors it gave out (while they live) and the threads that asked;
+    ``is_pinned`` is true for those, and for ranges a registrar registered (slabs page-locked by a
+    ``SlabPinner``)."""
+
+    def __init__(self, registrar=None):
+        self.registrar = registrar
+        self.live = set()
+        self.threads = set()
+        self.allocations = 0
+        self.lock = threading.Lock()
+
+    def alloc(self, shape, dtype):
+        t = torch.empty(shape, dtype=dtype)
+        with self.lock:
+            self.threads.add(threading.current_thread().name)
+            self.allocations += 1
+            if t.numel():
+                self.live.add(t.data_ptr())
+                weakref.finalize(t, self.live.discard, t.data_ptr())
+        return t
+
+    def is_pinned(self, t):
+        if t.numel() == 0:
+            return False
+        ptr = t.data_ptr()
+        return ptr in self.live or (self.registrar is not None and self.registrar.contains(ptr))

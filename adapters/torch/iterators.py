@@ -19,17 +19,13 @@ from bridgeflow.errors import BridgeflowError
 
 from . import _compat
 from ._compat import torch
-from .convert import map_structure
 from .fetch import COLLATE, ITERABLE, MAP, Fetcher, make_fetcher, resolve_collate
+from .reader import loader_pinner, update_pinner
 from .state import EpochRecord, apply_generators, flow_state, replayed_indices
 
-__all__ = ["LoaderStateError", "SingleLoaderIter", "close_source"]
+__all__ = ["LoaderStateError", "SingleLoaderIter", "close_source", "pins"]
 
 log = logging.getLogger(__name__)
-
-
-def _pin(data: Any) -> Any:
-    return map_structure(data, lambda t: t.pin_memory(), (torch.Tensor,))
 
 
 def close_source(fetcher: Fetcher | None) -> None:
@@ -43,6 +39,16 @@ def _seeded(seed: int) -> Any:
     g = torch.Generator()
     g.manual_seed(seed)
     return g
+
+
+def pins(loader: Any) -> bool:
+    """Whether the loader's batches are pinned: ``pin_memory=True`` and an accelerator to pin for (not MPS,
+    as torch), or a test backend standing for pinned memory (``loader._bf_pin_backend``)."""
+    if not loader.pin_memory:
+        return False
+    if getattr(loader, "_bf_pin_backend", None) is not None:
+        return True
+    return _compat.accelerator_available() and _compat.current_accelerator_type() != "mps"
 
 
 class LoaderStateError(BridgeflowError, ValueError, AssertionError):
@@ -72,11 +78,12 @@ class LoaderIter(_compat.BaseLoaderIter):
         if loader.pin_memory and loader.pin_memory_device:
             warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the "
                           f"device, ignore pin_memory_device='{loader.pin_memory_device}'.", stacklevel=4)
-        if loader.pin_memory and not _compat.accelerator_available():
+        if (loader.pin_memory and getattr(loader, "_bf_pin_backend", None) is None
+                and not _compat.accelerator_available()):
             warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device "
                           "pinned memory won't be used.", stacklevel=4)
-        self._pin_memory = (loader.pin_memory and _compat.accelerator_available()
-                            and _compat.current_accelerator_type() != "mps")
+        self._pin_memory = pins(loader)
+        self._pinner: Any = None  # pins in this thread (num_workers=0, as torch does); see _pin
         self.closed = False
         self._seed_group = _compat.seed_group() if isinstance(self._dataset, _compat.IterDataPipe) else None
         self._start(loader, record, resume)
@@ -142,6 +149,13 @@ class LoaderIter(_compat.BaseLoaderIter):
 
     def __next__(self) -> Any:
         data = self._next_data()
+        self._count_yield()
+        if self._pin_memory and self._pins_here:
+            data = self._pin(data)
+        return data
+
+    def _count_yield(self, stacklevel: int = 3) -> None:
+        """One more batch handed out; torch's warning when an iterable gives more than its ``len()``."""
         self._num_yielded += 1
         if self._kind == ITERABLE and self._len_called is not None and self._num_yielded > self._len_called:
             msg = (f"Length of IterableDataset {self._dataset} was reported to be {self._len_called} (when "
@@ -149,10 +163,22 @@ class LoaderIter(_compat.BaseLoaderIter):
             if self._num_workers > 0:
                 msg += ("For multiprocessing data-loading, this could be caused by not properly configuring "
                         "the IterableDataset replica at each worker.")
-            warnings.warn(msg, stacklevel=2)
-        if self._pin_memory:
-            data = _pin(data)
-        return data
+            warnings.warn(msg, stacklevel=stacklevel)
+
+    _pins_here = True  # False where a reading thread pins (pool_iter)
+
+    def _pin(self, data: Any) -> Any:
+        if self._pinner is None:
+            loader = self._loader_ref()
+            if loader is None:
+                return data
+            self._pinner = loader_pinner(loader, threads=1)  # torch's copy_ only: no helper threads
+        return self._pinner(data)
+
+    def set_mapping_hooks(self, hooks: Any) -> None:
+        """The loader's slab-mapping hooks changed (see ``DataLoader.set_mapping_hooks``)."""
+        if self._pinner is not None:
+            update_pinner(self._pinner, hooks)
 
     def _next_data(self) -> Any:
         raise NotImplementedError

@@ -94,6 +94,9 @@ class DataLoader(_tud.DataLoader[T_co]):
         True
     """
 
+    _bf_mapping_hooks: Any = None
+    _bf_pin_backend: Any = None  # tests: ``alloc(shape, dtype)``/``is_pinned(t)`` standing for pinned memory
+
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
                  sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
                  collate_fn: Callable | None = None, pin_memory: bool = False, drop_last: bool = False,
@@ -117,6 +120,8 @@ class DataLoader(_tud.DataLoader[T_co]):
         self._bf_record: EpochRecord | None = None  # the progress of the latest iterator's epoch
         self._bf_pending: dict | None = None  # a loaded state, applied by the next iter()
         self._bf_latest: Any = None  # weak reference to the latest iterator
+        self._bf_mapping_hooks: Any = None  # told about the slabs of every pool this loader's iterators start
+        self._bf_iters: weakref.WeakSet | None = weakref.WeakSet()  # iterators that may still run
 
     @property
     def start_method(self) -> str:
@@ -133,11 +138,19 @@ class DataLoader(_tud.DataLoader[T_co]):
         if self.num_workers == 0:
             from .iterators import SingleLoaderIter
 
-            return SingleLoaderIter(self, record, resume)
-        from .pool_iter import PoolLoaderIter
+            it = SingleLoaderIter(self, record, resume)
+        else:
+            from .iterators import pins
+            from .pool_iter import PoolLoaderIter
+            from .reader import PinningLoaderIter
 
-        self.check_worker_number_rationality()
-        return PoolLoaderIter(self, record, resume)
+            self.check_worker_number_rationality()
+            # pin_memory with workers: pinned in a background thread, as torch's loader does
+            it = (PinningLoaderIter if pins(self) else PoolLoaderIter)(self, record, resume)
+        if self.__dict__.get("_bf_iters") is None:  # unpickled
+            self._bf_iters = weakref.WeakSet()
+        self._bf_iters.add(it)
+        return it
 
     def _get_iterator(self) -> Any:
         """A fresh epoch iterator (torch's hook; ``iter(loader)`` is what applies a loaded state)."""
@@ -201,6 +214,31 @@ class DataLoader(_tud.DataLoader[T_co]):
         self._iterator = None
         self._bf_pending = checked
 
+    # --- shared-memory slabs ------------------------------------------------------------------------
+
+    def set_mapping_hooks(self, hooks: Any) -> None:
+        """Tell ``hooks`` when a shared-memory slab this loader reads batches from is mapped and before it
+        is unmapped (:class:`~bridgeflow.parallel.mapping.MappingHooks`; ``None`` removes them): the slabs
+        of the worker pool of every iterator, running or started later (persistent workers included),
+        and of the parallel stages of a DataFlow dataset. :class:`CUDAPrefetcher` calls it to page-lock
+        the slabs (:class:`~bridgeflow.adapters.torch.pinning.SlabPinner`), so its copies read batches
+        where the workers wrote them.
+
+        Example:
+            >>> from bridgeflow.adapters.torch.pinning import CudaHostRegistrar, SlabPinner  # doctest: +SKIP
+            >>> loader.set_mapping_hooks(SlabPinner(CudaHostRegistrar("cuda")))            # doctest: +SKIP
+        """
+        self._bf_mapping_hooks = hooks
+        for it in list(self.__dict__.get("_bf_iters") or ()):
+            it.set_mapping_hooks(hooks)
+        if isinstance(self.dataset, DataFlow):
+            from bridgeflow.base import iter_flows
+
+            for _, flow in iter_flows(self.dataset):
+                setter = getattr(flow, "set_mapping_hooks", None)
+                if callable(setter):
+                    setter(hooks)
+
     # --- lifetime -----------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -219,5 +257,6 @@ class DataLoader(_tud.DataLoader[T_co]):
         """Picklable as torch's loader is (Lightning's ddp_spawn sends loaders to its processes): the running
         iterator and its record stay behind; a loaded, not yet applied state travels."""
         state = self.__dict__.copy()
-        state.update(_iterator=None, _bf_record=None, _bf_latest=None)
+        # mapping hooks act on this process's mappings (a copy elsewhere maps its own slabs)
+        state.update(_iterator=None, _bf_record=None, _bf_latest=None, _bf_iters=None, _bf_mapping_hooks=None)
         return state

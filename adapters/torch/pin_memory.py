@@ -8,8 +8,9 @@ drop them at once; torch tracks such copies only for memory its own allocator ga
 go back to its worker while the copy still reads it. So they are copied as well, unless ``zero_copy=True``
 says the consumer keeps each batch until its copies are done (as :class:`~.prefetcher.CUDAPrefetcher` does).
 
-:class:`PinMemoryThread` runs a :class:`BatchPinner` over an iterator of batches in a background thread,
-``depth`` batches ahead, as torch's DataLoader does with ``pin_memory=True``.
+:class:`PinMemoryThread` runs a :class:`BatchPinner` over any iterator of batches in a background thread,
+``depth`` batches ahead. (bridgeflow's DataLoader pins with a thread of its own that also drives its
+workers and keeps its state exact: see :mod:`.reader`.)
 
 Example:
     >>> from bridgeflow.adapters.torch.pin_memory import PinMemoryThread             # doctest: +SKIP

@@ -127,10 +127,17 @@ class SlabPinner:
 
     Args:
         registrar: what registers (:class:`CudaHostRegistrar`, or a test fake).
+        zero_copy: the consumer of the batches keeps each one alive until the asynchronous copies that read
+            it have completed (:class:`~.prefetcher.CUDAPrefetcher` does), so a loader that pins batches
+            (``pin_memory=True``) may hand tensors in registered slabs out as they are. Without it such
+            tensors are copied into torch's pinned memory: torch tracks a ``non_blocking`` copy only
+            for memory its own allocator gave out, so a slab dropped right after starting a copy could
+            go back to its worker while the copy still reads it.
     """
 
-    def __init__(self, registrar: HostRegistrar) -> None:
+    def __init__(self, registrar: HostRegistrar, *, zero_copy: bool = False) -> None:
         self.registrar = registrar
+        self.zero_copy = zero_copy
         self.failure: str | None = None  # why registration stopped, once it has
         self.registrations = 0  # successful registrations so far (a mapping re-opened counts again)
         self._lock = threading.RLock()
@@ -230,9 +237,12 @@ def _unregister_all(registrar: HostRegistrar, sizes: dict[int, int], lock: threa
 
 
 def attach_pinner(target: Any, hooks: Any) -> int:
-    """Install ``hooks`` (a :class:`SlabPinner`) on every slab-mapping hook point reachable from
-    ``target``: the object itself, the flows it wraps (``children()``), and a loader's ``dataset`` when
-    that is a DataFlow. Returns how many were found (0: nothing here maps slabs through a hook)."""
+    """Install ``hooks`` (a :class:`SlabPinner`, or ``None`` to remove them) on every slab-mapping hook
+    point reachable from ``target``: the object itself, the flows it wraps (``children()``: a parallel
+    stage's ``set_mapping_hooks`` covers its own pool only), and a loader's ``dataset`` when that is a
+    DataFlow and the loader has no ``set_mapping_hooks`` of its own (bridgeflow's DataLoader passes
+    them on to its dataset itself). Returns how many were found (0: nothing here maps slabs through a
+    hook)."""
     from bridgeflow.base import DataFlow
 
     seen: set[int] = set()
@@ -249,7 +259,8 @@ def attach_pinner(target: Any, hooks: Any) -> int:
             found += 1
         if isinstance(obj, DataFlow):
             stack.extend(obj.children())
+            continue
         dataset = getattr(obj, "dataset", None)
-        if isinstance(dataset, DataFlow):
+        if isinstance(dataset, DataFlow) and not callable(setter):
             stack.append(dataset)
     return found

@@ -6,6 +6,11 @@ round-robin cycle that skips workers whose iterable dataset ran out; results com
 ready with ``in_order=False``, map-style only). With ``persistent_workers`` one iterator serves every epoch.
 A DataFlow is read here and only collation runs in the workers; its position is recorded before each batch's
 samples are pulled, and the one matching the last delivered batch is what ``loader.state_dict()`` returns.
+
+With ``pin_memory=True`` (and an accelerator) this iterator is driven by a reading thread that runs ahead
+of the consumer and pins the batches (:mod:`.reader`): ``_read_step()`` is its step, and waits in that
+thread are cut into short slices so that stopping never waits for a slow worker. ``set_mapping_hooks``
+reaches the pool (``CUDAPrefetcher`` page-locks its slabs so copies read batches where workers wrote them).
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ import itertools
 import logging
 import operator
 import signal
+import threading
+import time
 import weakref
 from typing import Any
 
-from bridgeflow.errors import WorkerError
+from bridgeflow.errors import WorkerError, WorkerTimeoutError
 
 from .convert import unpack
 from .fetch import (
@@ -36,13 +43,28 @@ from .fetch import (
     make_fetcher,
 )
 from .iterators import LoaderIter, LoaderStateError, close_source
-from .state import EpochRecord, flow_state
+from .reader import DATA, END, ERROR, Step, Stopped, stop_requested
+from .state import NOT_TAKEN, EpochRecord, flow_state
 
 __all__ = ["PoolLoaderIter"]
 
 log = logging.getLogger(__name__)
 
 _NOT_PULLED = object()
+_DRAW = object()  # a grant: draw the next index in the reading thread (iterables, DataFlows: no sampler RNG)
+_NO_MORE = object()  # a grant: the sampler ran out
+
+
+class _Index:
+    """A grant: an index the consumer drew from the sampler."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+_SLICE_S = 0.1  # a reading thread waits for a result in slices this long, checking whether to stop
+_GRANT_SLICE_S = 0.005  # ... and this long while the consumer may grant tasks to send
 
 
 def _supports_unordered(pool_cls: type) -> bool:
@@ -55,6 +77,8 @@ def _keep_samples(samples: Any) -> Any:
 
 def _with_torch_wording(err: WorkerError) -> WorkerError:
     """torch's words for a dead worker in front of bridgeflow's, so searches for either find it."""
+    if str(err).startswith("DataLoader worker (pid"):  # worded already
+        return err
     code = err.exitcode
     if code is not None and code < 0:
         try:
@@ -78,6 +102,8 @@ class PoolLoaderIter(LoaderIter):
                                    "prefetch_factor must be at least 1")
         self._pool = None
         self._source: Fetcher | None = None
+        self._credits = None  # see read_ahead()
+        self._put_error: BaseException | None = None  # a worker found dead when sending it a task
         super().__init__(loader, record, resume)
         # torch takes any integer (True is one worker) and fails on a float with this same TypeError
         self._num_workers = operator.index(self._num_workers)
@@ -98,7 +124,7 @@ class PoolLoaderIter(LoaderIter):
             options["ordered"] = False
         self._pool = WorkerPool(functools.partial(init_worker, spec), self._num_workers, processes=True,
                                 start_method=loader.start_method, name="DataLoader",
-                                base_seed=self._base_seed, **options)
+                                base_seed=self._base_seed, mapping_hooks=loader._bf_mapping_hooks, **options)
         self._finalizer = weakref.finalize(self, self._pool.close)
         if self._shared_seed is not None and resume is None:
             # torch's multi-process iterator draws the DataPipe seed a second time for its own copy (its
@@ -112,6 +138,29 @@ class PoolLoaderIter(LoaderIter):
             self.shutdown()
             raise
 
+    def _read_step(self) -> Step:
+        """In the reading thread: the next batch, error or end of the epoch, with the record once it is
+        delivered (a DataFlow's state is asked for here, in the thread that iterates the flow)."""
+        self._step_credit = False
+        try:
+            kind, value, last = DATA, self._next_data(), False
+        except StopIteration:
+            kind, value, last = END, None, True
+        except Stopped:
+            raise
+        except BaseException as exc:  # the dataset's error, or the pool's (then the iterator is closed)
+            kind, value, last = ERROR, exc, self.closed
+        record = self._record
+        if self._source is not None and record.flow_now is NOT_TAKEN and (record.finished or record.at_flow_end()):
+            record.flow_now = flow_state(self._dataset)[0]
+        return Step(kind, value, record.snapshot(), last, self._step_credit)
+
+    def set_mapping_hooks(self, hooks: Any) -> None:
+        """The loader's slab-mapping hooks changed: this iterator's pool follows."""
+        super().set_mapping_hooks(hooks)
+        if self._pool is not None:  # closed too: its mappings still held by batches follow the new hooks
+            self._pool.set_mapping_hooks(hooks)
+
     def _start_epoch(self, resume: dict | None = None) -> None:
         record = self._record
         if self._unordered:
@@ -124,6 +173,10 @@ class PoolLoaderIter(LoaderIter):
         self._pulled = 0  # DataFlow batches pulled this epoch
         self._flow_before: dict[int, Any] = {}  # DataFlow position before pulling batch n
         self._owners: collections.deque[int] = collections.deque()  # worker of each task in flight, in order
+        self._no_more = False  # no task will be sent again this epoch
+        self._owed = 0  # reading thread: batches with the consumer whose replacing task is still to come
+        if self._credits is not None:
+            self._credits.clear()
         if resume is not None:
             if self._kind == ITERABLE and not resume.get("workers"):  # the whole epoch again, from the start
                 if resume["yielded"]:
@@ -169,8 +222,11 @@ class PoolLoaderIter(LoaderIter):
 
     def _get(self) -> tuple[int, Any]:
         timeout = self._timeout if self._timeout > 0 else None
+        stop = stop_requested()
         try:
-            return self._pool.get(timeout=timeout)
+            if stop is None:
+                return self._pool.get(timeout=timeout)
+            return self._get_in_slices(stop, timeout)
         except TimeoutError as exc:
             self.shutdown()
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from exc
@@ -178,20 +234,47 @@ class PoolLoaderIter(LoaderIter):
             self.shutdown()
             raise _with_torch_wording(exc) from exc.__cause__
 
-    def _try_put(self) -> None:
+    def _get_in_slices(self, stop: Any, timeout: float | None) -> tuple[int, Any]:
+        """A reading thread's wait: short waits (a timed-out one loses nothing) between checks of ``stop``,
+        the loader's ``timeout`` and the pool's stall warning."""
+        started = time.monotonic()
+        warn_at = self._pool.stall_warning
+        while True:
+            if stop.is_set():
+                raise Stopped
+            self._apply_credits()  # tasks granted meanwhile go out now: a worker may be waiting for one
+            self._raise_put_error()
+            waited = time.monotonic() - started
+            left = None if timeout is None else timeout - waited
+            # short slices while grants may come (batches are with the consumer), else long ones
+            slice_s = _GRANT_SLICE_S if self._owed > 0 else _SLICE_S
+            try:
+                return self._pool.get(timeout=slice_s if left is None else max(0.0, min(slice_s, left)))
+            except WorkerTimeoutError as exc:
+                waited = time.monotonic() - started
+                if left is not None and waited >= timeout:
+                    raise
+                if warn_at is not None and waited >= warn_at:
+                    log.warning("DataLoader: no batch from the workers for %.0f s: %s", waited, exc)
+                    warn_at *= 2
+
+    def _try_put(self, index: Any = None) -> None:
+        """Send the next task (``index``: one the consumer drew, see :meth:`grant`); sets ``_no_more`` when
+        no task will ever be sent again this epoch (the sampler or the flow ran out, no worker is active)."""
         if self.closed or self._source_failed:
             return
         try:
-            task = self._next_index()
+            task = self._next_index() if index is None else index.value
             if self._source is not None:
                 if self._record.problem is None and self._pulled not in self._flow_before:
                     self._flow_before[self._pulled], self._record.problem = flow_state(self._dataset)
                 task = self._source.fetch(task)
                 self._pulled += 1
         except StopIteration:
+            self._no_more = True
             return
         except Exception as exc:  # the DataFlow failed: raise it after the batches read before it
-            self._source_error, self._source_failed = exc, True
+            self._source_error, self._source_failed, self._no_more = exc, True, True
             return
         worker = None  # unordered: the pool picks the least busy worker
         if not self._unordered:
@@ -200,10 +283,73 @@ class PoolLoaderIter(LoaderIter):
                 if self._active[worker]:
                     break
             else:
+                self._no_more = True
                 return
-        self._pool.put(task, worker=worker)
+        try:
+            self._pool.put(task, worker=worker)
+        except WorkerError as exc:
+            # The worker died with its results sent: the batch just received is handed out first, then
+            # this error, as when a get finds the death.
+            self.shutdown()
+            error = _with_torch_wording(exc)
+            error.__cause__ = exc.__cause__
+            self._put_error = error
+            return
         if not self._unordered:
             self._owners.append(worker)
+
+    # --- driven by a reading thread (pin_memory): tasks are sent when batches are handed out ---------
+
+    def read_ahead(self) -> None:
+        """From now on a reading thread calls :meth:`_read_step` and the consumer :meth:`grant`: a task
+        replacing a batch is sent only once the consumer has that batch, as torch's loader does, so the
+        sampler (and a DataFlow) is read exactly as far as without a reading thread, whatever the timing."""
+        self._credits: collections.deque | None = collections.deque()
+        self._credit_event = threading.Event()
+
+    def grant(self) -> None:
+        """In the consumer's thread, for each batch (or error) of the pool handed out: the task that
+        replaces it. Map-style indices are drawn here, where torch draws them."""
+        if self.closed:
+            return
+        if self._kind == MAP:
+            try:
+                credit: Any = _Index(self._next_index())
+            except StopIteration:
+                credit = _NO_MORE
+        else:
+            credit = _DRAW
+        self._credits.append(credit)
+        self._credit_event.set()
+
+    def _apply_credits(self) -> None:
+        """In the reading thread: send the tasks the consumer granted."""
+        credits = self._credits
+        while credits:
+            credit = credits.popleft()
+            self._owed -= 1
+            if credit is _NO_MORE:
+                self._no_more = True
+            else:
+                self._try_put(None if credit is _DRAW else credit)
+
+    def _raise_put_error(self) -> None:
+        if self._put_error is not None:
+            error, self._put_error = self._put_error, None
+            raise error
+
+    def _owe(self) -> None:
+        """A batch (or error) of the pool goes to the consumer: its task comes when it is handed out."""
+        self._owed += 1
+        self._step_credit = True
+
+    def _wait_for_credit(self) -> None:
+        stop = stop_requested()
+        while not self._credits:
+            if stop is not None and stop.is_set():
+                raise Stopped
+            self._credit_event.wait(_SLICE_S)
+            self._credit_event.clear()
 
     def _delivered(self, worker: int) -> None:
         record = self._record
@@ -221,10 +367,17 @@ class PoolLoaderIter(LoaderIter):
             record.flow = before_next
 
     def _next_data(self) -> Any:
+        reading = self._credits is not None  # driven by a reading thread: tasks are sent on grants
         while True:
+            if reading:
+                self._apply_credits()
+            self._raise_put_error()
             if self.closed:
                 raise StopIteration
             if self._pool.outstanding <= 0:
+                if reading and self._owed > 0 and not self._no_more:
+                    self._wait_for_credit()  # batches are with the consumer; their tasks come back
+                    continue
                 if self._source_error is not None:
                     error, self._source_error = self._source_error, None
                     raise error
@@ -242,10 +395,15 @@ class PoolLoaderIter(LoaderIter):
                 if self.closed:
                     raise
                 owner = self._owners.popleft() if self._owners else None
-                self._try_put()
+                if not reading:
+                    self._try_put()
                 if self._discard:  # a fast-forward reads it again: the consumer saw this error already
                     self._discard -= 1
+                    if reading:
+                        self._try_put()
                     continue
+                if reading:
+                    self._owe()
                 if owner is not None:
                     self._delivered(owner)  # consumed: a resume must not read it again
                 raise
@@ -256,7 +414,8 @@ class PoolLoaderIter(LoaderIter):
                 self._record.note_exhausted(worker, self._num_workers)
                 self._try_put()
                 continue
-            self._try_put()
+            if not reading:
+                self._try_put()
             if isinstance(result, StopFromDataset):
                 raise StopIteration
             if type(result) is WithState:
@@ -264,7 +423,11 @@ class PoolLoaderIter(LoaderIter):
                 result = result.data
             if self._discard:
                 self._discard -= 1
+                if reading:
+                    self._try_put()
                 continue
+            if reading:
+                self._owe()
             self._delivered(worker)
             return unpack(result)
 

@@ -9,8 +9,10 @@ the device batch; the consumer's stream waits on that event before the batch is 
 Where the host bytes come from:
 
 - **Pinned already** (a ``pin_memory=True`` loader, or a shared-memory slab registered as page-locked:
-  see :mod:`.pinning`; the prefetcher registers the slabs of the bridgeflow loader or flow it reads): the
-  copy reads the batch where it lies, with no host copy at all.
+  see :mod:`.pinning`; the prefetcher registers the slabs of the bridgeflow loader or flow it reads,
+  through their ``set_mapping_hooks``, for as long as it lives): the copy reads the batch where it lies,
+  with no host copy at all. Its :class:`~.pinning.SlabPinner` says ``zero_copy``, so a ``pin_memory=True``
+  loader hands tensors in registered slabs out as they are.
 - **Pageable** (in-process flows, user iterables): the batch is first copied into reused pinned buffers,
   large tensors by several threads at once (:class:`~.staging.ParallelCopier`). There are
   ``num_stages + 1`` sets of buffers, so staging the next batch never waits for the copy of this one.
@@ -19,6 +21,9 @@ No early reuse: host memory a copy reads (a staging buffer, or the batch's own t
 slab they view) is kept until the event of that copy has completed, then let go; a slab goes back to its
 worker only then. At the end (exhaustion, an error, an early ``break``) the stage thread waits for every
 copy still in flight before releasing anything.
+
+Iterating again ends the iteration in progress first (:meth:`CUDAPrefetcher.close`), whatever the source:
+a DataFlow, or a loader over one, has a single reader at a time.
 
 Nested dicts, lists, tuples and namedtuples keep their structure; strings and Python numbers pass
 through. With ``device="cpu"`` batches pass through (numpy arrays become tensors, zero copy), so the same
@@ -35,6 +40,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -179,6 +185,7 @@ class CUDAPrefetcher:
         self.copy_threads = copy_threads
         self.pin_slabs = pin_slabs
         self.pinner: SlabPinner | None = None  # set once slabs of the loader are being registered
+        self._latest: Any = None  # weak reference to the latest iteration (a generator)
         self._backend = _backend
         self._counts: dict[str, Any] = {"zero_copy": 0, "staged": 0, "staging_copy": None}
         if _backend is None and self.device.type == "cuda":
@@ -209,14 +216,44 @@ class CUDAPrefetcher:
                 "pinning_failure": self.pinner.failure if self.pinner is not None else None}
 
     def __iter__(self) -> Iterator[Any]:
+        """A new iteration; one still held ends here (its threads stop, the loader's iterator is let go),
+        so a DataFlow or a DataLoader over one gets a single reader at a time, as frameworks expect."""
+        self.close()
         if self._backend is None and self.device.type == "cpu":
-            return (map_structure(b, _as_tensor, (np.ndarray,)) for b in self.loader)
-        backend = self._backend or _CudaBackend(self.device)
-        if self.pin_slabs and self.pinner is None and hasattr(backend, "registrar"):
-            pinner = SlabPinner(backend.registrar())
-            if attach_pinner(self.loader, pinner):
-                self.pinner = pinner
-        return self._pipeline(backend)
+            it = self._pass_through()
+        else:
+            backend = self._backend or _CudaBackend(self.device)
+            if self.pin_slabs and self.pinner is None and hasattr(backend, "registrar"):
+                pinner = SlabPinner(backend.registrar(), zero_copy=True)  # batches are held until copied
+                if attach_pinner(self.loader, pinner):
+                    self.pinner = pinner
+                    # the registrations end with this prefetcher: the loader, read directly later, copies
+                    weakref.finalize(self, pinner.close)
+            it = self._pipeline(backend)
+        self._latest = weakref.ref(it)
+        return it
+
+    def close(self) -> None:
+        """End the iteration in progress, if any: its threads are joined, copies in flight completed, and
+        the loader's iterator closed or let go. Idempotent; ``iter()`` calls it first."""
+        latest, self._latest = (self._latest() if self._latest is not None else None), None
+        if latest is not None:
+            try:
+                latest.close()
+            except ValueError as exc:  # "generator already executing": another thread is inside it
+                raise RuntimeError("CUDAPrefetcher: the previous iteration is running in another thread; it "
+                                   "cannot be ended from here") from exc
+
+    def _pass_through(self) -> Iterator[Any]:
+        """``device="cpu"``: the loader's batches, numpy arrays made tensors; its iterator closed at the end."""
+        it = iter(self.loader)
+        try:
+            for batch in it:
+                yield map_structure(batch, _as_tensor, (np.ndarray,))
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
 
     def _pipeline(self, backend: Any) -> Iterator[Any]:
         ready: queue.Queue = queue.Queue(maxsize=self.num_stages)

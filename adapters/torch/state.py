@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 FORMAT = "bridgeflow.adapters.torch.DataLoader"
 VERSION = 1
 GLOBAL_RNG = "torch"  # key of torch's default CPU generator among the RNG snapshots
+NOT_TAKEN: Any = object()  # EpochRecord.flow_now before it was taken (None is a state too: "none to give")
 
 _tud = torch.utils.data
 _DETERMINISTIC = (_tud.SequentialSampler, _tud.BatchSampler, _tud.distributed.DistributedSampler,
@@ -182,7 +183,33 @@ class EpochRecord:
         self.flow: Any = None
         self.flow_ended = False  # the flow ran out while the last delivered batch was read: the epoch is over
         self.problem: str | None = None  # why this epoch's position cannot be exported
+        self.flow_now: Any = NOT_TAKEN  # the flow's state at the epoch's end, taken by the reading thread
         self.length = _epoch_length(loader)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The record as it is now, cheaply (a dict; the per-worker lists copied): a reading thread that
+        runs ahead of the consumer sends one with each batch, and the consumer makes it current with
+        :meth:`restore` when it receives that batch, so ``state_dict()`` counts only delivered batches."""
+        snap = self.__dict__.copy()
+        for key in ("workers", "exhausted"):
+            if snap[key] is not None:
+                snap[key] = list(snap[key])
+        return snap
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Make a :meth:`snapshot` current."""
+        self.__dict__.update(snapshot)
+
+    def copy(self) -> EpochRecord:
+        """An independent record with the same contents (for a reading thread to work on)."""
+        other = object.__new__(EpochRecord)
+        other.restore(self.snapshot())
+        return other
+
+    def at_flow_end(self) -> bool:
+        """A DataFlow epoch whose position is unknown but whose batches (by length) were all delivered:
+        its state is the flow's at the end of the epoch."""
+        return self.problem is not None and self.length is not None and self.yielded >= self.length
 
     def snapshot_rngs(self, loader: Any) -> None:
         """Before the epoch's first index: the generators the sampler may draw from, and its epoch."""
@@ -217,12 +244,12 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
     is_flow = loader._bf_kind == "collate"
     if not is_flow and is_stateful(loader.dataset):
         state["dataset"] = loader.dataset.state_dict()
-    boundary = record is None or record.finished or (
-        is_flow and record.problem is not None and record.length is not None and record.yielded >= record.length)
+    boundary = record is None or record.finished or (is_flow and record.at_flow_end())
     if boundary:
         state["finished"] = record is not None
-        if is_flow:
-            state["flow"] = flow_state(loader.dataset)[0]
+        if is_flow:  # taken by a reading thread if one runs (a flow is asked in the thread that iterates it)
+            taken = NOT_TAKEN if record is None else record.flow_now
+            state["flow"] = flow_state(loader.dataset)[0] if taken is NOT_TAKEN else copy.deepcopy(taken)
         return state
     if record.problem is not None:
         raise NotImplementedError(
