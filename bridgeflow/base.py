@@ -78,6 +78,8 @@ def _guard_iter(original):
             self.reset_state()
         if self._bf_iterating is not None:
             raise _reentrant(self)
+        if self._bf_reader is not None:  # a new reader: the last one's view of the position is over
+            self._bf_reader = None
         if self._bf_state_mode == "count":
             gen = _guarded_counting(self, _replay_begin(self, original))
         else:
@@ -206,6 +208,11 @@ def _wrap_state_dict(original):
     def state_dict(self) -> dict:
         if type(self).state_dict is not state_dict:  # a super() call: the outermost wrapper adds the header
             return original(self)
+        reader = self._bf_reader() if self._bf_reader is not None else None
+        if reader is not None:  # a reader holds datapoints ahead of its consumer: its position is the consumer's
+            out = reader.delivered_state(self)
+            if out is not None:
+                return out
         try:
             out = original(self)
         except StateError as exc:
@@ -225,6 +232,7 @@ def _wrap_load_state_dict(original):
     def load_state_dict(self, state: dict) -> None:
         if type(self).load_state_dict is not load_state_dict:
             return original(self, state)
+        self._bf_reader = None
         try:
             check_header(self, state, type(self).state_version)
             original(self, state)
@@ -302,6 +310,10 @@ class DataFlow:
 
     _bf_reset_done = False
     _bf_iterating: object | None = None  # the token of the running guarded iterator, if any
+    # A weak reference to a reader that takes datapoints ahead of its consumer in another thread (e.g. a
+    # CUDA prefetcher): ``reader.delivered_state(flow)`` gives the state as of what its consumer received
+    # (None: compute it here). Set by the reader after its ``iter()``; a new ``iter()`` clears it.
+    _bf_reader: Any = None
     _bf_state_mode = "count"
     _bf_pos = 0
     state_version: int = 1
@@ -451,6 +463,7 @@ class DataFlow:
         state = self.__dict__.copy()
         state.pop("_bf_reset_done", None)
         state.pop("_bf_iterating", None)
+        state.pop("_bf_reader", None)
         state.pop("_bf_gen", None)
         return state
 

@@ -272,3 +272,51 @@ def test_gpu_a_prefetcher_over_a_pinning_loader_reads_its_slabs_in_place(leak_ch
     loader.close()
     gc.collect()
     assert prefetcher.pinner.registered == {}
+
+
+# --- resuming through a prefetcher ----------------------------------------------------------------------
+
+def _ids(batch) -> list[int]:
+    y = batch["y"] if isinstance(batch, dict) else batch[1]
+    return [int(v) for v in y.reshape(-1).tolist()]
+
+
+def _image_loader(**kwargs):
+    return DataLoader(Images(24), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5),
+                      **kwargs)
+
+
+def _image_flow():
+    items = [[np.full((16, 1024), i, np.float32), i] for i in range(24)]
+    return bridgeflow.BatchData(bridgeflow.DataFromList(items, shuffle=True, seed=2), 4)
+
+
+@pytest.mark.parametrize("source", ["loader-2-workers", "loader-0-workers", "dataflow"])
+@pytest.mark.parametrize("k", [0, 1, 3, 6])
+def test_a_prefetcher_resumes_from_what_it_handed_out(source, k, leak_check):
+    """The prefetcher fetches batches ahead of the loop; its state, and the loader's own state_dict() while
+    the prefetcher reads it, are as of the last batch handed out, so a resume loses and repeats nothing."""
+    make = {"loader-2-workers": lambda: _image_loader(num_workers=2), "loader-0-workers": lambda: _image_loader(),
+            "dataflow": _image_flow}[source]
+    with_backend = lambda src: CUDAPrefetcher(src, num_stages=2, _backend=HostBackend())
+
+    src = make()
+    whole = [_ids(b) for b in with_backend(src)] + [_ids(b) for b in with_backend(src)]  # two epochs
+    src.close()
+
+    src = make()
+    prefetcher = with_backend(src)
+    it = iter(prefetcher)
+    got = [_ids(next(it)) for _ in range(k)]
+    state = prefetcher.state_dict()
+    assert src.state_dict() == state  # the loader (or flow) answers as its prefetcher does
+    prefetcher.close()  # an early break: the batches fetched ahead are dropped...
+    assert src.state_dict() == state  # ...and still not counted
+    src.close()
+
+    again = make()
+    resumed = with_backend(again)
+    resumed.load_state_dict(state)
+    rest = [_ids(b) for b in resumed] + [_ids(b) for b in resumed]
+    again.close()
+    assert got + rest == whole, f"resumed after {k} batches"

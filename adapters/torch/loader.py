@@ -172,6 +172,7 @@ class DataLoader(_tud.DataLoader[T_co]):
         return None
 
     def __iter__(self) -> Any:
+        self.__dict__.pop("_bf_reader", None)  # a new reader: the last one's view of the position is over
         latest = self._bf_latest() if self._bf_latest is not None else None
         if self._bf_kind == COLLATE and latest is not None and latest is not self._iterator:
             latest.shutdown()  # a flow has one reader: the previous iterator's epoch ends here
@@ -195,7 +196,16 @@ class DataLoader(_tud.DataLoader[T_co]):
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest iterator is in its epoch, as plain data (torchdata's ``StatefulDataLoader``
-        semantics: a loader given it yields what this one would have yielded next)."""
+        semantics: a loader given it yields what this one would have yielded next).
+
+        Read by a :class:`~bridgeflow.adapters.torch.CUDAPrefetcher`, which fetches batches ahead of your
+        loop, it is the state as of the last batch the prefetcher handed to you."""
+        ref = self.__dict__.get("_bf_reader")
+        reader = ref() if ref is not None else None
+        if reader is not None:
+            delivered = reader.delivered_state(self)
+            if delivered is not None:
+                return delivered
         if self._bf_pending is not None:
             import copy
 
@@ -208,6 +218,7 @@ class DataLoader(_tud.DataLoader[T_co]):
         if state_dict == {}:
             return
         checked = check_state(self, state_dict)
+        self.__dict__.pop("_bf_reader", None)
         it = self._iterator
         if it is not None and hasattr(it, "shutdown"):
             it.shutdown()
@@ -259,4 +270,5 @@ class DataLoader(_tud.DataLoader[T_co]):
         state = self.__dict__.copy()
         # mapping hooks act on this process's mappings (a copy elsewhere maps its own slabs)
         state.update(_iterator=None, _bf_record=None, _bf_latest=None, _bf_iters=None, _bf_mapping_hooks=None)
+        state.pop("_bf_reader", None)
         return state

@@ -37,11 +37,12 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import logging
 import queue
 import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -186,6 +187,10 @@ class CUDAPrefetcher:
         self.pin_slabs = pin_slabs
         self.pinner: SlabPinner | None = None  # set once slabs of the loader are being registered
         self._latest: Any = None  # weak reference to the latest iteration (a generator)
+        # The loader's state as of the last batch handed out (``_LIVE``: ask the loader itself), and the
+        # thread that fetches batches ahead (it asks the loader for the live state).
+        self._delivered: Any = _LIVE
+        self._fetch_thread: int | None = None
         self._backend = _backend
         self._counts: dict[str, Any] = {"zero_copy": 0, "staged": 0, "staging_copy": None}
         if _backend is None and self.device.type == "cuda":
@@ -214,6 +219,57 @@ class CUDAPrefetcher:
         return {**self._counts, "registered_slabs": len(registered),
                 "registered_bytes": sum(registered.values()),
                 "pinning_failure": self.pinner.failure if self.pinner is not None else None}
+
+    # --- state ---------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state as of the last batch handed to you (the prefetcher reads a few batches
+        ahead; the loader's own ``state_dict()`` answers the same while it is read by this prefetcher).
+
+        For a loader with ``state_dict()``: bridgeflow's ``DataLoader``, torchdata's
+        ``StatefulDataLoader``, a bridgeflow DataFlow. Restore with :meth:`load_state_dict` (or the
+        loader's own) before the next ``iter()``.
+        """
+        fn = getattr(self.loader, "state_dict", None)
+        if not callable(fn):
+            raise TypeError(f"CUDAPrefetcher: the loader, a {type(self.loader).__name__}, has no state_dict()")
+        delivered = self.delivered_state(self.loader)
+        return delivered if delivered is not None else fn()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """End the iteration in progress and give ``state`` to the loader: the next ``iter()`` resumes."""
+        fn = getattr(self.loader, "load_state_dict", None)
+        if not callable(fn):
+            raise TypeError(f"CUDAPrefetcher: the loader, a {type(self.loader).__name__}, has no "
+                            "load_state_dict()")
+        self.close()
+        self._delivered = _LIVE
+        fn(state)
+
+    def delivered_state(self, source: Any) -> dict[str, Any] | None:
+        """The loader's state as of the last batch handed out, or None where the loader's live state is
+        the answer (no batch is held ahead, or the caller is the thread fetching ahead)."""
+        delivered = self._delivered
+        if delivered is _LIVE or threading.get_ident() == self._fetch_thread:
+            return None
+        if isinstance(delivered, _StateFailure):  # the loader could not say where it was then
+            raise delivered.error
+        return copy.deepcopy(delivered)
+
+    def _track(self, loader_state: Callable[[], Any] | None) -> Callable[[Any], Any] | None:
+        """What the fetch thread applies to each batch: pair it with the loader's state right after it."""
+        if loader_state is None:
+            return None
+
+        def with_state(batch: Any) -> tuple[Any, Any]:
+            self._fetch_thread = threading.get_ident()
+            try:
+                state = loader_state()
+            except Exception as exc:  # raised only if someone asks for a state (see state_dict)
+                state = _StateFailure(exc)
+            return batch, state
+
+        return with_state
 
     def __iter__(self) -> Iterator[Any]:
         """A new iteration; one still held ends here (its threads stop, the loader's iterator is let go),
@@ -258,21 +314,38 @@ class CUDAPrefetcher:
     def _pipeline(self, backend: Any) -> Iterator[Any]:
         ready: queue.Queue = queue.Queue(maxsize=self.num_stages)
         stop = threading.Event()
-        fetched = BackgroundIterator(self.loader, depth=1, name="bf-cuda-fetch")
+        loader_state = getattr(self.loader, "state_dict", None)
+        loader_state = loader_state if callable(loader_state) else None
+        self._delivered, self._fetch_thread = _LIVE, None
+        if loader_state is not None:
+            try:  # where this iteration starts (a loaded state, or an epoch boundary)
+                self._delivered = loader_state()
+            except Exception as exc:
+                self._delivered = _StateFailure(exc)
+        fetched = BackgroundIterator(self.loader, self._track(loader_state), depth=1, name="bf-cuda-fetch")
+        if loader_state is not None:
+            try:  # the loader's (or flow's) own state_dict() now answers with what was handed out
+                self.loader._bf_reader = weakref.ref(self)
+            except AttributeError:
+                pass
         copier = ParallelCopier(self.copy_threads)
-        args = (fetched, backend, copier, self.num_stages + 1, ready, stop, self._counts)
+        args = (fetched, backend, copier, self.num_stages + 1, ready, stop, self._counts, loader_state is not None)
         thread = threading.Thread(target=_stage_loop, args=args, name="bf-cuda-prefetch", daemon=True)
         thread.start()
         try:
             while True:
                 item = ready.get()
                 if item is _STOP:
+                    self._delivered = _LIVE  # the epoch is over: the loader knows where it is
                     return
                 if isinstance(item, _Failure):
+                    self._delivered = _LIVE
                     raise item.error
-                batch, event, tensors = item
+                batch, event, tensors, state = item
                 del item
                 backend.wait_consumer(event, tensors)
+                if loader_state is not None:
+                    self._delivered = state
                 yield batch
                 del batch, event, tensors
         finally:
@@ -289,6 +362,13 @@ class CUDAPrefetcher:
 class _Failure:
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+class _StateFailure(_Failure):
+    """The loader's ``state_dict()`` failed at that point; raised only when that state is asked for."""
+
+
+_LIVE = object()  # no batch held ahead: the loader's own state is the answer
 
 
 def _put(ready: queue.Queue, item: Any, stop: threading.Event) -> bool:
@@ -331,7 +411,7 @@ def _stage_batch(batch: Any, slot: _Slot, backend: Any, copier: ParallelCopier,
 
 
 def _stage_loop(batches: BackgroundIterator, backend: Any, copier: ParallelCopier, num_buffers: int,
-                ready: queue.Queue, stop: threading.Event, counts: dict[str, Any]) -> None:
+                ready: queue.Queue, stop: threading.Event, counts: dict[str, Any], tracked: bool) -> None:
     """Background thread: start each batch's copy to the device, from where it lies or from a staging
     buffer, and queue it for the consumer. ``num_buffers`` slots rotate; a slot is reused only after the
     copy that last read it has completed, and is one further than the copies in flight."""
@@ -339,6 +419,9 @@ def _stage_loop(batches: BackgroundIterator, backend: Any, copier: ParallelCopie
     try:
         backend.enter_thread()
         for i, batch in enumerate(batches):
+            state = None
+            if tracked:  # (batch, the loader's state right after it)
+                batch, state = batch
             if stop.is_set():
                 return
             for other in slots:
@@ -349,7 +432,7 @@ def _stage_loop(batches: BackgroundIterator, backend: Any, copier: ParallelCopie
                 out, device_tensors = _stage_batch(batch, slot, backend, copier, counts)
                 slot.event = backend.record()
             del batch  # the host batch now lives on only in slot.keep, until its copy completes
-            if not _put(ready, (out, slot.event, device_tensors), stop):
+            if not _put(ready, (out, slot.event, device_tensors, state), stop):
                 return
             del out, device_tensors
         _put(ready, _STOP, stop)

@@ -8,7 +8,8 @@ arrays whose shape varies are stored end to end with each row's offsets (and sha
 
 Damage is reported, in bounded time: files are written with ``libver="latest"``, whose metadata carries
 checksums that libhdf5 verifies, and every row of every component has a CRC-32 in
-``__bf_crc__/<name>``, checked on every read (the small index datasets also use the fletcher32 filter). Nothing is variable-length in
+``__bf_crc__/<name>``, checked on every read (the small index datasets also use the fletcher32
+filter). Nothing is variable-length in
 HDF5's sense: the global heaps that hold such data have no checksum, and libhdf5 can loop forever on a
 damaged one. Before libhdf5 sees a file, :mod:`bridgeflow.serialize._hdf5_check` refuses files in HDF5's
 original format (no metadata checksums; ``verify=False`` reads them anyway) and walks the global heaps of
