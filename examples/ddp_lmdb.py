@@ -63,8 +63,10 @@ def rank_main(rank: int, world: int, path: str, init_file: str) -> None:
             if rank == 0:
                 log.info("epoch %d: %d ranks x %d batches, disjoint parts covering all %d samples, loss %.3f",
                          epoch, world, counts[0] // BATCH, SAMPLES, loss.item())
+        dist.barrier()  # no rank tears the group down while another still talks to it
     finally:
         flow.close()
+        del model, optimizer  # DDP holds the process group: let go of it before the group is destroyed
         dist.destroy_process_group()
 
 

@@ -163,6 +163,7 @@ def _rank_main(rank, world, init_file, path, out_dir):
             epochs.append(got)
         with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
             json.dump(epochs, f)
+        dist.barrier()  # no rank tears the group down while another still talks to it (gloo aborts)
     finally:
         dist.destroy_process_group()
 
