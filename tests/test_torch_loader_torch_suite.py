@@ -209,6 +209,28 @@ def test_segfaulted_worker_error_has_torchs_words(leak_check):
     del info, loader
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("iterable", [False, True])
+def test_iterator_workers_are_process_handles_that_exit_cleanly(iterable, persistent, leak_check):
+    """``it._workers``, which torch's own tests and some user code read for the workers' pids or to wait
+    for them: multiprocessing Process handles, alive while iterating, exited with code 0 once the iterator
+    and the loader are dropped (the harness's only differences left were reads of it)."""
+    from test_torch_loader import RangeIterable
+
+    dataset = RangeIterable(0, 12) if iterable else ArrayDataset(12)
+    loader = DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=persistent)
+    it = iter(loader)
+    next(it)
+    workers = it._workers
+    assert len(workers) == 2 and all(isinstance(w, mp.process.BaseProcess) for w in workers)
+    assert all(w.is_alive() for w in workers) and len({w.pid for w in workers}) == 2
+    del it, loader
+    gc.collect()
+    for w in workers:
+        w.join(10)
+        assert not w.is_alive() and w.exitcode == 0, (w.pid, w.exitcode)
+
+
 def test_failed_iterator_start_prints_nothing_from_a_destructor(capfd):
     """An iterator whose construction failed is collected without an error printed (the previous
     SingleLoaderIter.__del__ printed an AttributeError about '_fetcher')."""

@@ -138,6 +138,12 @@ class PoolLoaderIter(LoaderIter):
             self.shutdown()
             raise
 
+    @property
+    def _workers(self) -> list:
+        """The worker processes, under the name torch's iterator gives them: code written for torch reads it
+        for their pids, or to wait for them to exit after the iterator is dropped."""
+        return self._pool.worker_processes if self._pool is not None else []
+
     def _read_step(self) -> Step:
         """In the reading thread: the next batch, error or end of the epoch, with the record once it is
         delivered (a DataFlow's state is asked for here, in the thread that iterates the flow)."""

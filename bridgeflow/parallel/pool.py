@@ -291,6 +291,11 @@ class WorkerPool:
         return [p.pid for p in self._res.procs]
 
     @property
+    def worker_processes(self) -> list:
+        """The worker processes' ``multiprocessing.Process`` handles (empty for threads, or before start)."""
+        return list(self._res.procs)
+
+    @property
     def outstanding(self) -> int:
         """Tasks sent whose results have not been returned by ``get()`` (discarded ones excluded)."""
         return self._next_task - self._discard_below - self.results_returned
