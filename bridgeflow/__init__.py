@@ -65,7 +65,7 @@ from .serialize import (
     TargetExistsError,
     load_dataset,
 )
-from .shard import ShardData, rank_and_world
+from .shard import ShardData, UnshardedWarning, rank_and_world
 from .sources import DataFromGenerator, DataFromIterable, DataFromList, FakeData
 from .speed import TestDataSpeed, collect_stats
 from .state import NotResumableError, StateError, StateMismatchError
@@ -158,6 +158,7 @@ __all__ = [
     "TestDataSpeed",
     "ThreadedMapData",
     "UnbatchData",
+    "UnshardedWarning",
     "WorkerError",
     "WorkerPool",
     "WorkerTimeoutError",

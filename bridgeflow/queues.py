@@ -47,6 +47,8 @@ class DataFromQueue(DataFlow):
     The flow does not own the queue: ``close()`` leaves it alone.
     """
 
+    _fed_from_outside = True  # what arrives is what producers send this process: per rank already
+
     def __init__(self, queue: Any, *, end: Any = _FOREVER, timeout: float | None = None) -> None:
         if not callable(getattr(queue, "get", None)):
             raise TypeError(f"DataFromQueue needs an object with get(), got {type(queue).__name__}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +33,7 @@ from .base import DataFlow, ProxyDataFlow, RNGDataFlow, epoch_live, iter_flows, 
 from .errors import LengthUnknownError
 from .state import check_count, child_state, expect_field, field, load_child
 
-__all__ = ["ShardData", "rank_and_world", "resolve_shard"]
+__all__ = ["ShardData", "UnshardedWarning", "rank_and_world", "resolve_shard", "warn_if_unsharded"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,46 @@ def resolve_shard(shard: Any, drop_last: bool, who: str) -> tuple[int, int, bool
             raise ValueError(f"{who}: shard must be (rank, world), 'auto' or None, got {shard!r}") from None
     rank, world = _check_rank_world(rank, world, who)
     return rank, world, bool(drop_last)
+
+
+class UnshardedWarning(UserWarning):
+    """A pipeline read by one of several ranks with nothing in it that shards: every rank reads all of it.
+
+    Training on it feeds each rank the whole dataset (each epoch is ``world`` epochs, every datapoint
+    seen ``world`` times). When that is what you want (every rank evaluates everything, or your own flow
+    reads its rank's part), silence it: ``warnings.simplefilter("ignore", bridgeflow.UnshardedWarning)``.
+    Flows fed from outside (``RemoteDataZMQ``, ``DataFromQueue``) count as per rank: they give what their
+    producers send this process.
+    """
+
+
+def _shards(flow: Any) -> bool:
+    if getattr(flow, "_fed_from_outside", False):  # RemoteDataZMQ, DataFromQueue
+        return True
+    if isinstance(flow, ShardData):
+        return flow.world > 1
+    shard = getattr(getattr(flow, "_order", None), "shard", None)  # an IndexedSource's EpochOrder
+    return isinstance(shard, tuple) and len(shard) == 3 and shard[1] > 1
+
+
+def warn_if_unsharded(df: Any, who: str, stacklevel: int = 3) -> bool:
+    """Warn (:class:`UnshardedWarning`) when this process is one of several ranks (:func:`rank_and_world`)
+    and no flow in ``df`` takes a part per rank (:class:`ShardData`, a source's ``shard=``). Returns whether
+    it warned."""
+    rank, world = rank_and_world()
+    if world <= 1:
+        return False
+    flows = list(iter_flows(df))
+    if any(_shards(flow) for _, flow in flows):
+        return False
+    path = max((p for p, _ in flows), key=lambda p: p.count("/"))
+    warnings.warn(
+        f"{who}: this process is rank {rank} of {world}, and nothing in the pipeline {path} shards it, so "
+        "every rank reads the whole dataset; give its source "
+        "shard='auto' (LMDB, HDF5, npz, DataFromList) or wrap it in ShardData(df), with the same seed on every "
+        "rank (silence with warnings.simplefilter('ignore', bridgeflow.UnshardedWarning) if every rank must "
+        "read everything)", UnshardedWarning, stacklevel=stacklevel)
+    return True
 
 
 def check_same_on_every_rank(df: Any, who: str) -> None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections import Counter
 
 import numpy as np
 import pytest
 
 import bridgeflow as bf
-from bridgeflow.shard import rank_and_world, resolve_shard
+from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader
+from bridgeflow.shard import rank_and_world, resolve_shard, warn_if_unsharded
 
 N = 23
 
@@ -145,6 +147,46 @@ def test_auto_reads_rank_and_world_from_the_environment(monkeypatch):
         rank_and_world()
 
 
+def _unsharded_warnings(make, times=2):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(times):
+            list(make())
+    return [str(w.message) for w in caught if issubclass(w.category, bf.UnshardedWarning)]
+
+
+def test_an_unsharded_flow_read_by_one_of_several_ranks_is_warned_about(files, monkeypatch):
+    """Silently feeding every rank the whole dataset is the worst bug a loader can have: a DataFlow read by
+    a DataLoader or CUDAPrefetcher on one of several ranks with nothing in it that shards is warned about,
+    once per loader, naming the pipeline and the fix."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    flow = bf.MapData(bf.DataFromList([[i] for i in range(N)], shuffle=True, seed=3), lambda dp: dp)
+    loader = DataLoader(flow, batch_size=4)
+    (message,) = _unsharded_warnings(lambda: loader)  # two epochs, one warning
+    assert "rank 1 of 2" in message and "MapData/DataFromList" in message and "shard='auto'" in message
+    prefetcher = CUDAPrefetcher(bf.BatchData(bf.LMDBSerializer.load(files["lmdb"], shuffle=False), 4), "cpu")
+    (message,) = _unsharded_warnings(lambda: prefetcher)
+    assert "CUDAPrefetcher" in message and "BatchData/LMDBDataset" in message
+
+    sharded = [
+        lambda: bf.DataFromList([[i] for i in range(N)], shuffle=True, seed=3, shard="auto"),
+        lambda: bf.MapData(bf.ShardData(bf.DataFromList([[i] for i in range(N)], shuffle=False)), lambda dp: dp),
+        lambda: bf.LMDBSerializer.load(files["lmdb"], shuffle=False, shard=(1, 2)),
+    ]
+    for make in sharded:
+        assert _unsharded_warnings(lambda make=make: DataLoader(make(), batch_size=4)) == []
+    # fed from outside: producers decide what each rank gets
+    queue = __import__("queue").Queue()
+    for i in range(3):
+        queue.put([i])
+    queue.put(None)
+    assert not warn_if_unsharded(bf.DataFromQueue(queue, end=None), "x")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert _unsharded_warnings(lambda: DataLoader(flow, batch_size=4)) == []  # one rank: nothing to shard
+
+
 def _rank_main(rank, world, init_file, path, out_dir):
     import torch.distributed as dist
 
@@ -161,8 +203,14 @@ def _rank_main(rank, world, init_file, path, out_dir):
             n = torch.tensor([len(got)])
             dist.all_reduce(n, op=dist.ReduceOp.MAX)  # a rank with fewer batches would make DDP hang
             epochs.append(got)
+        warned = []
+        for shard in ("auto", None):  # a DataLoader over each: only the unsharded one is warned about
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                list(DataLoader(bf.LMDBSerializer.load(path, shuffle=False, shard=shard), batch_size=4))
+            warned.append([str(w.message) for w in caught if issubclass(w.category, bf.UnshardedWarning)])
         with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
-            json.dump(epochs, f)
+            json.dump({"epochs": epochs, "warned": warned}, f)
         dist.barrier()  # no rank tears the group down while another still talks to it (gloo aborts)
     finally:
         dist.destroy_process_group()
@@ -174,7 +222,12 @@ def test_real_ranks_with_torch_distributed(files, tmp_path):
     world = 3
     tmp.spawn(_rank_main, args=(world, str(tmp_path / "init"), files["lmdb"], str(tmp_path)), nprocs=world,
               join=True)
-    per_rank = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
+    results = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(world)]
+    per_rank = [r["epochs"] for r in results]
+    for rank, result in enumerate(results):
+        sharded, unsharded = result["warned"]
+        assert sharded == [] and len(unsharded) == 1, result["warned"]
+        assert f"rank {rank} of {world}" in unsharded[0] and "LMDBDataset" in unsharded[0]
     for epoch in range(2):
         parts = [per_rank[r][epoch] for r in range(world)]
         assert [len(p) for p in parts] == [8] * world

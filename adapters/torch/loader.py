@@ -47,6 +47,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from bridgeflow.base import DataFlow
+from bridgeflow.shard import warn_if_unsharded
 
 from . import _compat
 from ._compat import torch
@@ -122,6 +123,7 @@ class DataLoader(_tud.DataLoader[T_co]):
         self._bf_latest: Any = None  # weak reference to the latest iterator
         self._bf_mapping_hooks: Any = None  # told about the slabs of every pool this loader's iterators start
         self._bf_iters: weakref.WeakSet | None = weakref.WeakSet()  # iterators that may still run
+        self._bf_shard_checked = False  # a DataFlow read by one of several ranks: warned if unsharded
 
     @property
     def start_method(self) -> str:
@@ -176,6 +178,9 @@ class DataLoader(_tud.DataLoader[T_co]):
         latest = self._bf_latest() if self._bf_latest is not None else None
         if self._bf_kind == COLLATE and latest is not None and latest is not self._iterator:
             latest.shutdown()  # a flow has one reader: the previous iterator's epoch ends here
+        if self._bf_kind == COLLATE and not self._bf_shard_checked:
+            self._bf_shard_checked = True  # once per loader: every epoch would repeat it
+            warn_if_unsharded(self.dataset, "DataLoader")
         resume = self._bf_apply_pending()
         record = EpochRecord(self)
         if self.persistent_workers and self.num_workers > 0:

@@ -47,7 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from bridgeflow.base import DataFlow
 from bridgeflow.errors import BridgeflowError
+from bridgeflow.shard import warn_if_unsharded
 
 from ._compat import torch
 from .background import BackgroundIterator
@@ -192,6 +194,7 @@ class CUDAPrefetcher:
         self._delivered: Any = _LIVE
         self._fetch_thread: int | None = None
         self._backend = _backend
+        self._shard_checked = False  # a DataFlow read by one of several ranks: warned if unsharded
         self._counts: dict[str, Any] = {"zero_copy": 0, "staged": 0, "staging_copy": None}
         if _backend is None and self.device.type == "cuda":
             if not torch.cuda.is_available():
@@ -275,6 +278,9 @@ class CUDAPrefetcher:
         """A new iteration; one still held ends here (its threads stop, the loader's iterator is let go),
         so a DataFlow or a DataLoader over one gets a single reader at a time, as frameworks expect."""
         self.close()
+        if isinstance(self.loader, DataFlow) and not self._shard_checked:
+            self._shard_checked = True
+            warn_if_unsharded(self.loader, "CUDAPrefetcher")
         if self._backend is None and self.device.type == "cpu":
             it = self._pass_through()
         else:

@@ -154,6 +154,8 @@ class RemoteDataZMQ(DataFlow):
         >>> df = RemoteDataZMQ(["tcp://10.0.0.5:8877", "tcp://10.0.0.6:8877"], timeout=30)  # doctest: +SKIP
     """
 
+    _fed_from_outside = True  # what arrives is what producers send this process: per rank already
+
     def __init__(self, addrs: str | Sequence[str], addr2: str | None = None, hwm: int = 50, bind: bool = False, *,
                  producers: int | None = None, timeout: float = 30.0, on_lost: str = "raise",
                  allow_pickle: bool = False, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
