@@ -183,26 +183,23 @@ class ShardData(ProxyDataFlow):
         pending = take_pending(self)
         self._seen, self._yielded = (pending["seen"], pending["yielded"]) if pending is not None else (0, 0)
         self._child_done = pending is not None and pending["child_done"]
-        m = self._per_rank(n)
-        it = None if self._child_done else iter(self.ds)
-        if self._yielded >= m:  # saved at this epoch's last datapoint: nothing left, the child's epoch ends
-            if it is not None:
-                it.close()
+        if self._child_done:  # saved after the child's epoch ended: this one has nothing left either
             return iter(())
-        return self._shard(it, m)
+        return self._shard(iter(self.ds), self._per_rank(n))
 
     def _shard(self, it: Iterator, m: int) -> Iterator:
+        """Every ``world``-th datapoint of the child's epoch, read to its end: a child epoch left unfinished
+        would leave its read-ahead (a parallel stage's work in flight) to the next epoch, which a saved
+        state cannot say, so a resumed flow would read different epochs after it."""
         rank, world = self.rank, self.world
         last = None
         for dp in it:
             i = self._seen
             self._seen = i + 1
             last = dp
-            if i % world == rank:
+            if i % world == rank and self._yielded < m:
                 self._yielded += 1
                 yield dp
-                if self._yielded >= m:
-                    return
         self._child_done = True
         if self._yielded < m and last is not None:  # a short rank: repeat the epoch's last datapoint
             self._yielded += 1

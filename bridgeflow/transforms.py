@@ -337,6 +337,9 @@ class FixedSizeData(ProxyDataFlow):
         pending = take_pending(self)
         self._n = pending["pos"] if pending is not None else 0
         if pending is not None or self._itr is None or not self.keep_state:
+            old, self._itr = self._itr, None
+            if old is not None and hasattr(old, "close"):  # an epoch left before its end: let the child go
+                old.close()
             self._itr = iter(self.ds)  # after a load: continues the child's saved epoch, if it was carried
         return self._fixed()
 

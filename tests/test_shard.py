@@ -113,6 +113,49 @@ def test_sharded_reader_indexes_its_own_part(files):
         last[8]
 
 
+def _ident(dp):
+    return dp
+
+
+def _epochs_and_resumed(make, k, epochs=3):
+    """Three epochs read without interruption, and read again from a state taken after ``k`` datapoints
+    (json round trip, a fresh flow)."""
+    with make() as flow:
+        flow.reset_state()
+        whole = [[dp[0].tolist() for dp in flow] for _ in range(epochs)]
+    with make() as flow:
+        flow.reset_state()
+        it = iter(flow)
+        head = [next(it)[0].tolist() for _ in range(k)]
+        state = json.loads(json.dumps(flow.state_dict()))
+        it.close()
+    with make() as flow:
+        flow.load_state_dict(state)
+        rest = [[dp[0].tolist() for dp in flow] for _ in range(epochs)]
+    rest[0] = head + rest[0]
+    return whole, rest
+
+
+@pytest.mark.parametrize("stage", ["threads", "processes"])
+@pytest.mark.parametrize("strict", [False, True])
+def test_shard_over_batches_made_in_a_map_stage_resumes_exactly(stage, strict, leak_check):
+    """ShardData reads its child's epoch to the end: left unfinished, a fused BatchData over a non-strict
+    stage carried its read-ahead into the next epoch (a resumed flow lost batch [0, 1, 2] and read [3, 4, 5]
+    every epoch after), and a strict one resumed at the rank's last batch raised DataFlowReentrantError."""
+    cls = bf.MultiThreadMapData if stage == "threads" else bf.MultiProcessMapData
+
+    def make(n=12, world=2, rank=1):
+        mapped = cls(bf.DataFromList([[i] for i in range(n)], shuffle=False), 2, _ident, buffer_size=6,
+                     strict=strict)
+        return bf.ShardData(bf.BatchData(mapped, 3, remainder=True), rank, world)
+
+    for args in ((12, 2, 1), (6, 3, 0)):
+        for k in range(len(make(*args)) + 1):
+            whole, resumed = _epochs_and_resumed(lambda args=args: make(*args), k)
+            assert resumed == whole, (args, k)
+    assert _epochs_and_resumed(lambda: make(6, 3, 0), 1)[0] == [[[0, 1, 2]]] * 3
+
+
 def test_random_flows_without_a_seed_are_refused():
     with pytest.raises(ValueError, match=r"DataFromList draws random numbers without a seed.*same seed= on every"):
         bf.ShardData(bf.MapData(bf.DataFromList(list(range(9))), lambda x: [x]), 0, 2)

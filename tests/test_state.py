@@ -441,3 +441,21 @@ def test_every_exported_flow_saves_its_state_or_says_it_cannot():
             assert cls._bf_state_mode == "unsupported", name
         else:
             assert cls._bf_state_mode in ("own", "count"), f"{name} has no state ({cls._bf_state_mode})"
+
+
+def test_fixed_size_fresh_epochs_after_one_left_early():
+    """FixedSizeData(keep_state=False) starts each epoch with a new iteration of its child; an epoch its
+    consumer left early (ShardData taking its part) kept the child's iteration claimed, and the next
+    epoch raised DataFlowReentrantError."""
+    flow = bf.ShardData(bf.FixedSizeData(bf.DataFromList([[i] for i in range(7)], shuffle=False), 3,
+                                         keep_state=False), 0, 2, drop_last=True)
+    flow.reset_state()
+    assert [[dp[0] for dp in flow] for _ in range(3)] == [[0]] * 3
+    inner = bf.FixedSizeData(bf.DataFromList([[i] for i in range(7)], shuffle=False), 3, keep_state=False)
+    inner.reset_state()
+    for _ in range(3):
+        it = iter(inner)
+        assert next(it) == [0]
+        del it  # left after one datapoint: FixedSizeData still holds its child's iteration
+    flow.close()
+    inner.close()
