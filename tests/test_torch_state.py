@@ -339,6 +339,83 @@ def test_iterable_with_state_resumes_per_worker(workers, leak_check):
         assert sorted(flat) == [0, 1, 2, *range(100, 107)]  # worker 0 ran dry first
 
 
+def test_a_state_taken_is_not_changed_by_iterating_on(leak_check):
+    """The state is a snapshot: its list of workers that ran dry was the live iterator's own list, so a
+    state kept in memory while iterating on later marked a worker dry that was not, and resuming from it
+    dropped that worker's remaining samples."""
+    for k in range(1, 10):
+        loader = DataLoader(UnevenStream(), batch_size=None, num_workers=2)
+        it = iter(loader)
+        head = [int(next(it)) for _ in range(k)]
+        state = loader.state_dict()
+        frozen = json.dumps(state)
+        rest = [int(x) for x in it]
+        assert json.dumps(state) == frozen, k
+        resumed = DataLoader(UnevenStream(), batch_size=None, num_workers=2)
+        resumed.load_state_dict(state)
+        assert [int(x) for x in resumed] == rest, k
+        assert sorted(head + rest) == [0, 1, 2, *range(100, 107)]
+        _close(loader)
+        _close(resumed)
+
+
+class RewindingStream(tud.IterableDataset):
+    """A stream with its own state that rewinds itself when its iteration ends (a common pattern)."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+    def __iter__(self):
+        while self.pos < 5:
+            self.pos += 1
+            yield self.pos - 1
+        self.pos = 0
+
+
+def test_a_stream_that_rewinds_at_its_end_resumes_after_the_last_short_batch(leak_check):
+    """Reading the last, short batch ran the stream to its end (and it rewound): the state says the
+    stream ended, so the resumed epoch is empty (it replayed the whole epoch before), as torchdata's."""
+    for k in range(3):
+        loader = DataLoader(RewindingStream(), batch_size=3)
+        it = iter(loader)
+        [next(it) for _ in range(k)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        rest = [b.tolist() for b in it]
+        resumed = DataLoader(RewindingStream(), batch_size=3)
+        resumed.load_state_dict(state)
+        assert [b.tolist() for b in resumed] == rest, k
+        assert [b.tolist() for b in resumed] == [[0, 1, 2], [3, 4]]  # and the next epoch is whole
+
+
+@pytest.mark.parametrize("sampling", ["sequential", "shuffle_generator", "replacement", "batch_sampler"])
+def test_persistent_workers_resumed_between_epochs_keep_their_seeds(sampling, leak_check):
+    """With persistent workers torch draws the workers' base seed once, for the first epoch; a state taken
+    after an epoch ended keeps it, so the resumed loader's next epoch runs on the same seeds and draws
+    the same permutation (it drew a new base seed before, which also moved the shuffle's generator)."""
+    def make():
+        ds = Tagged()
+        return DataLoader(ds, **SAMPLING[sampling](ds), num_workers=2, persistent_workers=True)
+
+    ref = uninterrupted(make, 3)
+    torch.manual_seed(0)
+    loader = make()
+    first = [plain(b) for b in loader]
+    state, rng = json.loads(json.dumps(loader.state_dict())), torch.get_rng_state()
+    _close(loader)
+    torch.manual_seed(12345)
+    resumed = make()
+    resumed.load_state_dict(state)
+    torch.set_rng_state(rng)
+    assert [first] + [[plain(b) for b in resumed] for _ in range(2)] == ref
+    _close(resumed)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_iterable_without_state_is_fast_forwarded(num_workers, caplog, leak_check):
     with caplog.at_level(logging.WARNING, logger="bridgeflow.adapters.torch"):

@@ -117,6 +117,8 @@ def make_fetcher(kind: str, dataset: Any, auto_collation: bool, collate_fn: Call
     fetcher = Fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
     if saved is not None and saved.get("iter") is not None:
         fetcher.iterator.load_state_dict(saved["iter"])
+    if saved is not None and saved.get("ended"):  # the stream ran out while the last batch was read
+        fetcher.ended = True
     return fetcher
 
 

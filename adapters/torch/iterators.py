@@ -100,7 +100,10 @@ class LoaderIter(_compat.BaseLoaderIter):
         if resume is None:
             self._sampler_iter = iter(self._index_sampler)
             if first:
-                self._base_seed = torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item()
+                # a state saved between two epochs of persistent workers keeps their seed: torch draws none then
+                kept = loader.__dict__.pop("_bf_kept_base_seed", None)
+                self._base_seed = (kept if kept is not None else
+                                   torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
             else:
                 self._new_shared_seed(loader, None)
             self._rng_pending = self._kind == MAP

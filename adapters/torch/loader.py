@@ -171,6 +171,8 @@ class DataLoader(_tud.DataLoader[T_co]):
         if state["started"] and not state["finished"]:
             return state
         apply_generators(self, state.get("rng_now"))
+        if state.get("base_seed") is not None and self.persistent_workers and self.num_workers > 0:
+            self._bf_kept_base_seed = state["base_seed"]  # the next epoch runs on the same workers' seeds
         return None
 
     def __iter__(self) -> Any:

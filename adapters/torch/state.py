@@ -247,6 +247,9 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
     boundary = record is None or record.finished or (is_flow and record.at_flow_end())
     if boundary:
         state["finished"] = record is not None
+        it = getattr(loader, "_iterator", None)
+        if record is not None and loader.persistent_workers and it is not None and not it.closed:
+            state["base_seed"] = record.base_seed  # the workers' seeds: kept into the next epoch, not drawn
         if is_flow:  # taken by a reading thread if one runs (a flow is asked in the thread that iterates it)
             taken = NOT_TAKEN if record is None else record.flow_now
             state["flow"] = flow_state(loader.dataset)[0] if taken is NOT_TAKEN else copy.deepcopy(taken)
@@ -262,8 +265,9 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
         workers = None if live is None else [live]
     state.update(
         started=True, yielded=record.yielded, base_seed=record.base_seed, shared_seed=record.shared_seed,
-        rng_first=record.rng_first, sampler_epoch=record.sampler_epoch, last_worker=record.last_worker,
-        exhausted=record.exhausted, workers=copy.deepcopy(workers), flow=copy.deepcopy(record.flow),
+        rng_first=copy.deepcopy(record.rng_first), sampler_epoch=copy.deepcopy(record.sampler_epoch),
+        last_worker=record.last_worker, exhausted=copy.deepcopy(record.exhausted),
+        workers=copy.deepcopy(workers), flow=copy.deepcopy(record.flow),
         flow_ended=record.flow_ended)
     return state
 
