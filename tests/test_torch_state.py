@@ -393,6 +393,40 @@ def test_a_stream_that_rewinds_at_its_end_resumes_after_the_last_short_batch(lea
         assert [b.tolist() for b in resumed] == [[0, 1, 2], [3, 4]]  # and the next epoch is whole
 
 
+class RewindingShards(tud.IterableDataset):
+    """Per worker a shard of 2 + 3 * id samples read through a position kept on the dataset, which rewinds
+    itself when the shard ends (so the next epoch reads it again)."""
+
+    def __init__(self) -> None:
+        self.pos = 0
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pos = state["pos"]
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        wid = 0 if info is None else info.id
+        while self.pos < 2 + 3 * wid:
+            self.pos += 1
+            yield wid * 100 + self.pos - 1
+        self.pos = 0
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_whose_stream_rewinds_at_its_end_resumes_into_the_next_epoch(batch_size, persistent,
+                                                                              leak_check):
+    """A worker that ran dry sends its dataset's state as it ran out (rewound), not the state of its last
+    batch: resumed after that, the worker sat the rest of the epoch out with its position at the end, and
+    its next epoch was empty (torchdata re-reads the whole shard there instead)."""
+    ref = check_resume(lambda: DataLoader(RewindingShards(), batch_size=batch_size, num_workers=2,
+                                          persistent_workers=persistent), ks=[0, 1, 2, 3, 4, 5, -1])
+    assert sorted(x for b in ref[1] for x in np.atleast_1d(b)) == [0, 1, 100, 101, 102, 103, 104]
+
+
 @pytest.mark.parametrize("sampling", ["sequential", "shuffle_generator", "replacement", "batch_sampler"])
 def test_persistent_workers_resumed_between_epochs_keep_their_seeds(sampling, leak_check):
     """With persistent workers torch draws the workers' base seed once, for the first epoch; a state taken

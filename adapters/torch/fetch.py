@@ -41,6 +41,7 @@ __all__ = [
     "FastCollate",
     "Reset",
     "StopFromDataset",
+    "StreamEnded",
     "WithState",
     "WorkerSpec",
     "init_worker",
@@ -167,6 +168,19 @@ class WithState:
         return (WithState, (self.data, self.state))
 
 
+class StreamEnded:
+    """Result standing for a worker's iterable running out, with its dataset's state at that moment (a
+    stream that rewinds itself at its end has already done so: a resume must start from there)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def __reduce__(self):
+        return (StreamEnded, (self.state,))
+
+
 class StopFromDataset:
     """Result standing for a ``StopIteration`` raised by a map-style dataset (torch re-raises it)."""
 
@@ -257,6 +271,8 @@ class _WorkerTask:
             data = self.fetcher.fetch(task)
         except StopIteration:
             if self.spec.kind == ITERABLE:
+                if self.fetcher.stateful:
+                    return StreamEnded(_state_of(self.fetcher))
                 raise
             return StopFromDataset()
         if self.fetcher.stateful:

@@ -37,6 +37,7 @@ from .fetch import (
     Fetcher,
     Reset,
     StopFromDataset,
+    StreamEnded,
     WithState,
     WorkerSpec,
     init_worker,
@@ -415,6 +416,9 @@ class PoolLoaderIter(LoaderIter):
                 raise
             if self._owners:
                 self._owners.popleft()
+            if type(result) is StreamEnded:  # its state after running out, then as any exhausted worker
+                self._record.note_worker_state(worker, self._num_workers, result.state)
+                result = self._exhausted
             if result is self._exhausted:
                 self._active[worker] = False
                 self._record.note_exhausted(worker, self._num_workers)
