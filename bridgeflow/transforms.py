@@ -344,19 +344,23 @@ class FixedSizeData(ProxyDataFlow):
         return self._fixed()
 
     def _fixed(self) -> Iterator:
-        while self._n < self._size:
-            try:
-                dp = next(self._itr)
-            except StopIteration:
-                self._itr = iter(self.ds)
+        try:
+            while self._n < self._size:
                 try:
                     dp = next(self._itr)
                 except StopIteration:
-                    raise DatapointError("FixedSizeData wraps a flow that yielded nothing") from None
-            self._n += 1
-            yield dp
-        if not self.keep_state:
-            self._itr = None
+                    self._itr = iter(self.ds)
+                    try:
+                        dp = next(self._itr)
+                    except StopIteration:
+                        raise DatapointError("FixedSizeData wraps a flow that yielded nothing") from None
+                self._n += 1
+                yield dp
+        finally:
+            if not self.keep_state:  # the child's iteration ends with the epoch, however the epoch ends, so
+                itr, self._itr = self._itr, None  # the child's state says so (a resume starts it afresh)
+                if itr is not None and hasattr(itr, "close"):
+                    itr.close()
 
     def state_dict(self) -> dict:
         pending = self.__dict__.get("_bf_pending")

@@ -86,6 +86,9 @@ FLOWS = {
     "RepeatedDataPoint": lambda: bf.RepeatedDataPoint(src(5), 3),
     "FixedSizeData keep_state": lambda: bf.FixedSizeData(src(5), 7),
     "FixedSizeData fresh": lambda: bf.FixedSizeData(src(5), 3, keep_state=False),
+    # the inner one is left mid-epoch by the outer: its epoch (and its list's) must end with the outer's
+    "FixedSizeData fresh nested": lambda: bf.FixedSizeData(bf.FixedSizeData(src(9), 13, keep_state=False), 6,
+                                                           keep_state=False),
     "CacheData shuffled": lambda: bf.CacheData(src(6), shuffle=True, seed=2),
     "CacheData": lambda: bf.CacheData(src(6)),
     "BatchData": lambda: bf.BatchData(src(11), 3),
@@ -117,7 +120,8 @@ def test_every_flow_resumes_exactly(name):
 
 @pytest.mark.parametrize("name", ["MapData", "BatchData remainder", "UnbatchData", "RandomMixData",
                                   "LocallyShuffleData", "ShardData padded", "CacheData shuffled",
-                                  "RepeatedDataPoint", "FixedSizeData fresh", "a pipeline"])
+                                  "RepeatedDataPoint", "FixedSizeData fresh", "FixedSizeData fresh nested",
+                                  "a pipeline"])
 def test_resumes_after_every_position(name):
     n = len(check_resumable(FLOWS[name], positions=[0]))
     check_resumable(FLOWS[name], positions=range(n + 1))
