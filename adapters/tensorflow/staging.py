@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 _ids = itertools.count()
 
 
+class _Stopped(Exception):
+    """The staging thread was asked to stop while it waited for room in the area."""
+
+
 class _Next:
     """What ``for x in si`` runs: one dequeue. A callable object rather than a function, so TensorFlow
     counts each StagingInput's traces apart (several inputs print no retracing warning)."""
@@ -196,8 +200,29 @@ class StagingInput(InputSource):
         try:
             if self._mode == "graph":
                 sess, ops = self._sess, self._graph_ops
-                put_data = lambda: sess.run(ops["put"])
-                put_marker = lambda: sess.run(ops["marker"])
+
+                free = [0]  # puts known not to wait: this thread is the area's only producer
+
+                def room() -> None:
+                    # A StagingArea put that waits for room cannot be cancelled: a Session closed under it
+                    # (before this input) waits for it forever. So wait here, where a closed Session raises
+                    # and a stop is seen; the put itself then never waits.
+                    delay = 0.0001
+                    while free[0] <= 0:
+                        free[0] = self.nr_stage - int(sess.run(ops["size"]))
+                        if free[0] <= 0 and self._stop.wait(delay):
+                            raise _Stopped
+                        delay = min(2 * delay, 0.002)
+                    free[0] -= 1
+
+                def put_data() -> None:
+                    room()
+                    sess.run(ops["put"])
+
+                def put_marker() -> None:
+                    room()
+                    sess.run(ops["marker"])
+
                 set_ended = lambda: sess.run(ops["set_ended"])
             else:
                 area, marker, ended_var = self._area(), self._marker(), self._ended_var
