@@ -18,11 +18,27 @@ SHM_DIR = "/dev/shm"
 SHM_PREFIX = "bf"  # bridgeflow's shared-memory segments are named bf<pid>_...
 
 
+# pytest captures file descriptor 2 while a test runs, so a dump written there is lost when the guard ends
+# the run; CI names a file instead (and prints it when the tests fail), headed by the test that hung.
+_HANG_LOG = os.environ.get("BRIDGEFLOW_TEST_HANG_LOG")
+_hang_file = open(_HANG_LOG, "w") if _HANG_LOG else None  # open for the whole run
+
+
 @pytest.fixture(autouse=True)
-def _hang_guard():
-    faulthandler.dump_traceback_later(HANG_TIMEOUT_S, exit=True, file=sys.stderr)
+def _hang_guard(request):
+    out = sys.stderr
+    if _hang_file is not None:
+        _hang_file.seek(0)
+        _hang_file.truncate()
+        _hang_file.write(f"{request.node.nodeid} ran longer than {HANG_TIMEOUT_S:.0f} s; every thread's stack:\n")
+        _hang_file.flush()
+        out = _hang_file
+    faulthandler.dump_traceback_later(HANG_TIMEOUT_S, exit=True, file=out)
     yield
     faulthandler.cancel_dump_traceback_later()
+    if _hang_file is not None:
+        _hang_file.seek(0)
+        _hang_file.truncate()
 
 
 # multiprocessing's own helpers live as long as the interpreter once started; they are not workers.
