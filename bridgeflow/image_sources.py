@@ -54,9 +54,6 @@ class ImageFromFile(IndexedSource):
         self.seed = seed
         self._init_order(len(self.files), shuffle, shard, drop_last)
 
-    def __len__(self) -> int:
-        return self._order.length()
-
     def _identity(self) -> dict:
         return {"files": len(self.files)}
 

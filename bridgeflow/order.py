@@ -203,6 +203,9 @@ class IndexedSource(RNGDataFlow):
         if self._order.shard is not None and self._order.shard[1] > 1:
             check_same_on_every_rank(self, who)
 
+    def __len__(self) -> int:
+        return self._order.length()
+
     def reset_state(self) -> None:
         super().reset_state()
         self._order.reset(self.rng)

@@ -393,18 +393,9 @@ def test_a_stream_that_rewinds_at_its_end_resumes_after_the_last_short_batch(lea
         assert [b.tolist() for b in resumed] == [[0, 1, 2], [3, 4]]  # and the next epoch is whole
 
 
-class RewindingShards(tud.IterableDataset):
+class RewindingShards(RewindingStream):
     """Per worker a shard of 2 + 3 * id samples read through a position kept on the dataset, which rewinds
     itself when the shard ends (so the next epoch reads it again)."""
-
-    def __init__(self) -> None:
-        self.pos = 0
-
-    def state_dict(self) -> dict:
-        return {"pos": self.pos}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.pos = state["pos"]
 
     def __iter__(self):
         info = tud.get_worker_info()

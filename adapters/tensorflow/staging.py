@@ -201,19 +201,20 @@ class StagingInput(InputSource):
             if self._mode == "graph":
                 sess, ops = self._sess, self._graph_ops
 
-                free = [0]  # puts known not to wait: this thread is the area's only producer
+                free = 0  # puts known not to wait: this thread is the area's only producer
 
                 def room() -> None:
                     # A StagingArea put that waits for room cannot be cancelled: a Session closed under it
                     # (before this input) waits for it forever. So wait here, where a closed Session raises
                     # and a stop is seen; the put itself then never waits.
+                    nonlocal free
                     delay = 0.0001
-                    while free[0] <= 0:
-                        free[0] = self.nr_stage - int(sess.run(ops["size"]))
-                        if free[0] <= 0 and self._stop.wait(delay):
+                    while free <= 0:
+                        free = self.nr_stage - int(sess.run(ops["size"]))
+                        if free <= 0 and self._stop.wait(delay):
                             raise _Stopped
                         delay = min(2 * delay, 0.002)
-                    free[0] -= 1
+                    free -= 1
 
                 def put_data() -> None:
                     room()

@@ -20,7 +20,7 @@ from bridgeflow.errors import BridgeflowError
 from . import _compat
 from ._compat import torch
 from .fetch import COLLATE, ITERABLE, MAP, Fetcher, make_fetcher, resolve_collate
-from .reader import loader_pinner, update_pinner
+from .reader import EpochIterator, loader_pinner, update_pinner
 from .state import EpochRecord, apply_generators, flow_state, replayed_indices
 
 __all__ = ["LoaderStateError", "SingleLoaderIter", "close_source", "pins"]
@@ -56,7 +56,7 @@ class LoaderStateError(BridgeflowError, ValueError, AssertionError):
     ``AssertionError``; this error is one too, and a ``ValueError``)."""
 
 
-class LoaderIter(_compat.BaseLoaderIter):
+class LoaderIter(EpochIterator):
     """What both iterators share: seeds, the sampler (replayed on resume), pinning, the epoch record, and
     torch's warning for an over-long iterable.
 
@@ -191,16 +191,6 @@ class LoaderIter(_compat.BaseLoaderIter):
 
     def shutdown(self) -> None:
         self.closed = True
-
-    # torch's names, for code that calls them on a DataLoader iterator
-    def _reset(self, loader: Any, first_iter: bool = False) -> None:
-        self.reset(loader, EpochRecord(loader))
-
-    def _shutdown_workers(self) -> None:
-        self.shutdown()
-
-    def __getstate__(self):
-        raise TypeError(f"{type(self).__name__} holds an epoch in progress and cannot be pickled")
 
 
 class SingleLoaderIter(LoaderIter):

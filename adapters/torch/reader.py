@@ -39,8 +39,8 @@ from .pin_memory import BatchPinner
 from .staging import ParallelCopier
 from .state import EpochRecord
 
-__all__ = ["DATA", "END", "ERROR", "PinningLoaderIter", "ReaderHandle", "Step", "Stopped", "loader_pinner",
-           "stop_requested", "update_pinner"]
+__all__ = ["DATA", "END", "ERROR", "EpochIterator", "PinningLoaderIter", "ReaderHandle", "Step", "Stopped",
+           "loader_pinner", "stop_requested", "update_pinner"]
 
 DATA, ERROR, END = "data", "error", "end"
 
@@ -151,7 +151,22 @@ class ReaderHandle:
         self.pinner.close()
 
 
-class PinningLoaderIter(_compat.BaseLoaderIter):
+class EpochIterator(_compat.BaseLoaderIter):
+    """A torch DataLoader iterator (frameworks check the class) with torch's private names for what every
+    epoch iterator here does: ``reset`` (persistent workers' next epoch) and ``shutdown``."""
+
+    # torch's names, for code that calls them on a DataLoader iterator
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self.reset(loader, EpochRecord(loader))
+
+    def _shutdown_workers(self) -> None:
+        self.shutdown()
+
+    def __getstate__(self):
+        raise TypeError(f"{type(self).__name__} holds an epoch in progress and cannot be pickled")
+
+
+class PinningLoaderIter(EpochIterator):
     """The epoch iterator of a loader with workers and ``pin_memory=True``: a
     :class:`~.pool_iter.PoolLoaderIter` (the *engine*) driven by a reading thread that pins what it reads.
 
@@ -223,16 +238,6 @@ class PinningLoaderIter(_compat.BaseLoaderIter):
     def set_mapping_hooks(self, hooks: Any) -> None:
         update_pinner(self._handle.pinner, hooks)
         self._engine.set_mapping_hooks(hooks)
-
-    # torch's names, for code that calls them on a DataLoader iterator
-    def _reset(self, loader: Any, first_iter: bool = False) -> None:
-        self.reset(loader, EpochRecord(loader))
-
-    def _shutdown_workers(self) -> None:
-        self.shutdown()
-
-    def __getstate__(self):
-        raise TypeError(f"{type(self).__name__} holds an epoch in progress and cannot be pickled")
 
 
 def _release(handle: ReaderHandle, engine: Any) -> None:

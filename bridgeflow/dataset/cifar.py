@@ -116,9 +116,6 @@ class CifarBase(IndexedSource):
         self._images, self._labels = _read(self.fs, cifar_classnum)
         self._init_order(len(self._labels), self.shuffle, shard, drop_last)
 
-    def __len__(self) -> int:
-        return self._order.length()
-
     def _identity(self) -> dict:
         return {"images": len(self._labels)}
 

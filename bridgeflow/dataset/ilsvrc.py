@@ -127,9 +127,6 @@ class ILSVRC12Files(IndexedSource):
 
         self._init_order(len(self.imglist), self.shuffle, shard, drop_last)
 
-    def __len__(self) -> int:
-        return self._order.length()
-
     def _identity(self) -> dict:
         return {"images": len(self.imglist)}
 

@@ -275,9 +275,6 @@ class HDF5Data(IndexedSource):
                 if self.version == 1 and is_variable_length(ds.id.get_type()):
                     self._check_heaps()
 
-    def __len__(self) -> int:
-        return self._order.length()
-
     def _identity(self) -> dict:
         return {"count": self._len, "bytes": self._held.pin.size()}
 

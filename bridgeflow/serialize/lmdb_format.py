@@ -323,9 +323,6 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
         return (f"{self.path} was saved with codec='pickle'; pass allow_pickle=True to load it, only if you "
                 "trust the file (unpickling can run code)")
 
-    def __len__(self) -> int:
-        return self._order.length()
-
     def _identity(self) -> dict:
         return {"count": self.meta["count"], "bytes": self._held.pin.size()}
 

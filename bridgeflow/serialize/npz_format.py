@@ -235,9 +235,6 @@ class NumpyData(IndexedSource):
         cells = [raw[s:e] for s, e in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
         return [c.decode("utf-8", "surrogatepass") for c in cells] if col.kind == "str" else cells
 
-    def __len__(self) -> int:
-        return self._order.length()
-
     def __getitem__(self, index: int) -> Any:
         i = self._order.shard_index(normalize_index(index, len(self), "NumpyData"))
         return assemble(self.structure, self.names, [cells[i] for cells in self._cells])
