@@ -211,8 +211,7 @@ import os, random, struct, sys
 from bridgeflow.errors import BridgeflowError
 from bridgeflow.serialize.lmdb_format import LMDBSerializer
 from bridgeflow.testing import assert_same_datapoints
-path, folder, where, verify, checksum = sys.argv[1:6]
-verify = {"None": None, "False": False}[verify]
+path, folder, where, checksum = sys.argv[1:5]
 data = open(path, "rb").read()
 ref = LMDBSerializer.load(path, shuffle=False)
 ref = [ref[i] for i in range(len(ref))]
@@ -236,7 +235,7 @@ for t in range(250):
     p = os.path.join(folder, "c%d.lmdb" % t)
     open(p, "wb").write(b)
     try:
-        ds = LMDBSerializer.load(p, shuffle=False, verify=verify)
+        ds = LMDBSerializer.load(p, shuffle=False)
         ds.reset_state()
         got = [list(ds), [ds[i] for i in range(len(ds))]]
         ds.close()
@@ -254,18 +253,16 @@ print("errors", errors, "silent", silent)
 """
 
 
-@pytest.mark.parametrize(("where", "verify", "checksum"), [("values", None, False), ("values", False, False),
-                                                           ("anywhere", None, False), ("anywhere", None, True),
-                                                           ("values", False, True)])
-def test_flipped_and_cut_files_raise_library_errors_never_crash(tmp_path, where, verify, checksum):
+@pytest.mark.parametrize(("where", "checksum"), [("values", False), ("anywhere", False), ("anywhere", True),
+                                               ("values", True)])
+def test_flipped_and_cut_files_raise_library_errors_never_crash(tmp_path, where, checksum):
     """Byte flips (in stored values, or anywhere: page headers, node offsets, meta pages) and cuts: each
     read succeeds or raises a bridgeflow error naming the file. In a child process, so a SIGBUS fails the
-    test. Without the page check (verify=False) only damage to the values themselves is guaranteed to be
-    caught. Without checksum=True a flip inside array bytes or a string reads back changed; with it, a
-    read that succeeds returns exactly what was saved."""
+    test. Without checksum=True a flip inside array bytes or a string reads back changed; with it, a read
+    that succeeds returns exactly what was saved."""
     path = save(tmp_path, mixed(40), checksum=checksum)
-    proc = subprocess.run([sys.executable, "-c", FLIP_SCRIPT, str(path), str(tmp_path), where, str(verify),
-                           str(checksum)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", FLIP_SCRIPT, str(path), str(tmp_path), where, str(checksum)],
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     errors, silent = int(proc.stdout.split()[-3]), int(proc.stdout.split()[-1])
     assert errors > 50  # the damage is noticed, not silently read
@@ -273,10 +270,13 @@ def test_flipped_and_cut_files_raise_library_errors_never_crash(tmp_path, where,
         assert silent == 0
 
 
-def test_verify_checks_a_deep_tree_and_can_be_forced(tmp_path):
+def test_a_deep_tree_is_walked_and_verify_is_deprecated(tmp_path):
     path = save(tmp_path, [[i, "x" * (i % 200)] for i in range(20000)], write_frequency=999)
-    ds = LMDBDataset(path, shuffle=False, verify=True)  # a 3-level tree passes the page check
-    assert len(ds) == 20000 and ds[12345] == [12345, "x" * 145]
+    with pytest.warns(DeprecationWarning, match="verify= is deprecated and does nothing"):
+        ds = LMDBDataset(path, shuffle=False, verify=False)
+    assert len(ds) == 20000 and ds[12345] == [12345, "x" * 145]  # a 3-level tree passes the page check
+    ds.reset_state()
+    assert [dp[0] for dp in ds] == list(range(20000))
     ds.close()
 
 
@@ -305,7 +305,7 @@ def test_flow_survives_pickling_before_reset(tmp_path):
     ds = LMDBDataset(path, shuffle=False)
     ds.reset_state()
     copy = pickle.loads(pickle.dumps(ds))
-    assert copy._held.env is None and copy._held.pin.fd is None  # nothing of the original's
+    assert copy._pin.fd is None  # nothing of the original's: it opens the path again
     ds.close()
     assert check_dataflow(copy, deterministic=True) == [[1], [2]]
 
@@ -316,11 +316,10 @@ def test_two_flows_on_one_file_in_one_process(tmp_path):
     a.reset_state()
     b.reset_state()
     assert sorted(dp[0] for dp in b) == [dp[0] for dp in a]
+    assert a._index is b._index  # the tree is walked once per file and process
     a.close()
-    assert b[3] == [3]  # b's shared handle stays open until b closes
+    assert b[3] == [3]  # b's own descriptor stays open until b closes
     b.close()
-    st = os.stat(path)
-    assert (st.st_dev, st.st_ino) not in lmdb_format._envs
 
 
 def _rewrite(path, puts=(), deletes=()):
@@ -341,7 +340,7 @@ def test_a_damaged_count_is_an_error_not_a_partial_read(tmp_path, count):
         LMDBSerializer.load(path)
 
 
-def test_a_damaged_key_is_noticed_in_order_and_by_index(tmp_path):
+def test_a_damaged_key_is_noticed_when_the_file_is_opened(tmp_path):
     path = save(tmp_path, [[i] for i in range(30)])
     env = lmdb.open(str(path), subdir=False, lock=False, readonly=True)
     with env.begin() as txn:
@@ -349,12 +348,9 @@ def test_a_damaged_key_is_noticed_in_order_and_by_index(tmp_path):
     env.close()
     # key 5 moved past the others: same count, same number of entries, but a reordered sequence
     _rewrite(path, deletes=[struct.pack(">Q", 5)], puts=[(struct.pack(">Q", 1 << 40), value)])
-    with LMDBDataset(path, shuffle=False) as ds:
-        ds.reset_state()
-        with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 5: key"):
-            list(ds)
-        with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 5 is missing"):
-            ds[5]
+    for shuffle in (False, True):  # every key is checked when the file is opened, before anything is read
+        with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 5: key .*\\x06' where key .*\\x05' belongs"):
+            LMDBDataset(path, shuffle=shuffle)
 
 
 def test_a_value_claiming_another_version_or_codec_is_damage_and_never_unpickled(tmp_path):
@@ -387,14 +383,13 @@ def test_checksum_roundtrip_and_a_changed_array_byte(tmp_path):
     at = data.find((np.arange(100, dtype=np.int32) + 6).tobytes())
     data[at + 40] ^= 1  # one bit of one array element: a valid value with another number in it
     path.write_bytes(bytes(data))
-    for verify in (None, False):
-        with LMDBDataset(path, shuffle=False, verify=verify) as ds:
-            ds.reset_state()
-            assert_same_datapoints(dps[:6], [ds[i] for i in range(6)])
-            with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 6: checksum mismatch"):
-                ds[6]
-            with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 6: checksum mismatch"):
-                list(ds)
+    with LMDBDataset(path, shuffle=False) as ds:
+        ds.reset_state()
+        assert_same_datapoints(dps[:6], [ds[i] for i in range(6)])
+        with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 6: checksum mismatch"):
+            ds[6]
+        with pytest.raises(CorruptDataError, match=r"d\.lmdb: datapoint 6: checksum mismatch"):
+            list(ds)
 
 
 def test_unknown_checksum_kind_is_clear(tmp_path):
@@ -448,22 +443,106 @@ def test_a_claim_inside_the_file_cannot_switch_the_page_check_off(tmp_path):
     assert "overflow pages lie outside the file" in proc.stdout, proc.stdout
 
 
-def test_a_file_cut_in_place_while_open_is_an_error_not_a_crash(tmp_path):
-    path = save(tmp_path, [[np.zeros(3000, np.uint8) + i] for i in range(50)])
-    script = f"""
-import os
-from bridgeflow.serialize.lmdb_format import LMDBSerializer
-ds = LMDBSerializer.load({str(path)!r}, shuffle=False)
-assert len(list(ds)) == 50
-os.truncate({str(path)!r}, 8192)  # the same file, shorter: its map now runs past the end
-try:
-    list(ds)
-except Exception as exc:
-    print(type(exc).__name__, exc)
+CUT_SCRIPT = """
+import multiprocessing as mp, os, sys, threading, time
+import lmdb, numpy as np
+from bridgeflow.serialize import LMDBData, LMDBSerializer
+from bridgeflow.serialize.errors import CorruptDataError
+
+mode, folder = sys.argv[1:3]
+KINDS = {"large": (300, lambda i: [np.full(20000 + i, i % 251, np.uint8), i]),  # overflow pages
+         "small": (3000, lambda i: [i, "x" * (i % 50)])}  # inside the leaf pages, read in blocks
+
+
+def outcome(read):
+    try:
+        read()
+        return "no error"
+    except CorruptDataError as exc:
+        return "CorruptDataError " + str(exc)
+    except Exception as exc:
+        return f"{type(exc).__name__} {exc}"
+
+
+def forever(ds, started):
+    for _ in range(100000):
+        for _dp in ds if mode == "forked" else (ds[i] for i in range(len(ds))):  # threads share ds: ds[i]
+            started.set()
+
+
+def in_child(ds, q, started):  # a reader inherited through fork (or a thread) reading while the file is cut
+    q.put(outcome(lambda: forever(ds, started)))
+
+
+def save(path, n, make):
+    if mode != "raw":
+        LMDBSerializer.save([make(i) for i in range(n)], path, progress=False)
+        return
+    env = lmdb.open(path, subdir=False, lock=False, map_size=1 << 28)  # any LMDB file, for LMDBData
+    with env.begin(write=True) as txn:
+        for i in range(n):
+            txn.put(b"%08d" % i, repr(make(i)).encode())
+    env.close()
+
+
+for kind, (n, make) in KINDS.items():
+    for frac in (0.5, 0.05, 0.0):
+        path = os.path.join(folder, f"{kind}-{mode}-{int(frac * 100)}.lmdb")
+        save(path, n, make)
+        cut = int(os.path.getsize(path) * frac)
+        ds = (LMDBData if mode == "raw" else LMDBSerializer.load)(path, shuffle=mode == "shuffled")
+        ds.reset_state()
+        if mode in ("sequential", "shuffled", "raw"):
+            it = iter(ds)
+            for _ in range(10):
+                next(it)
+            os.truncate(path, cut)  # the same file, cut in place: a mapped read would now die of SIGBUS
+            outs = [outcome(lambda: [None for _ in it])]  # the epoch goes on
+        elif mode == "index":
+            ds[n - 1]
+            os.truncate(path, cut)
+            outs = [outcome(lambda: [ds[i] for i in range(len(ds))])]
+        else:  # readers in forked children, or threads, reading while the file is cut
+            if mode == "forked":
+                ctx = mp.get_context("fork")
+                q, started = ctx.Queue(), [ctx.Event() for _ in range(2)]
+                workers = [ctx.Process(target=in_child, args=(ds, q, e)) for e in started]
+            else:
+                import queue
+                q, started = queue.Queue(), [threading.Event() for _ in range(2)]
+                workers = [threading.Thread(target=in_child, args=(ds, q, e)) for e in started]
+            for w in workers:
+                w.start()
+            for e in started:
+                e.wait(60)
+            time.sleep(0.02)
+            os.truncate(path, cut)
+            outs = [q.get(timeout=60) for _ in workers]
+            for w in workers:
+                w.join(60)
+            if mode == "forked":
+                outs += [f"exit code {w.exitcode}" for w in workers if w.exitcode != 0]
+        ds.close()
+        for out in outs:
+            print(os.path.basename(path), cut, "|", out.replace(chr(10), " "))
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"the reader died (code {proc.returncode}): {proc.stderr[-2000:]}"
-    assert proc.stdout.startswith("CorruptDataError") and "was cut to 8192 bytes" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("mode", ["sequential", "shuffled", "index", "forked", "threads", "raw"])
+def test_a_file_cut_in_place_while_read_is_an_error_never_a_crash(tmp_path, mode):
+    """The file cut in place (to 50%, 5% and 0% of its size) while readers read it: in the same epoch, by
+    index, in forked readers and threads reading at that very moment, large values and small ones, and
+    LMDBData's raw pairs. Every reader gets a CorruptDataError naming the file; none dies of SIGBUS (in a
+    child process, so a crash fails the test instead of killing it)."""
+    proc = subprocess.run([sys.executable, "-c", CUT_SCRIPT, mode, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"the reader died (code {proc.returncode}): {proc.stderr[-3000:]}"
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 6 * (2 if mode in ("forked", "threads") else 1), proc.stdout
+    for line in lines:
+        name, cut, out = line.split(" ", 2)
+        assert out.startswith(f"| CorruptDataError {tmp_path / name}: the file was cut to {cut} bytes while open"), \
+            line
 
 
 def test_checksums_are_on_by_default_and_old_files_without_them_load(tmp_path):

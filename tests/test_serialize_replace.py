@@ -18,7 +18,6 @@ from bridgeflow.serialize import (
     HDF5Serializer,
     LMDBSerializer,
     NumpySerializer,
-    lmdb_format,
     load_dataset,
 )
 
@@ -147,8 +146,6 @@ def test_a_reader_dropped_without_close_holds_nothing_back(tmp_path, fmt, patter
     use_and_drop()
     gc.collect()
     assert _open_fds() == before  # the finalizer closed what the dropped reader held
-    if fmt == "lmdb":
-        assert lmdb_format._envs == {} or all(k[1] != os.stat(path).st_ino for k in lmdb_format._envs)
     save(fmt, path, 2)
     with load_dataset(path, shuffle=False) as ds:
         assert version_of(list(ds)) == 2

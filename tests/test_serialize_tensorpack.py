@@ -19,7 +19,7 @@ from conftest import results_of_forked_children
 from tensorpack_reference import DATA
 
 from bridgeflow import LMDBData, LMDBDataPoint, LMDBDataset, LMDBSerializer, load_dataset
-from bridgeflow.serialize import decode_tensorpack, lmdb_format
+from bridgeflow.serialize import decode_tensorpack
 from bridgeflow.serialize.errors import (
     CorruptDataError,
     DatasetChangedError,
@@ -92,7 +92,7 @@ def test_an_lmdb_file_of_another_writer_is_refused_with_a_pointer_to_lmdbdata(tm
     path = write_tp(tmp_path / "other.lmdb", {b"a": b"1", b"b": b"2"}, keys_entry=None)
     with pytest.raises(CorruptDataError, match=r"nor by tensorpack's LMDBSerializer.*LMDBData\(path\)"):
         LMDBSerializer.load(path)
-    with pytest.raises(CorruptDataError, match="no key '00000000'"):
+    with pytest.raises(CorruptDataError, match="key b'a' where key b'00000000' belongs"):
         LMDBSerializer.load(path, format="tensorpack")
 
 
@@ -174,17 +174,27 @@ def test_damaged_values_are_corrupt_data_naming_file_and_key(tmp_path, value, ma
 
 def test_keys_out_of_place_or_missing_are_errors_not_silent_gaps(tmp_path):
     path = write_tp(tmp_path / "gap.lmdb", {b"00000000": pack([0]), b"00000001": pack([1]), b"00000003": pack([3])})
-    with pytest.raises(CorruptDataError, match="no key '00000002'"):  # 3 entries: keys 0..2 expected
-        LMDBSerializer.load(path)
+    with pytest.raises(CorruptDataError, match="gap.lmdb: .*key b'00000003' where key b'00000002' belongs"):
+        LMDBSerializer.load(path)  # 3 entries: keys 0..2 expected
     path = write_tp(tmp_path / "gap2.lmdb", {b"00000000": pack([0]), b"00000001x": pack([9]), b"00000002": pack([2])})
+    for shuffle in (False, True):  # every key is checked when the file is opened, before anything is read
+        with pytest.raises(CorruptDataError, match="gap2.lmdb: .*key b'00000001x' where key b'00000001' belongs"):
+            LMDBSerializer.load(path, shuffle=shuffle)
+
+
+def test_past_the_sequential_limit_datapoints_are_found_by_number(tmp_path, monkeypatch):
+    """Past 10**8 datapoints tensorpack's keys have 9 digits and sort among the 8-digit ones, so the reader
+    finds each datapoint by the number in its key (the limit is lowered here: the path is the same)."""
+    from bridgeflow.serialize import tensorpack_lmdb
+
+    monkeypatch.setattr(tensorpack_lmdb, "TENSORPACK_SEQUENTIAL_LIMIT", 2)
+    path = write_tp(tmp_path / "big.lmdb", [pack([i]) for i in range(5)])
     with LMDBSerializer.load(path, shuffle=False) as ds:
         ds.reset_state()
-        with pytest.raises(CorruptDataError, match="key b'00000001x' where key b'00000001' belongs"):
-            list(ds)
-    with LMDBSerializer.load(path, shuffle=True, seed=0) as ds:
-        ds.reset_state()
-        with pytest.raises(CorruptDataError, match="key '00000001' .*is missing"):
-            list(ds)
+        assert [dp[0] for dp in ds] == list(range(5)) and ds[3] == [3]
+    gap = write_tp(tmp_path / "gap.lmdb", {b"%08d" % i: pack([i]) for i in (0, 1, 2, 4)})
+    with pytest.raises(CorruptDataError, match=r"gap.lmdb: .*keys are not b'00000000' to b'00000003'"):
+        LMDBSerializer.load(gap)
 
 
 def test_a_truncated_file_is_an_error_not_a_crash(tmp_path):
@@ -214,17 +224,18 @@ def test_a_reader_keeps_reading_the_file_it_opened(tmp_path):
     ds.close()
 
 
-def test_readers_share_one_environment_and_release_it(tmp_path):
+def test_readers_share_one_index_and_release_their_file(tmp_path):
     path = copy(MSGPACK, tmp_path / "s.lmdb")
-    ino = os.stat(path).st_ino
-    a, b = LMDBSerializer.load(path), LMDBData(path)
-    a.reset_state()
-    b.reset_state()
-    assert [k[1] for k in lmdb_format._envs].count(ino) == 1
+    a, b, c = LMDBSerializer.load(path), LMDBSerializer.load(path, shuffle=False), LMDBData(path)
+    assert a._index is b._index  # the tree is walked once per file and process
+    fds = [x._pin.fd for x in (a, b, c)]
     a.close()
-    del b
-    gc.collect()  # a reader dropped without close() releases its share
-    assert all(k[1] != ino for k in lmdb_format._envs)
+    assert b[3][2] == 3  # b's own descriptor stays open until b closes
+    del b, c
+    gc.collect()  # a reader dropped without close() closes its descriptor
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
 
 
 def _read_in_child(ds, q):

@@ -1,4 +1,4 @@
-"""LMDB datasets: one encoded datapoint per key, read by one cursor pass or by random access.
+"""LMDB datasets: one encoded datapoint per key, each read by one positioned read of its value.
 
 Layout: a single file (``foo.lmdb``, LMDB's ``subdir=False`` mode; no ``-lock`` file is kept). Datapoint
 ``i`` is stored under the 8-byte big-endian key ``i``, so cursor order is index order; metadata keys start
@@ -7,30 +7,29 @@ with ``__bf__/`` (they sort after every datapoint): ``format``, ``codec``, ``ver
 
 Each value is one :func:`bridgeflow.serialize.codec.encode` buffer followed by its 4-byte CRC-32 (the
 default, ``checksum=True``; the ``__bf__/checksum`` key says so; files saved with ``checksum=False`` or
-before checksums were the default have none and still load). Reading checks the value's length against
-the length its header declares, copies it once out of the memory map into a ``bytearray``, checks the
-CRC on the copy and decodes zero-copy, so arrays are writable, owned by the datapoint and valid after the
-file is closed. The CRC is zlib's, computed by zlib-ng when installed (the ``lmdb`` extra): ~70 GB/s,
-about 15% of a read of large values from the page cache (see :mod:`bridgeflow.serialize._checksum`).
+before checksums were the default have none and still load). The CRC is zlib's, computed by zlib-ng when
+installed (the ``lmdb`` extra; see :mod:`bridgeflow.serialize._checksum`).
 
-One open per reader: ``LMDBDataset`` (what ``load`` returns) opens the path once, holds that file (see
-:mod:`bridgeflow.serialize._pinned`) and reads its length and every value from it, so a file renamed over
-the path by ``save(overwrite=True)`` is never mixed with the one being read. Readers of one file in one
-process share one LMDB environment (LMDB allows one per file per process), found by the file's inode, not
-its name, and closed with the last reader, or when a reader is dropped without ``close()``
-(:mod:`bridgeflow.serialize._lmdb_env`).
+Reading never goes through LMDB's memory map. ``LMDBDataset`` (what ``load`` returns) opens the path once
+(:mod:`bridgeflow.serialize._pinned`: a file renamed over the path by ``save(overwrite=True)`` is never
+mixed with the one being read), walks its B-tree once with plain reads, checking every page, offset and
+size against the file's real size (:mod:`bridgeflow.serialize._lmdb_tree`), the count against the entries
+and every key against its datapoint; it keeps where each value lies (12 bytes a datapoint, shared by the
+readers of one file in a process and by forked workers). A datapoint is then one ``pread`` of its value
+into a ``bytearray`` the datapoint owns (no transaction, no cursor, nothing to re-open after ``fork``),
+its CRC checked on that copy, decoded zero-copy: arrays are writable and valid after the file is closed.
+A file cut short in place while it is read (by any process) gives a short read, hence a
+:class:`CorruptDataError` naming the file, never a SIGBUS. Writing uses the ``lmdb`` package; reading needs
+nothing but numpy.
 
 ``load`` also reads the files tensorpack's ``LMDBSerializer.save`` writes (keys ``"{:08}"`` and
 ``__keys__``, values msgpack or pickle; :mod:`bridgeflow.serialize.tensorpack_lmdb`), with the same
 pinning, page check and errors; those values carry no checksum. ``LMDBData`` (tensorpack's raw
 ``[key, value]`` reader) lives in :mod:`bridgeflow.serialize.lmdb_raw`.
 
-Damage: truncated files, foreign files, damaged metadata and damaged values raise
-:class:`CorruptDataError` naming the path. LMDB trusts its own B-tree pages (damage there would crash the
-reader with SIGBUS), so ``LMDBDataset`` first walks the tree with plain reads and checks every page, offset
-and size against the file's real size (``verify=None`` or ``True``; ``verify=False`` skips it). The
-count, the keys and every value's structure and CRC are checked on read. Without a checksum, a changed
-byte inside array data or a string reads back as a changed value.
+Damage: truncated files, foreign files, damaged pages, metadata, keys and values raise
+:class:`CorruptDataError` naming the path. Every value's structure and CRC are checked on read. Without a
+checksum, a changed byte inside array data or a string reads back as a changed value.
 
 Example:
     >>> LMDBSerializer.save(df, "train.lmdb")                      # doctest: +SKIP
@@ -43,21 +42,26 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from .._deps import require
 from ..base import DataFlow
 from ..order import IndexedSource
 from ._checksum import crc32
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes
-from ._lmdb_env import Held, PinnedLMDB, _envs, lmdb_error  # noqa: F401 - _envs: tests look at it
+from ._lmdb_file import PinnedLMDB, check_verify
+from ._lmdb_tree import LMDBTree, walk_lmdb
 from ._pinned import PinnedFile
 from .atomic import atomic_path
-from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, TOTAL, decode, encode
+from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, decode, encode
 from .errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
 from .tensorpack_codec import decode_tensorpack
-from .tensorpack_lmdb import TENSORPACK_SEQUENTIAL_LIMIT, lmdb_layout, read_tensorpack_meta, tensorpack_key
+from .tensorpack_lmdb import lmdb_layout, tensorpack_index, tensorpack_key
 
 __all__ = ["LMDB_FORMATS", "LMDBDataset", "LMDBSerializer", "read_lmdb_meta"]
 
@@ -71,6 +75,10 @@ CHECKSUM = b"crc32"
 _INITIAL_MAP = 256 << 20
 _BATCH_BYTES = 64 << 20  # commit at least this often, whatever write_frequency says
 _CLASSES_MAX = 16 << 20
+_SMALL_VALUE = 16 << 10  # sequential epochs read values smaller than this in blocks
+_BLOCK_BYTES = 256 << 10  # of values lying within this distance of the first
+_BLOCK_ITEMS = 1024  # at most this many datapoints
+_PAGE = 4096  # (or, where they lie apart, of the values in the first one's page)
 
 
 def _key(i: int) -> bytes:
@@ -78,7 +86,6 @@ def _key(i: int) -> bytes:
 
 
 LMDB_FORMATS = ("bridgeflow", "tensorpack")
-_wrap = lmdb_error
 
 
 class LMDBSerializer:
@@ -169,34 +176,25 @@ def _write_all(lmdb: Any, env: Any, df: DataFlow, codec: str, every: int, progre
     return count
 
 
-def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
+def read_lmdb_meta(path: str | os.PathLike) -> dict[str, Any]:
     """``{"format", "codec", "version", "count", "checksum", "classes"}`` of an LMDB dataset; checks they
     are ones we read (``checksum`` is ``"crc32"`` or ``None``; ``classes`` a list of label names or
     ``None``)."""
     p = existing_path(path, "LMDB dataset")
-    lmdb = require("lmdb", "LMDBSerializer")
-    held = None
-    if env is None:  # one open of the file, released below
-        held = Held(PinnedFile(os.path.join(p, "data.mdb") if os.path.isdir(p) else p, "LMDB dataset"))
-        try:
-            env = held.environment(p, False)
-        except BaseException:
-            held.release()
-            raise
+    pin = PinnedFile(os.path.join(p, "data.mdb") if os.path.isdir(p) else p, "LMDB dataset")
     try:
-        with env.begin(buffers=True) as txn:
-            raw = {}
-            for k in (b"format", b"codec", b"version", b"count", b"checksum", b"classes"):
-                v = txn.get(META + k)
-                limit = _CLASSES_MAX if k == b"classes" else 64
-                raw[k] = None if v is None or len(v) > limit else bytes(v)  # a damaged size: never copy it
-            entries = txn.stat(env.open_db())["entries"]
-            meta_keys = _count_meta_keys(txn)
-    except lmdb.Error as exc:
-        raise _wrap(p, exc, "reading metadata") from exc
+        return _bridgeflow_meta(walk_lmdb(pin, p), pin, p)
     finally:
-        if held is not None:
-            held.release()
+        pin.close()
+
+
+def _bridgeflow_meta(tree: LMDBTree, pin: PinnedFile, p: str) -> dict[str, Any]:
+    """The metadata of a file written by :class:`LMDBSerializer`, checked (see :func:`read_lmdb_meta`)."""
+    raw: dict[bytes, bytes | None] = {}
+    for k in (b"format", b"codec", b"version", b"count", b"checksum", b"classes"):
+        j = tree.find(META + k)
+        limit = _CLASSES_MAX if k == b"classes" else 64
+        raw[k] = None if j is None or tree.sizes[j] > limit else tree.read(pin, j, p)  # a damaged size: not read
     if raw[b"format"] != FORMAT_NAME:
         raise CorruptDataError(f"{p}: an LMDB file, but not one written by LMDBSerializer "
                                f"(no {(META + b'format').decode()} key)")
@@ -215,9 +213,14 @@ def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
     if raw[b"checksum"] not in (None, CHECKSUM):
         raise UnsupportedFormatError(f"{p}: its values carry a {raw[b'checksum']!r} checksum, unknown to this "
                                      f"bridgeflow (known: {CHECKSUM.decode()})")
-    if count + meta_keys != entries:  # a damaged count would silently read a prefix, or run past the end
+    first_meta = tree.bisect(META)
+    meta_keys = 0
+    while first_meta + meta_keys < len(tree) and meta_keys < 64 and \
+            tree.key(first_meta + meta_keys).startswith(META):
+        meta_keys += 1
+    if count + meta_keys != len(tree):  # a damaged count would silently read a prefix, or run past the end
         raise CorruptDataError(f"{p}: its metadata counts {count} datapoints but the file holds "
-                               f"{entries - meta_keys}")
+                               f"{len(tree) - meta_keys}")
     classes = None
     if raw[b"classes"] is not None:
         classes = parse_classes(raw[b"classes"], p)
@@ -225,16 +228,71 @@ def read_lmdb_meta(path: str | os.PathLike, env: Any = None) -> dict[str, Any]:
             "checksum": None if raw[b"checksum"] is None else CHECKSUM.decode(), "classes": classes}
 
 
-def _count_meta_keys(txn: Any) -> int:
-    """Keys under ``META`` (they sort after every datapoint key); at most 64 are looked at."""
-    cursor = txn.cursor()
-    n = 0
-    if cursor.set_range(META):
-        for key in cursor.iternext(values=False):
-            if bytes(key[:len(META)]) != META or n >= 64:
-                break
-            n += 1
-    return n
+def _check_keys(tree: LMDBTree, count: int, p: str) -> None:
+    """The first ``count`` entries hold the keys of datapoints ``0 .. count-1``, in that order: a damaged
+    key would reorder or skip datapoints silently."""
+    lengths = tree.key_lengths()[:count]
+    if count and (lengths == 8).all():
+        keys = tree.keys[:8 * count].view(">u8")
+        bad = np.flatnonzero(keys != np.arange(count, dtype=np.uint64))
+    else:
+        bad = np.flatnonzero(lengths != 8)
+    if len(bad):
+        i = int(bad[0])
+        raise CorruptDataError(f"{p}: datapoint {i}: key {tree.key(i)!r} where key {_key(i)!r} belongs (a "
+                               "damaged key would reorder or skip datapoints)")
+
+
+class _Index:
+    """What the readers of one file need, found once per file and process: the file's layout and
+    metadata, and where each datapoint's value lies (``offsets``, ``sizes``: 12 bytes a datapoint)."""
+
+    __slots__ = ("__weakref__", "format", "meta", "offsets", "sizes", "small")
+
+    def __init__(self, fmt: str, meta: dict, offsets: np.ndarray, sizes: np.ndarray) -> None:
+        self.format, self.meta = fmt, meta
+        self.offsets = np.ascontiguousarray(offsets, np.int64)
+        self.sizes = np.ascontiguousarray(sizes, np.uint32)
+        self.small = bool(np.median(self.sizes) < _SMALL_VALUE) if len(self.sizes) else False  # read in blocks
+
+
+_indexes: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (file identity, format) -> _Index
+_recent: list[_Index] = []  # the last few, kept while no reader holds them (a reader re-made each epoch)
+_indexes_lock = threading.Lock()
+
+
+def _index(tree_of: Any, pin: PinnedFile, p: str, fmt: str | None) -> _Index:
+    """The :class:`_Index` of the pinned file, made from its tree (``tree_of()``) unless a reader of the
+    same file (same inode, size and modification time) made it already in this process."""
+    st = pin.stat()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, fmt)
+    with _indexes_lock:
+        found = _indexes.get(key)
+    if found is not None:
+        return found
+    tree = tree_of()
+    layout = fmt or lmdb_layout(tree)
+    if layout == "bridgeflow":
+        meta = _bridgeflow_meta(tree, pin, p)
+        n = meta["count"]
+        _check_keys(tree, n, p)
+        if meta["checksum"] is not None and (tree.sizes[:n] < _CRC.size).any():
+            i = int(np.argmax(tree.sizes[:n] < _CRC.size))
+            raise CorruptDataError(f"{p}: datapoint {i}: stored value of {tree.sizes[i]} bytes is too short for "
+                                   "its checksum")
+        made = _Index(layout, meta, tree.offsets[:n], tree.sizes[:n])
+    elif layout == "tensorpack":
+        entries, meta = tensorpack_index(tree, pin, p, require_keys_entry=fmt is None)
+        made = _Index(layout, meta, tree.offsets[entries], tree.sizes[entries])
+    else:
+        raise CorruptDataError(f"{p}: an LMDB file, but not one written by LMDBSerializer (no "
+                               f"{(META + b'format').decode()} key) nor by tensorpack's LMDBSerializer (no "
+                               "__keys__ key); LMDBData(path) reads the raw [key, value] pairs of any LMDB file")
+    with _indexes_lock:
+        _indexes[key] = made
+        _recent.append(made)
+        del _recent[:-4]
+    return made
 
 
 class LMDBDataset(IndexedSource, PinnedLMDB):
@@ -245,13 +303,13 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
     :mod:`bridgeflow.serialize.tensorpack_lmdb`). ``.format`` says which; ``.meta`` holds the count, codec
     and, for bridgeflow's files, checksum and class names.
 
-    Sequential epochs are one cursor pass; shuffled epochs read keys in a permutation drawn from
-    ``seed`` each epoch. The path is opened once, here, and that file is read for the reader's lifetime
-    (see the module doc); a process that finds the environment inherited through ``fork`` opens the same
-    file again through the inherited descriptor (LMDB handles must not cross fork), so many processes can
-    read one file. A copy sent to another process by pickling, or a reader used after ``close()``, opens
-    the path again and raises :class:`DatasetChangedError` if another file lies there now. Read-only, no
-    lock file, readahead off when shuffled.
+    The path is opened once, here, and that file is read for the reader's lifetime (see the module doc):
+    its tree is walked and checked once, then every datapoint is one positioned read of its value (no
+    memory map, no per-read transaction), checked and decoded. Processes that got the reader through
+    ``fork`` (DataLoader workers, parallel stages) read through the inherited descriptor with nothing to
+    open; a copy sent by pickling, or a reader used after ``close()``, opens the path again and raises
+    :class:`DatasetChangedError` if another file lies there now. Shuffled epochs read the datapoints in a
+    permutation drawn from ``seed`` each epoch.
 
     Args:
         path: a single-file LMDB (``foo.lmdb``) or an LMDB directory.
@@ -259,9 +317,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
         seed: makes the shuffled orders reproducible.
         allow_pickle: needed to read files saved with ``codec="pickle"`` and tensorpack's pickled files
             (tensorpack's default): unpickling can run code.
-        verify: check the file's pages before mapping it (see the module doc); ``None`` (the default) and
-            ``True`` check, within the file's real size; ``False`` skips the check (a damaged page may
-            then crash the process).
+        verify: deprecated, does nothing (the pages are always checked; nothing is memory-mapped).
         format: ``"bridgeflow"``, ``"tensorpack"`` or ``None`` (recognised from the file's keys).
         shard: ``(rank, world)`` or ``"auto"``: read only this rank's contiguous part of every epoch's
             order, all ranks equally long (``drop_last`` drops the remainder instead of wrapping around;
@@ -279,20 +335,17 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                  shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> None:
         if format is not None and format not in LMDB_FORMATS:
             raise ValueError(f"LMDBDataset: unknown format {format!r}; choose one of {list(LMDB_FORMATS)} or None")
+        check_verify(verify, "LMDBDataset")
         self.shuffle = shuffle
         self.seed = seed
         self.allow_pickle = allow_pickle
-        self._open_pinned(path, verify, "LMDBSerializer.load")
+        self._open_pinned(path, "LMDBSerializer.load")
         try:
-            env = self._environment()
-            self.format = format or self._detect(env)
-            if self.format == "bridgeflow":
-                self.meta = read_lmdb_meta(self.path, env=env)
-            else:
-                self.meta = read_tensorpack_meta(self.path, env, require_keys_entry=format is None)
+            index = _index(self._walk, self._pin, self.path, format)
         except BaseException:
             self._abandon()
             raise
+        self.format, self.meta = index.format, dict(index.meta)
         if self.meta["codec"] == "pickle" and not allow_pickle:
             self._abandon()
             raise PickleNotAllowedError(self._pickle_refusal())
@@ -300,20 +353,12 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
         self._unpickle = allow_pickle and self.meta["codec"] == "pickle"
         self._crc = self.meta["checksum"] is not None
         self.classes: list[str] | None = self.meta["classes"]
+        self._set_index(index)
         self._init_order(self.meta["count"], shuffle, shard, drop_last)
 
-    def _detect(self, env: Any) -> str:
-        lmdb = require("lmdb", "LMDBSerializer")
-        try:
-            with env.begin(buffers=True) as txn:
-                layout = lmdb_layout(txn)
-        except lmdb.Error as exc:
-            raise _wrap(self.path, exc, "reading its keys") from exc
-        if layout is None:
-            raise CorruptDataError(f"{self.path}: an LMDB file, but not one written by LMDBSerializer (no "
-                                   f"{(META + b'format').decode()} key) nor by tensorpack's LMDBSerializer (no "
-                                   "__keys__ key); LMDBData(path) reads the raw [key, value] pairs of any LMDB file")
-        return layout
+    def _set_index(self, index: _Index) -> None:
+        self._index = index
+        self._offsets, self._sizes = memoryview(index.offsets), memoryview(index.sizes)  # fast int lookups
 
     def _pickle_refusal(self) -> str:
         if self.format == "tensorpack":
@@ -324,42 +369,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                 "trust the file (unpickling can run code)")
 
     def _identity(self) -> dict:
-        return {"count": self.meta["count"], "bytes": self._held.pin.size()}
-
-    def _decode(self, value: Any, index: int) -> Any:
-        if self.format == "tensorpack":
-            return self._decode_tensorpack(value, index)
-        if value is None:
-            raise CorruptDataError(f"{self.path}: datapoint {index} is missing (count says {self.meta['count']})")
-        try:
-            return decode(self._payload(value), allow_pickle=self._unpickle)
-        except DECODE_ERRORS as exc:
-            raise self._damaged(index, exc) from exc
-
-    def _decode_tensorpack(self, value: Any, index: int) -> Any:
-        if value is None:
-            raise CorruptDataError(f"{self.path}: key {tensorpack_key(index).decode()!r} (datapoint {index}) is "
-                                   f"missing ({self.meta['count']} datapoints)")
-        try:
-            return decode_tensorpack(value, allow_pickle=self.allow_pickle, serializer=self.meta["codec"])
-        except DECODE_ERRORS as exc:
-            raise type(exc)(f"{self.path}: key {tensorpack_key(index).decode()!r} (datapoint {index}): "
-                            f"{exc}") from exc
-
-    def _payload(self, value: Any) -> bytearray:
-        """The encoding inside a stored value, copied out of the map once the checks this file needs pass:
-        its size against its header before copying (unless the page check covered it), and its CRC."""
-        n = len(value) - _CRC.size if self._crc else len(value)
-        if not self.verified and (n < 32 or TOTAL.unpack_from(value, 24)[0] != n):
-            raise CorruptDataError(f"stored value of {len(value)} bytes does not match its header")
-        if not self._crc:
-            return bytearray(value)
-        if n < 0:
-            raise CorruptDataError(f"stored value of {len(value)} bytes is too short for its checksum")
-        data = bytearray(value[:n])
-        if crc32()(data) != _CRC.unpack_from(value, n)[0]:
-            raise CorruptDataError("checksum mismatch: the stored value is damaged")
-        return data
+        return {"count": self.meta["count"], "bytes": self._pin.size()}
 
     def _damaged(self, index: int, exc: Exception) -> CorruptDataError:
         """A stored value that does not decode: the file's metadata names its codec and version, so a
@@ -371,72 +381,101 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                                                              else ""))
         return CorruptDataError(f"{self.path}: datapoint {index}: {exc}")
 
-    def _key_of(self, i: int) -> bytes:
-        return tensorpack_key(i) if self.format == "tensorpack" else _key(i)
+    def _get(self, fd: int, i: int) -> Any:
+        """Datapoint ``i`` of the file: its value read (one ``pread``, into memory the datapoint owns), its
+        CRC checked, decoded zero-copy."""
+        off, size = self._offsets[i], self._sizes[i]
+        if self.format == "tensorpack":
+            data, crc = os.pread(fd, size, off), None
+            got = len(data)
+        elif self._crc:
+            data, crc = bytearray(size - _CRC.size), bytearray(_CRC.size)  # size >= 4: checked at open
+            got = os.preadv(fd, [data, crc], off)
+        else:
+            data, crc = bytearray(size), None
+            got = os.preadv(fd, [data], off)
+        if got != size:
+            raise self._cut(off, size, f"datapoint {i}")
+        return self._finish(i, data, crc)
+
+    def _finish(self, i: int, data: Any, crc: Any) -> Any:
+        """Check the CRC (``crc``: the stored 4 bytes, or ``None``) and decode datapoint ``i``'s value."""
+        if crc is not None and crc32()(data) != _CRC.unpack(crc)[0]:
+            raise CorruptDataError(f"{self.path}: datapoint {i}: checksum mismatch: the stored value is damaged")
+        if self.format == "tensorpack":
+            try:
+                return decode_tensorpack(data, allow_pickle=self.allow_pickle, serializer=self.meta["codec"])
+            except DECODE_ERRORS as exc:
+                raise type(exc)(f"{self.path}: key {tensorpack_key(i).decode()!r} (datapoint {i}): {exc}") from exc
+        try:
+            return decode(data, allow_pickle=self._unpickle)
+        except DECODE_ERRORS as exc:
+            raise self._damaged(i, exc) from exc
 
     def __getitem__(self, index: int) -> Any:
         i = self._order.shard_index(normalize_index(index, len(self), type(self).__name__))
-        lmdb = require("lmdb", "LMDBDataset")
-        try:
-            with self._environment().begin(buffers=True) as txn:
-                return self._decode(txn.get(self._key_of(i)), i)
-        except lmdb.Error as exc:
-            raise _wrap(self.path, exc, f"reading datapoint {i}") from exc
+        return self._get(self._fd(), i)
 
     def _read(self, runs: list, pos: int) -> Iterator[Any]:
-        lmdb = require("lmdb", "LMDBDataset")
-        env = self._environment()
-        self._check_size(env)  # once an epoch: one fstat
-        try:
-            with env.begin(buffers=True) as txn:
-                for it, run, skip in self._order.iters(runs, pos):
-                    if self.shuffle or self._by_key:
-                        get, key = txn.get, self._key_of
-                        for i in it:
-                            yield self._decode(get(key(i)), i)
-                    else:
-                        yield from self._read_run(txn, it, run.start + skip, run.stop)
-        except lmdb.Error as exc:
-            raise _wrap(self.path, exc, "reading") from exc
+        fd, get = self._fd(), self._get
+        for it, run, _skip in self._order.iters(runs, pos):
+            if self.shuffle:
+                for i in it:
+                    yield get(fd, i)
+                continue
+            stop = run.stop  # a range: sequential
+            at = end = 0  # datapoints at..end-1 lie in ``block``, read from byte ``base`` of the file
+            if not self._index.small:  # most values are large: each is read alone
+                for i in it:
+                    yield get(fd, i)
+                continue
+            for i in it:
+                if not at <= i < end:
+                    at, end, base, block = self._block(fd, i, stop)
+                if i >= end:  # a large value: read alone
+                    yield get(fd, i)
+                    continue
+                a, size = self._offsets[i] - base, self._sizes[i]
+                if self.format == "tensorpack":
+                    yield self._finish(i, bytes(block[a:a + size]), None)
+                elif self._crc:
+                    n = a + size - _CRC.size
+                    yield self._finish(i, bytearray(block[a:n]), block[n:n + _CRC.size])
+                else:
+                    yield self._finish(i, bytearray(block[a:a + size]), None)
 
-    @property
-    def _by_key(self) -> bool:
-        """tensorpack's keys have 9 digits from 10**8 on and then sort before some 8-digit ones: read by key."""
-        return self.format == "tensorpack" and self.meta["count"] > TENSORPACK_SEQUENTIAL_LIMIT
+    def _block(self, fd: int, i: int, stop: int) -> tuple[int, int, int, memoryview | None]:
+        """``(i, end, base, bytes)``: the small values of datapoints ``i..end-1`` that lie close together in
+        the file (in neighbouring leaf pages, as a sequential epoch reads them), read at once from byte
+        ``base``; ``end == i`` when datapoint ``i``'s value is large or lies apart (it is read alone)."""
+        if self._sizes[i] >= _SMALL_VALUE:
+            return i, i, 0, None
+        last = min(stop, i + _BLOCK_ITEMS)
+        offsets, sizes = self._index.offsets[i:last], self._index.sizes[i:last]
+        ends = offsets + sizes
+        first = int(offsets[0])
+        near = (sizes < _SMALL_VALUE) & (offsets >= first - _BLOCK_BYTES) & (ends <= first + _BLOCK_BYTES)
+        n = len(near) if near.all() else int(np.argmin(near))
+        lo, hi = int(offsets[:n].min()), int(ends[:n].max())
+        if hi - lo > 2 * int(sizes[:n].sum()) + _PAGE:  # gaps between them: only those in the first one's page
+            same = offsets[:n] // _PAGE == first // _PAGE
+            n = len(same) if same.all() else int(np.argmin(same))
+            lo, hi = int(offsets[:n].min()), int(ends[:n].max())
+        if n < 2:
+            return i, i, 0, None
+        block = bytearray(hi - lo)
+        if os.preadv(fd, [block], lo) != hi - lo:
+            raise self._cut(lo, hi - lo, f"datapoints {i}..{i + n - 1}")
+        return i, i + n, lo, memoryview(block)
 
-    def _read_run(self, txn: Any, indices: Iterator[int], first: int, stop: int) -> Iterator[Any]:
-        """Datapoints ``first:stop`` by one cursor pass; ``indices`` counts them off (the position)."""
-        cursor = txn.cursor()
-        if not cursor.set_key(self._key_of(first)):
-            raise CorruptDataError(f"{self.path}: datapoint {first} is missing (count says {self.meta['count']})")
-        if self.format == "tensorpack":
-            yield from self._read_tensorpack_run(cursor, indices, first, stop)
-            return
-        allow, i, key, payload = self._unpickle, first - 1, _KEY.pack, self._payload
-        items = cursor.iternext()
-        # Sizes checked against the file and no CRC: a plain copy. Otherwise an unchecked size must
-        # match its header before it is copied, and a CRC must match.
-        copy = bytearray if self.verified and not self._crc else payload
-        try:  # the hot loop: copy once out of the map, decode zero-copy
-            for i, (k, value) in zip(indices, items):
-                if k != key(i):  # a damaged key would reorder or skip datapoints silently
-                    raise CorruptDataError(f"key {bytes(k)!r} where key {key(i)!r} belongs")
-                yield decode(copy(value), allow_pickle=allow)
-        except struct.error as exc:
-            raise CorruptDataError(f"{self.path}: datapoint {i}: stored value too short") from exc
-        except DECODE_ERRORS as exc:
-            raise self._damaged(i, exc) from exc
-        if i + 1 != stop:
-            raise CorruptDataError(f"{self.path}: {i + 1} datapoints found, its count says {self.meta['count']}")
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        del state["_offsets"], state["_sizes"]  # memoryviews: made again from the index in the copy
+        return state
 
-    def _read_tensorpack_run(self, cursor: Any, indices: Iterator[int], first: int, stop: int) -> Iterator[Any]:
-        i = first - 1
-        for i, (k, value) in zip(indices, cursor.iternext()):
-            if k != tensorpack_key(i):  # a damaged key would reorder or skip datapoints silently
-                raise CorruptDataError(f"{self.path}: key {bytes(k)!r} where key {tensorpack_key(i)!r} belongs")
-            yield self._decode_tensorpack(value, i)
-        if i + 1 != stop:
-            raise CorruptDataError(f"{self.path}: {i + 1} datapoints found, its entries count {self.meta['count']}")
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._set_index(self._index)
 
     def __repr__(self) -> str:
         return f"LMDBDataset({self.path!r}, shuffle={self.shuffle}, format={self.format!r}, n={self.meta['count']})"

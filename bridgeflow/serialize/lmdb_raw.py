@@ -7,8 +7,9 @@ applies ``decoder(key, value)`` (``None`` drops the datapoint), and the decoding
 (``MultiProcessMapData(LMDBData(path), 8, decode)``). ``LMDBDataPoint`` (deprecated, as in tensorpack)
 is ``LMDBSerializer.load``.
 
-The reader holds the file it opened (one open per reader, the page check before mapping, environments
-shared by inode: :mod:`bridgeflow.serialize._lmdb_env`). Files written by bridgeflow's own
+The reader holds the file it opened and reads it with positioned reads, never through a memory map (a
+file cut short while read is an error, not a crash: :mod:`bridgeflow.serialize._lmdb_file`). Files
+written by bridgeflow's own
 ``LMDBSerializer`` are refused here, because their datapoints come from ``LMDBSerializer.load(path)``
 (what ``LMDBData(path)`` returned in earlier bridgeflow versions).
 
@@ -26,15 +27,16 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .._deps import require
+import numpy as np
+
 from ..base import DataFlow
 from ..transforms import MapData
 from ._common import normalize_index
-from ._lmdb_env import PinnedLMDB, lmdb_error
+from ._lmdb_file import PinnedLMDB, check_verify
 from .codec import DECODE_ERRORS
 from .errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
 from .tensorpack_codec import decode_tensorpack, which_serializer
-from .tensorpack_lmdb import KEYS_ENTRY, lmdb_layout, tensorpack_key
+from .tensorpack_lmdb import KEYS_ENTRY, datapoint_numbers, lmdb_layout
 
 __all__ = ["LMDBData", "LMDBDataDecoder", "LMDBDataPoint"]
 
@@ -56,18 +58,18 @@ class LMDBData(PinnedLMDB):
 
     Args:
         lmdb_path: an LMDB directory or single file.
-        shuffle: ``False``: every entry in key order, one cursor pass. ``True``: the keys in a new random
-            order each epoch.
+        shuffle: ``False``: every entry in key order. ``True``: the keys in a new random order each epoch.
         keys: used when ``shuffle`` is true (as in tensorpack): a list of keys (``bytes`` or ``str``) or a
-            format string such as ``"{:08}"`` formatted with ``0 .. entries-1``. By default, the keys of a
-            file written by tensorpack's ``LMDBSerializer.save`` (``__keys__`` present, ``"{:08}"`` keys),
-            else every key of the file, found by one pass over the keys.
+            format string such as ``"{:08}"`` formatted with ``0 .. entries-1``. By default, the keys of the
+            file.
         seed: makes the shuffled orders reproducible.
-        verify: check the file's pages before mapping it (``False`` skips it; see ``LMDBSerializer``).
+        verify: deprecated, does nothing (the pages are always checked; nothing is memory-mapped).
 
     ``len()`` is the number of pairs an epoch yields: the entries less ``__keys__``, or ``len(keys)``
     when ``keys`` is given and ``shuffle`` is true. ``ds[i]`` is the pair of the ``i``-th key. A key that
     is missing from the file raises :class:`CorruptDataError` (a key you gave: ``KeyError``), naming it.
+    The file's tree is walked once, when the reader is made (every page checked, every key and where its
+    value lies kept: about 24 bytes plus the key's length per entry); a value is one positioned read.
 
     Its state (``state_dict()``) is the default count and skip: the generator's state at the start of the
     epoch and the pairs handed out since; resuming reads those pairs again and drops them.
@@ -80,24 +82,17 @@ class LMDBData(PinnedLMDB):
                  verify: bool | None = None) -> None:
         if keys is not None and not isinstance(keys, (str, Sequence)) or isinstance(keys, bytes):
             raise TypeError(f"LMDBData: keys must be a list of keys or a format string like '{{:08}}', got {keys!r}")
+        check_verify(verify, "LMDBData")
         self.shuffle = bool(shuffle)
         self.seed = seed
-        self._open_pinned(lmdb_path, verify, "LMDBData")
-        lmdb = require("lmdb", "LMDBData")
+        self._open_pinned(lmdb_path, "LMDBData")
         try:
-            env = self._environment()
-            with env.begin(buffers=True) as txn:
-                layout = lmdb_layout(txn)
-                entries = txn.stat(env.open_db())["entries"]
-                keys_value = txn.get(KEYS_ENTRY)
-                self.serializer = None if keys_value is None or not len(keys_value) else which_serializer(keys_value)
-                self._entries = entries - (keys_value is not None)
-                n = self._entries
-                self._tensorpack = layout == "tensorpack" and (
-                    n == 0 or (txn.get(tensorpack_key(0)) is not None and txn.get(tensorpack_key(n - 1)) is not None))
-        except lmdb.Error as exc:
-            self._abandon()
-            raise lmdb_error(self.path, exc, "reading its keys", "LMDB") from exc
+            tree = self._walk()
+            layout = lmdb_layout(tree)
+            keys_at = tree.find(KEYS_ENTRY)
+            self.serializer = None
+            if keys_at is not None and tree.sizes[keys_at]:
+                self.serializer = which_serializer(tree.read(self._pin, keys_at, self.path))
         except BaseException:
             self._abandon()
             raise
@@ -107,83 +102,70 @@ class LMDBData(PinnedLMDB):
                 f"{self.path} was written by bridgeflow's LMDBSerializer: load its datapoints with "
                 "LMDBSerializer.load(path) (what LMDBData(path) returned in earlier bridgeflow versions). LMDBData now "
                 "yields tensorpack's raw [key, value bytes] pairs, which for this file would be encoded bytes")
+        self._tree = tree
+        entries = np.arange(len(tree))
+        self._entries = entries if keys_at is None else np.delete(entries, keys_at)  # the file's pairs, in order
         self._given: list[bytes] | None = None
         if keys is not None and self.shuffle:
             if isinstance(keys, str):
-                self._given = [keys.format(i).encode("utf-8") for i in range(self._entries)]
+                self._given = [keys.format(i).encode("utf-8") for i in range(len(self._entries))]
             else:
                 self._given = [_as_key(k, i) for i, k in enumerate(keys)]
+        self._numbered = layout == "tensorpack" and bool((datapoint_numbers(tree, self._entries) ==
+                                                          np.arange(len(self._entries))).all())
         self._all_keys: list[bytes] | None = None
 
     def __len__(self) -> int:
-        return len(self._given) if self._given is not None else self._entries
+        return len(self._given) if self._given is not None else len(self._entries)
 
     def keys(self) -> list[bytes]:
         """The keys, in the order ``ds[i]`` uses (the given keys, else the file's key order)."""
         if self._given is not None:
             return self._given
         if self._all_keys is None:
-            if self._tensorpack:
-                self._all_keys = [tensorpack_key(i) for i in range(self._entries)]
-            else:
-                self._all_keys = self._scan_keys()
+            self._all_keys = [self._tree.key(int(j)) for j in self._entries]
         return self._all_keys
 
-    def _scan_keys(self) -> list[bytes]:
-        log.info("LMDBData: listing the keys of %s (one pass over its keys; pass keys= to skip it)", self.path)
-        lmdb = require("lmdb", "LMDBData")
-        try:
-            with self._environment().begin() as txn:
-                found = [k for k in txn.cursor().iternext(values=False) if k != KEYS_ENTRY]
-        except lmdb.Error as exc:
-            raise lmdb_error(self.path, exc, "listing its keys", "LMDB") from exc
-        if len(found) != self._entries:
-            raise CorruptDataError(f"{self.path}: {len(found)} keys found, its entries count {self._entries}")
-        return found
+    def _entry(self, key: bytes) -> int:
+        """The entry of a given key: found from its number in tensorpack's layout, else by bisection."""
+        j = None
+        if self._numbered and key.isdigit() and (len(key) == 8 or key[:1] != b"0") and \
+                int(key) < len(self._entries):
+            j = int(self._entries[int(key)])
+        if j is None or self._tree.key(j) != key:
+            j = self._tree.find(key)
+        if j is None or key == KEYS_ENTRY:
+            if self._given is not None:
+                raise KeyError(f"{self.path}: no key {key!r} (one of the keys given to LMDBData)")
+            raise CorruptDataError(f"{self.path}: key {key!r} is missing; the file changed or is damaged")
+        return j
 
-    def _missing(self, key: bytes) -> Exception:
-        if self._given is not None:
-            return KeyError(f"{self.path}: no key {key!r} (one of the keys given to LMDBData)")
-        return CorruptDataError(f"{self.path}: key {key!r} is missing; the file changed or is damaged")
+    def _pair(self, fd: int, j: int, key: bytes | None = None) -> list[bytes]:
+        off, n = int(self._tree.offsets[j]), int(self._tree.sizes[j])
+        value = os.pread(fd, n, off)
+        key = self._tree.key(j) if key is None else key
+        if len(value) != n:
+            raise self._cut(off, n, f"the value of key {key!r}")
+        return [key, value]
 
     def __getitem__(self, index: int) -> list[bytes]:
-        keys = self.keys()
-        key = keys[normalize_index(index, len(keys), "LMDBData")]
-        lmdb = require("lmdb", "LMDBData")
-        try:
-            with self._environment().begin(buffers=True) as txn:
-                value = txn.get(key)
-                if value is None:
-                    raise self._missing(key)
-                return [key, bytes(value)]
-        except lmdb.Error as exc:
-            raise lmdb_error(self.path, exc, f"reading key {key!r}", "LMDB") from exc
+        i = normalize_index(index, len(self), "LMDBData")
+        if self._given is None:
+            return self._pair(self._fd(), int(self._entries[i]))
+        key = self._given[i]
+        return self._pair(self._fd(), self._entry(key), key)
 
     def __iter__(self) -> Iterator[list[bytes]]:
-        lmdb = require("lmdb", "LMDBData")
-        env = self._environment()
-        self._check_size(env)
-        try:
-            with env.begin(buffers=True) as txn:
-                if self.shuffle:
-                    keys = self.keys()
-                    get = txn.get
-                    for i in self.rng.permutation(len(keys)).tolist():
-                        value = get(keys[i])
-                        if value is None:
-                            raise self._missing(keys[i])
-                        yield [keys[i], bytes(value)]
-                    return
-                n = 0
-                for k, value in txn.cursor().iternext():
-                    if k == KEYS_ENTRY:
-                        continue
-                    n += 1
-                    yield [bytes(k), bytes(value)]
-                if n != self._entries:
-                    raise CorruptDataError(f"{self.path}: {n} entries read, its entries count {self._entries}")
-        except lmdb.Error as exc:
-            raise lmdb_error(self.path, exc, "reading", "LMDB") from exc
+        fd = self._fd()
+        if self.shuffle and self._given is not None:
+            keys = self._given
+            for i in self.rng.permutation(len(keys)).tolist():
+                yield self._pair(fd, self._entry(keys[i]), keys[i])
+            return
+        entries = self._entries.tolist()
+        order = self.rng.permutation(len(entries)).tolist() if self.shuffle else range(len(entries))
+        for i in order:
+            yield self._pair(fd, entries[i])
 
     def __repr__(self) -> str:
         return f"LMDBData({self.path!r}, shuffle={self.shuffle}, n={len(self)})"

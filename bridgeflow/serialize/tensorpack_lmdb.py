@@ -5,13 +5,13 @@ order up to 10**8 datapoints) and the list of those keys under ``b"__keys__"``, 
 tensorpack's ``dumps`` (pickle or msgpack, see :mod:`bridgeflow.serialize.tensorpack_codec`; one file
 uses one). The file is a directory (``path/data.mdb``) when ``path`` was an existing folder, else a
 single file (with a ``path-lock`` file beside it). There is no count, format name or checksum: the count
-is the number of entries less ``__keys__``, checked against the first and last keys, and every key is
-checked as it is read.
+is the number of entries less ``__keys__``, and every key is checked when the file is opened: the keys
+must be exactly those of datapoints ``0 .. count-1``.
 
-:func:`lmdb_layout` tells bridgeflow's files from tensorpack's; :func:`read_tensorpack_meta` gives the
-same dictionary as :func:`bridgeflow.serialize.lmdb_format.read_lmdb_meta` (``format="tensorpack"``,
-``codec`` the serializer); ``TENSORPACK_SEQUENTIAL_LIMIT`` is the count past which keys stop sorting in index
-order (9 digits), so readers read by key instead of one cursor pass.
+:func:`lmdb_layout` tells bridgeflow's files from tensorpack's; :func:`tensorpack_index` finds each
+datapoint's entry and gives the same dictionary as :func:`bridgeflow.serialize.lmdb_format.read_lmdb_meta`
+(``format="tensorpack"``, ``codec`` the serializer); ``TENSORPACK_SEQUENTIAL_LIMIT`` is the count past which
+keys stop sorting in index order (9 digits), so datapoints are found by their number instead.
 
 Example:
     >>> ds = LMDBSerializer.load("ILSVRC-train.lmdb", shuffle=False)   # doctest: +SKIP
@@ -23,9 +23,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ._lmdb_tree import LMDBTree
+from ._pinned import PinnedFile
 from .errors import CorruptDataError
 
-__all__ = ["KEYS_ENTRY", "TENSORPACK_SEQUENTIAL_LIMIT", "lmdb_layout", "read_tensorpack_meta", "tensorpack_key"]
+__all__ = ["KEYS_ENTRY", "TENSORPACK_SEQUENTIAL_LIMIT", "datapoint_numbers", "lmdb_layout", "tensorpack_index",
+           "tensorpack_key"]
 
 KEYS_ENTRY = b"__keys__"
 BRIDGEFLOW_FORMAT_KEY = b"__bf__/format"
@@ -37,11 +42,11 @@ def tensorpack_key(i: int) -> bytes:
     return b"%08d" % i
 
 
-def lmdb_layout(txn: Any) -> str | None:
-    """``"bridgeflow"``, ``"tensorpack"`` or ``None`` (another writer) for the file of ``txn``."""
-    if txn.get(BRIDGEFLOW_FORMAT_KEY) is not None:
+def lmdb_layout(tree: LMDBTree) -> str | None:
+    """``"bridgeflow"``, ``"tensorpack"`` or ``None`` (another writer) for the file of ``tree``."""
+    if tree.find(BRIDGEFLOW_FORMAT_KEY) is not None:
         return "bridgeflow"
-    if txn.get(KEYS_ENTRY) is not None:
+    if tree.find(KEYS_ENTRY) is not None:
         return "tensorpack"
     return None
 
@@ -51,30 +56,65 @@ def _not_tensorpack(path: str, why: str) -> CorruptDataError:
                             "LMDBData(path) reads the raw [key, value] pairs of any LMDB file")
 
 
-def read_tensorpack_meta(path: str, env: Any, *, require_keys_entry: bool = True) -> dict[str, Any]:
-    """``{"format": "tensorpack", "codec": "msgpack" | "pickle", "count", "version": None, "checksum": None,
-    "classes": None}`` of a tensorpack LMDB file, checked as far as the layout allows (see the module doc).
+def datapoint_numbers(tree: LMDBTree, entries: np.ndarray) -> np.ndarray:
+    """The datapoint number of each of ``entries`` from its key (``"{:08}"``), or -1 for a key that is not
+    one tensorpack writes (not decimal digits, or not as ``"{:08}"`` formats a number)."""
+    lengths = tree.key_lengths()[entries]
+    starts = tree.key_ends[entries] - lengths
+    out = np.full(len(entries), -1, np.int64)
+    for n in np.unique(lengths).tolist():
+        if not 8 <= n <= 18:
+            continue
+        rows = np.flatnonzero(lengths == n)
+        digits = tree.keys[starts[rows][:, None] + np.arange(n)].astype(np.int64) - ord("0")
+        ok = ((digits >= 0) & (digits <= 9)).all(axis=1)
+        if n > 8:
+            ok &= digits[:, 0] != 0  # "{:08}" pads to 8 digits only
+        out[rows[ok]] = digits[ok] @ (10 ** np.arange(n - 1, -1, -1, dtype=np.int64))
+    return out
+
+
+def tensorpack_index(tree: LMDBTree, pin: PinnedFile, path: str, *,
+                     require_keys_entry: bool = True) -> tuple[np.ndarray, dict[str, Any]]:
+    """``(entry of each datapoint, meta)`` of a tensorpack LMDB file: ``meta`` is ``{"format": "tensorpack",
+    "codec": "msgpack" | "pickle", "count", "version": None, "checksum": None, "classes": None}``. Every key
+    is checked (see the module doc): a missing, extra or damaged one is a :class:`CorruptDataError`.
     """
     from .tensorpack_codec import which_serializer
 
-    with env.begin(buffers=True) as txn:
-        if txn.get(BRIDGEFLOW_FORMAT_KEY) is not None:
-            raise CorruptDataError(f"{path}: written by bridgeflow's LMDBSerializer, not tensorpack's; load it "
-                                   "with LMDBSerializer.load(path) (format=None or 'bridgeflow')")
-        entries = txn.stat(env.open_db())["entries"]
-        keys = txn.get(KEYS_ENTRY)
-        if keys is None and require_keys_entry:
-            raise _not_tensorpack(path, f"no {KEYS_ENTRY.decode()} entry")
-        count = entries - (keys is not None)
-        if count > 0:
-            for i in (0, count - 1):
-                if txn.get(tensorpack_key(i)) is None:
-                    raise _not_tensorpack(path, f"{count} datapoint entries but no key {tensorpack_key(i).decode()!r}")
-        if keys is not None and len(keys):
-            codec = which_serializer(keys)
-        elif count > 0:
-            codec = which_serializer(txn.get(tensorpack_key(0)))
-        else:
-            codec = "msgpack"
-    return {"format": "tensorpack", "codec": codec, "version": None, "count": count, "checksum": None,
+    if tree.find(BRIDGEFLOW_FORMAT_KEY) is not None:
+        raise CorruptDataError(f"{path}: written by bridgeflow's LMDBSerializer, not tensorpack's; load it "
+                               "with LMDBSerializer.load(path) (format=None or 'bridgeflow')")
+    keys_at = tree.find(KEYS_ENTRY)
+    if keys_at is None and require_keys_entry:
+        raise _not_tensorpack(path, f"no {KEYS_ENTRY.decode()} entry")
+    entries = np.arange(len(tree))
+    if keys_at is not None:
+        entries = np.delete(entries, keys_at)
+    count = len(entries)
+    numbers = datapoint_numbers(tree, entries)
+    if count <= TENSORPACK_SEQUENTIAL_LIMIT:  # key order is datapoint order
+        bad = np.flatnonzero(numbers != np.arange(count))
+        if len(bad):
+            i = int(bad[0])
+            raise _not_tensorpack(path, f"key {tree.key(int(entries[i]))!r} where key {tensorpack_key(i)!r} "
+                                        f"belongs, {count} datapoint entries")
+    else:  # 9-digit keys sort among the 8-digit ones: datapoint order is found by number
+        found = np.zeros(count, bool)
+        inside = (numbers >= 0) & (numbers < count)
+        found[numbers[inside]] = True
+        if not inside.all() or not found.all() or len(np.unique(numbers)) != count:
+            raise _not_tensorpack(path, f"its {count} datapoint keys are not {tensorpack_key(0)!r} to "
+                                        f"{tensorpack_key(count - 1)!r}")
+        order = np.empty(count, np.int64)
+        order[numbers] = entries
+        entries = order
+    if keys_at is not None and tree.sizes[keys_at]:
+        codec = which_serializer(tree.read(pin, keys_at, path))
+    elif count > 0:
+        codec = which_serializer(tree.read(pin, int(entries[0]), path))
+    else:
+        codec = "msgpack"
+    meta = {"format": "tensorpack", "codec": codec, "version": None, "count": count, "checksum": None,
             "classes": None}
+    return entries, meta
