@@ -8,6 +8,8 @@ worker start-up included as it is in every non-persistent epoch):
 - ``transform_2ms``: numpy samples through a ~2 ms CPU-bound per-sample transform;
 - ``pin_memory`` (GPU machines only): the numpy case with ``pin_memory=True``, pinned by each loader's
   background thread;
+- ``lmdb_dataset``: bridgeflow's ``LMDBDataset`` (150 KB arrays) against a raw-lmdb ``Dataset`` in the same
+  loader (:func:`bench_lmdb_dataset`), with CPU seconds per item;
 - ``cuda`` (GPU machines only; one "skipped" line elsewhere): CUDAPrefetcher's host-to-device throughput
   from pageable input (staged by torch's ``copy_``, or as the prefetcher chooses), pinned and registered
   shared-memory input and bridgeflow's DataLoader output, against a raw pinned ``copy_`` of the same
@@ -244,16 +246,118 @@ def bench_cuda(reps: int, batches: int, machine: dict) -> None:
     loader.close()
 
 
+LMDB_ITEM = 150_000  # bytes of the array in each lmdb_dataset datapoint
+
+
+class RawLMDBDataset(tud.Dataset):
+    """The twelve-line Dataset a user writes over an LMDB file written by LMDBSerializer: each worker opens
+    the environment once (after fork) and reads a value per item; the array lies just before the CRC."""
+
+    def __init__(self, path: str, n: int) -> None:
+        self.path, self.n, self.txn = path, n, None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if self.txn is None:
+            import lmdb
+
+            self.txn = lmdb.open(self.path, subdir=False, readonly=True, lock=False, readahead=False).begin()
+        value = self.txn.get(i.to_bytes(8, "big"))
+        return np.frombuffer(value, np.uint8, LMDB_ITEM, len(value) - 4 - LMDB_ITEM), i
+
+
+class IndexedView(tud.Dataset):
+    """A random-access flow seen as a map-style Dataset (``len()`` and ``flow[i]``): how a loader that reads
+    such a flow in its workers reads it."""
+
+    def __init__(self, flow) -> None:
+        self.flow = flow
+
+    def __len__(self) -> int:
+        return len(self.flow)
+
+    def __getitem__(self, i: int):
+        return self.flow[i]
+
+
+def bench_lmdb_dataset(reps: int, batches: int, machine: dict) -> None:
+    """``LMDBDataset`` in bridgeflow's DataLoader against a raw-lmdb Dataset in the same loader (150 KB
+    arrays + an int label, 2 workers, batch 64, file in the page cache). Rows: the LMDBDataset passed as
+    it is (a DataFlow: the loader decides how to read it), the same reader seen as a map-style Dataset
+    (its per-item reads in the workers), and the anchor; ratios of anchor time to case time and CPU
+    seconds (all processes) per datapoint."""
+    import resource
+    import shutil
+    import tempfile
+
+    from bridgeflow.serialize import LMDBDataset, LMDBSerializer
+
+    n = batches * BATCH
+    work = tempfile.mkdtemp(prefix="bench_torch_lmdb_")
+    try:
+        path, raw_path = os.path.join(work, "d.lmdb"), os.path.join(work, "raw.lmdb")
+        rng = np.random.default_rng(0)
+        pool = [rng.integers(0, 256, LMDB_ITEM, dtype=np.uint8) for _ in range(32)]
+        LMDBSerializer.save([[pool[i % 32], i] for i in range(n)], path, progress=False)
+        shutil.copyfile(path, raw_path)  # py-lmdb refuses a second environment on one path in a process
+        flow = LMDBDataset(path, shuffle=False)
+        datasets = {"raw_lmdb": RawLMDBDataset(raw_path, n), "lmdb_dataset": flow,
+                    "lmdb_dataset_indexed": IndexedView(flow)}
+
+        def epoch(dataset) -> tuple[float, float]:
+            loader = BFDataLoader(dataset, batch_size=BATCH, num_workers=2, multiprocessing_context="fork")
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu0, start = time.process_time(), time.perf_counter()
+            count = sum(int(labels.shape[0]) for _, labels in loader)
+            elapsed = time.perf_counter() - start
+            del loader  # its workers exit: their CPU time is counted
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = time.process_time() - cpu0 + (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+            assert count == n, (count, n)
+            return elapsed, cpu / n
+
+        for dataset in datasets.values():  # warm-up: page cache, imports
+            epoch(dataset)
+        times: dict[str, list[float]] = {k: [] for k in datasets}
+        cpus: dict[str, list[float]] = {k: [] for k in datasets}
+        for _ in range(reps):
+            for name, dataset in datasets.items():
+                elapsed, cpu = epoch(dataset)
+                times[name].append(elapsed)
+                cpus[name].append(cpu)
+        flow.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    for name in datasets:
+        print(json.dumps({"bench": "torch_dataloader", "case": "lmdb_dataset", "loader": "bridgeflow", "dataset": name,
+                          "reps": reps, "batch": BATCH, "batches": batches, "num_workers": 2, "item_bytes": LMDB_ITEM,
+                          "median_s": round(medians[name], 4), "samples_per_s": round(n / medians[name], 1),
+                          "cpu_us_per_item": round(statistics.median(cpus[name]) * 1e6, 1),
+                          "all_s": [round(t, 4) for t in times[name]], **machine}), flush=True)
+    for name in ("lmdb_dataset", "lmdb_dataset_indexed"):
+        ratio = medians["raw_lmdb"] / medians[name]
+        print(json.dumps({"bench": "torch_dataloader", "case": "lmdb_dataset", "ratio": f"{name}/raw_lmdb",
+                          "value": round(ratio, 3), "cpu_ratio": round(statistics.median(cpus["raw_lmdb"])
+                                                                      / statistics.median(cpus[name]), 3),
+                          "target": 0.95, "meets_target": ratio >= 0.95}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--batches", type=int, default=100, help="batches per epoch (transform case: 1/4)")
-    parser.add_argument("--cases", default="numpy,tensor,transform_2ms,pin_memory,cuda")
+    parser.add_argument("--cases", default="numpy,tensor,transform_2ms,pin_memory,cuda,lmdb_dataset")
     args = parser.parse_args()
     machine = {"machine": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__}
     for case in args.cases.split(","):
         if case == "cuda":
             bench_cuda(args.reps, args.batches, machine)
+            continue
+        if case == "lmdb_dataset":
+            bench_lmdb_dataset(args.reps, args.batches, machine)
             continue
         options = {}
         if case == "pin_memory":  # numpy samples, batches pinned by each loader's pin thread

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 _VLEN = ("str", "bytes", "ragged")
 _BLOCK_BYTES = 1 << 20
+_SCALARS_IN_MEMORY = 64 << 20  # a column of numbers up to this size is read whole, once per process
 
 
 def _h5py(feature: str = "HDF5Serializer") -> Any:
@@ -280,7 +281,8 @@ class HDF5Data(IndexedSource):
 
     def _datasets(self) -> list[tuple[Column, Any, Any, Any, Any]]:
         """(column, dataset, shapes, CRC-32 per row, row offsets) per column, opened once per process.
-        Checksums, offsets and shapes are read whole (a few bytes a row) and checked against each other.
+        Checksums, offsets and shapes are read whole (a few bytes a row) and checked against each other;
+        so are columns of numbers (labels), whose rows are then read from memory (still CRC-checked).
         Version 1 files keep their variable-length datasets (no offsets) and checksum only those."""
         held = self._held
         if held.file is None or held.pid != os.getpid():
@@ -302,6 +304,8 @@ class HDF5Data(IndexedSource):
             shapes = f[f"{SHAPES}/{c.name}"] if c.kind == "ragged" else None
             return c, ds, shapes, self._crcs(f, c), None
         crcs = self._whole(f, f"{CRC}/{c.name}", (self._len,), np.uint32)
+        if c.kind == "scalar" and self._len * ds.dtype.itemsize <= _SCALARS_IN_MEMORY:
+            ds = self._whole(f, c.name, (self._len,), ds.dtype)  # read once: a row is then no libhdf5 call
         if c.kind not in FLAT:
             return c, ds, None, crcs, None
         offsets = self._whole(f, f"{OFFSETS}/{c.name}", (self._len + 1,), np.int64)

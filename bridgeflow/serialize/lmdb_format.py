@@ -54,7 +54,7 @@ from ..base import DataFlow
 from ..order import IndexedSource
 from ._checksum import crc32
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes
-from ._lmdb_file import PinnedLMDB, check_verify
+from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray
 from ._lmdb_tree import LMDBTree, walk_lmdb
 from ._pinned import PinnedFile
 from .atomic import atomic_path
@@ -389,10 +389,10 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
             data, crc = os.pread(fd, size, off), None
             got = len(data)
         elif self._crc:
-            data, crc = bytearray(size - _CRC.size), bytearray(_CRC.size)  # size >= 4: checked at open
+            data, crc = new_bytearray(size - _CRC.size), bytearray(_CRC.size)  # size >= 4: checked at open
             got = os.preadv(fd, [data, crc], off)
         else:
-            data, crc = bytearray(size), None
+            data, crc = new_bytearray(size), None
             got = os.preadv(fd, [data], off)
         if got != size:
             raise self._cut(off, size, f"datapoint {i}")
@@ -463,7 +463,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
             lo, hi = int(offsets[:n].min()), int(ends[:n].max())
         if n < 2:
             return i, i, 0, None
-        block = bytearray(hi - lo)
+        block = new_bytearray(hi - lo)
         if os.preadv(fd, [block], lo) != hi - lo:
             raise self._cut(lo, hi - lo, f"datapoints {i}..{i + n - 1}")
         return i, i + n, lo, memoryview(block)
