@@ -12,7 +12,8 @@
   array, or decoded).
 - :func:`load`: any of the three formats, recognised by content.
 
-Every save writes a temporary file beside the target and renames it on success; loads check the
+Every save writes a temporary file beside the target and renames it on success (a failed write raises
+:class:`DatasetWriteError` naming the target and the cause: disk full, file-size limit, read-only...); loads check the
 format name, codec and version stored in the file, and raise :class:`CorruptDataError` naming the
 path for damaged or foreign files.
 """
@@ -24,6 +25,7 @@ from .errors import (
     CorruptDataError,
     DatasetChangedError,
     DatasetNotFoundError,
+    DatasetWriteError,
     EncodeError,
     PickleNotAllowedError,
     SerializationError,
@@ -46,6 +48,7 @@ __all__ = [
     "CorruptDataError",
     "DatasetChangedError",
     "DatasetNotFoundError",
+    "DatasetWriteError",
     "EncodeError",
     "HDF5Data",
     "HDF5Serializer",

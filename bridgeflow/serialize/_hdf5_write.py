@@ -20,8 +20,12 @@ which is checksummed). Files are written with ``libver="latest"``, whose metadat
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -29,9 +33,10 @@ import numpy as np
 from ..errors import DatapointError
 from ._checksum import crc32
 from ._columns import Column, classify, split_datapoint
+from .atomic import write_error
 
-__all__ = ["CRC", "CRC_SEED", "FLAT", "FORMAT_NAME", "FORMAT_VERSION", "OFFSETS", "SHAPES", "HDF5Writer", "row_crc",
-           "rows_crc"]
+__all__ = ["CRC", "CRC_SEED", "FLAT", "FORMAT_NAME", "FORMAT_VERSION", "OFFSETS", "SHAPES", "HDF5Writer",
+           "hdf5_output", "row_crc", "rows_crc"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,91 @@ _CHUNK_BYTES = 256 << 10
 _FLAT_CHUNK_BYTES = 64 << 10  # smaller: a random read of one short row reads its whole chunk
 _FLUSH_BYTES = 16 << 20
 CRC_SEED = 0x2F6B  # the CRC's start value: an empty row's CRC is not 0, as a zeroed checksum would be
+
+
+class _Sink(io.RawIOBase):
+    """The temporary file as libhdf5 writes it (h5py's file-object driver). The first write that fails
+    (disk full, ``ulimit -f``) raises, and every later write is dropped: libhdf5, which tries to flush the
+    file again when it is closed, would otherwise fail to close it, keep it open and crash the process
+    (SIGSEGV) when it shuts down. The file is removed anyway."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.file = open(path, "r+b", buffering=0)
+        self.failed: OSError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self.file.readinto(buffer)
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if self.failed is None:
+            try:
+                done = 0
+                while done < len(view):  # libhdf5 does not look at the count: write it all, or raise
+                    done += self.file.write(view[done:]) or 0
+            except OSError as exc:
+                self.failed = exc
+                raise
+        return len(view)
+
+    def truncate(self, size: int | None = None) -> int:
+        if self.failed is None:
+            try:
+                return self.file.truncate(size)
+            except OSError as exc:
+                self.failed = exc
+                raise
+        return self.tell() if size is None else size
+
+    def flush(self) -> None:
+        if self.failed is None and not self.file.closed:
+            self.file.flush()
+
+    def close(self) -> None:
+        try:
+            super().close()  # flushes
+        finally:
+            self.file.close()
+
+
+@contextlib.contextmanager
+def hdf5_output(h5py: Any, target: str, tmp: str) -> Iterator[Any]:
+    """An ``h5py.File`` writing ``tmp`` for ``target``; a failure to write raises
+    :class:`DatasetWriteError` naming ``target`` (see :class:`_Sink`), and the file is always closed."""
+    try:
+        sink = _Sink(tmp)
+        f = h5py.File(sink, "w", libver="latest", locking=False)
+    except OSError as exc:
+        raise write_error(target, exc, tmp) from exc
+    try:
+        try:
+            yield f
+        finally:
+            try:
+                f.close()  # the last flush
+            except OSError as exc:
+                f.close()  # later writes are dropped: this closes it for good
+                if sink.failed is None:
+                    raise
+                raise write_error(target, sink.failed, tmp) from exc
+    finally:
+        sink.close()
 
 
 def row_crc(value: bytes | np.ndarray | np.generic, seed: int = CRC_SEED) -> int:

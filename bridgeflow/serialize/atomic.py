@@ -2,7 +2,14 @@
 
 An exception or Ctrl-C while writing deletes the temporary file (and the sidecar files some formats
 create next to it) and re-raises, so the target directory ends exactly as it was. (``bridgeflow
-serialize`` turns SIGTERM into the same clean exit.)
+serialize`` turns SIGTERM into the same clean exit.) The file is flushed to disk (``fsync``) before the
+rename and the folder after it, so a crash or power cut leaves the old file or the whole new one at the
+target's name, never a half-written one.
+
+A write that fails raises :class:`DatasetWriteError` naming the *target* (not the hidden temporary file)
+and the real cause: :func:`write_error` takes the ``errno`` a library reports, or, when the library hides
+it (LMDB says "Input/output error" for a short write on a full disk or past ``ulimit -f``), finds it by
+asking for the space the write needed (``posix_fallocate``) and by the file-size limit.
 
 A writer that was killed outright (SIGKILL, out of memory, a power cut) cannot clean up: its
 ``.NAME.tmp-PID-XXXXXXXX`` file stays. The next save of ``NAME`` removes such files, but only those of a
@@ -18,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -30,9 +38,82 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no locks, stale files are kept
     fcntl = None  # type: ignore[assignment]
 
-from .errors import SerializationError, TargetExistsError
+from .errors import DatasetWriteError, SerializationError, TargetExistsError
 
-__all__ = ["atomic_path", "check_target", "remove_path", "remove_stale_temporaries"]
+__all__ = ["atomic_path", "check_target", "remove_path", "remove_stale_temporaries", "write_error"]
+
+_HINTS = {
+    errno.ENOSPC: "the disk holding {folder} is full",
+    errno.EDQUOT: "the disk quota of {folder} is exhausted",
+    errno.EFBIG: "the file would grow past the file-size limit of this process ({limit})",
+    errno.EROFS: "{folder} is on a read-only file system",
+    errno.EACCES: "no permission to write in {folder}",
+    errno.EPERM: "no permission to write in {folder}",
+}
+
+
+def _file_size_limit() -> int | None:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _probe(tmp: str, needed: int) -> int | None:
+    """The errno of asking for ``needed`` more bytes at the end of ``tmp`` (None if it was granted)."""
+    limit = _file_size_limit()
+    try:
+        fd = os.open(tmp, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        return exc.errno
+    try:
+        size = os.fstat(fd).st_size
+        if limit is not None and size + max(needed, 1) > limit:
+            return errno.EFBIG
+        try:
+            os.posix_fallocate(fd, size, max(needed, 1))
+        except OSError as exc:
+            return exc.errno
+        os.ftruncate(fd, size)
+        return None
+    except OSError as exc:
+        return exc.errno
+    finally:
+        os.close(fd)
+
+
+def write_error(target: str, exc: BaseException, tmp: str | None = None, needed: int = 1 << 20) -> DatasetWriteError:
+    """A :class:`DatasetWriteError` for ``exc``, met while writing ``target`` (into ``tmp``): it names the
+    target and the cause (``exc.errno`` when the library gave one that says more than "I/O error", else
+    what asking ``tmp`` for ``needed`` more bytes answers)."""
+    code = getattr(exc, "errno", None)
+    if (not isinstance(code, int) or code in (0, errno.EIO)) and tmp is not None:
+        code = _probe(tmp, needed) or code
+    if not isinstance(code, int) or not code:
+        code = errno.EIO
+    folder = os.path.dirname(os.path.abspath(target))
+    limit = _file_size_limit()
+    hint = _HINTS.get(code, "").format(folder=folder, limit=f"ulimit -f: {limit} bytes" if limit else "none")
+    reason = os.strerror(code) + (f": {hint}" if hint else "")
+    said = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)  # never the temporary name
+    said = (said.splitlines() or [type(exc).__name__])[0].split(" (file write failed")[0]  # libhdf5's details
+    error = DatasetWriteError(code, f"cannot write {target}: {reason} ({errno.errorcode.get(code, code)}; "
+                                    f"{type(exc).__name__}: {said[:200]}); nothing was left at that path")
+    error.filename = target
+    return error
+
+
+def _fsync(path: str, directory: bool = False) -> None:
+    fd = os.open(path, (os.O_RDONLY if directory else os.O_RDWR) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if not directory or exc.errno not in (errno.EINVAL, errno.EBADF):  # some file systems refuse a folder
+            raise
+    finally:
+        os.close(fd)
 
 log = logging.getLogger(__name__)
 
@@ -139,17 +220,31 @@ def atomic_path(path: str | os.PathLike, *, overwrite: bool = False,
     remove_stale_temporaries(target, sidecars)
     folder, name = os.path.split(os.path.abspath(target))
     tmp = os.path.join(folder, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    lock = _lock_new_file(tmp)
+    try:
+        lock = _lock_new_file(tmp)
+    except OSError as exc:  # a read-only folder, no permission, no inode left: about the target
+        raise write_error(target, exc) from exc
     try:
         yield tmp
         if not os.path.lexists(tmp):
             raise SerializationError(f"writing {target}: the writer produced no file at {tmp}")
+        try:
+            _fsync(tmp, directory=os.path.isdir(tmp))
+        except OSError as exc:
+            raise write_error(target, exc, tmp) from exc
         if os.path.lexists(target):
             if not overwrite:  # appeared while we were writing
                 raise TargetExistsError(f"{target} appeared while it was being written; not replacing it")
             if os.path.isdir(target) or os.path.isdir(tmp):  # os.replace swaps files atomically only
                 remove_path(target)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise write_error(target, exc) from exc
+        try:
+            _fsync(folder, directory=True)
+        except OSError as exc:  # the file is in place; only the rename's durability is in doubt
+            log.warning("wrote %s, but flushing its folder to disk failed (%s)", target, exc)
         log.debug("wrote %s", target)
     except BaseException:
         remove_path(tmp)

@@ -9,6 +9,7 @@ __all__ = [
     "CorruptDataError",
     "DatasetChangedError",
     "DatasetNotFoundError",
+    "DatasetWriteError",
     "EncodeError",
     "PickleNotAllowedError",
     "SerializationError",
@@ -42,6 +43,16 @@ class EncodeError(SerializationError, TypeError):
 
 class TargetExistsError(SerializationError, FileExistsError):
     """``save`` would replace an existing file; pass ``overwrite=True`` to allow it."""
+
+
+class DatasetWriteError(SerializationError, OSError):
+    """Writing a dataset file failed: the message names the target file and the cause the system gave
+    (``errno``: ``ENOSPC`` disk full, ``EFBIG`` past the file-size limit, ``EROFS`` read-only, ``EDQUOT``,
+    ``EACCES``...); ``filename`` is the target. Nothing was left at the target's path (the temporary file
+    is removed), and an existing file there is kept."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the message names the target and the errno already
 
 
 class DatasetNotFoundError(SerializationError, FileNotFoundError):

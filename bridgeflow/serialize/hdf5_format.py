@@ -45,9 +45,20 @@ from ..order import IndexedSource
 from ._columns import Column, assemble
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes, source_length
 from ._hdf5_check import check_global_heaps, check_superblock, is_variable_length
-from ._hdf5_write import CRC, FLAT, FORMAT_NAME, FORMAT_VERSION, OFFSETS, SHAPES, HDF5Writer, row_crc, rows_crc
+from ._hdf5_write import (
+    CRC,
+    FLAT,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    OFFSETS,
+    SHAPES,
+    HDF5Writer,
+    hdf5_output,
+    row_crc,
+    rows_crc,
+)
 from ._pinned import PinnedFile
-from .atomic import atomic_path
+from .atomic import atomic_path, write_error
 from .errors import ComponentNotFoundError, CorruptDataError, UnsupportedFormatError
 
 __all__ = ["HDF5Data", "HDF5Serializer"]
@@ -77,13 +88,19 @@ class HDF5Serializer:
         """
         h5py = _h5py()
         names = None if data_paths is None else [str(p) for p in data_paths]
-        with atomic_path(path, overwrite=overwrite, sidecars=()) as tmp:
-            with h5py.File(tmp, "w", libver="latest", locking=False) as f:
-                writer = HDF5Writer(f, names, source_length(df))
-                desc = f"HDF5 {os.path.basename(os.fspath(path))}"
-                for i, dp in enumerate(iterate_source(df, progress=progress, desc=desc)):
+        target = os.fspath(path)
+        with atomic_path(path, overwrite=overwrite, sidecars=()) as tmp, hdf5_output(h5py, target, tmp) as f:
+            writer = HDF5Writer(f, names, source_length(df))
+            desc = f"HDF5 {os.path.basename(target)}"
+            for i, dp in enumerate(iterate_source(df, progress=progress, desc=desc)):
+                try:
                     writer.add(dp, i)
+                except OSError as exc:  # libhdf5 failed to write (the source's own errors are not caught here)
+                    raise write_error(target, exc, tmp) from exc
+            try:
                 writer.finish(None if classes is None else classes_json(classes))
+            except OSError as exc:
+                raise write_error(target, exc, tmp) from exc
         return writer.count
 
     @staticmethod

@@ -39,6 +39,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -57,7 +58,7 @@ from ._common import classes_json, existing_path, iterate_source, normalize_inde
 from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray
 from ._lmdb_tree import LMDBTree, walk_lmdb
 from ._pinned import PinnedFile
-from .atomic import atomic_path
+from .atomic import atomic_path, write_error
 from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, decode, encode
 from .errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
 from .tensorpack_codec import decode_tensorpack
@@ -109,16 +110,20 @@ class LMDBSerializer:
             raise ValueError(f"write_frequency must be >= 1, got {write_frequency}")
         if codec not in CODECS:
             raise ValueError(f"unknown codec {codec!r}; choose one of {list(CODECS)}")
+        target = os.fspath(path)
         with atomic_path(path, overwrite=overwrite) as tmp:
-            env = lmdb.open(tmp, subdir=False, map_size=_INITIAL_MAP, lock=False, sync=False,
-                            meminit=False, map_async=True)
+            out = _Output(lmdb, target, tmp)
+            with out.writing(0):
+                env = lmdb.open(tmp, subdir=False, map_size=_INITIAL_MAP, lock=False, sync=False,
+                                meminit=False, map_async=True)
             try:
-                count = _write_all(lmdb, env, df, codec, int(write_frequency), progress, os.fspath(path),
-                                   bool(checksum), _classes_json(classes))
-                env.sync(True)
+                count = _write_all(out, env, df, codec, int(write_frequency), progress, bool(checksum),
+                                   _classes_json(classes))
+                with out.writing(0):
+                    env.sync(True)
             finally:
                 env.close()
-        log.info("saved %d datapoints to %s", count, os.fspath(path))
+        log.info("saved %d datapoints to %s", count, target)
         return count
 
     @staticmethod
@@ -132,29 +137,51 @@ class LMDBSerializer:
                            format=format, shard=shard, drop_last=drop_last)
 
 
-def _commit(lmdb: Any, env: Any, items: list[tuple[bytes, bytes]], append: bool) -> None:
-    while True:
+class _Output:
+    """Where a save writes (``target``, through ``tmp``): turns LMDB's write failures into a
+    :class:`DatasetWriteError` naming the target and the real cause (LMDB reports a short write, on a
+    full disk or past ``ulimit -f``, as "Input/output error")."""
+
+    def __init__(self, lmdb: Any, target: str, tmp: str) -> None:
+        self.lmdb, self.target, self.tmp = lmdb, target, tmp
+        # what a failing write raises; the others (a key out of order, a value too large) are not about the disk
+        self.io_errors = (lmdb.DiskError, lmdb.PanicError, lmdb.ReadonlyError, lmdb.CorruptedError, OSError)
+
+    @contextlib.contextmanager
+    def writing(self, nbytes: int) -> Iterator[None]:
         try:
-            with env.begin(write=True) as txn:
-                for k, v in items:
-                    txn.put(k, v, append=append)
-            return
-        except lmdb.MapFullError:
-            new = env.info()["map_size"] * 2
-            log.debug("LMDB map full; growing it to %d MiB", new >> 20)
-            env.set_mapsize(new)
+            yield
+        except self.lmdb.Error as exc:
+            if type(exc) is self.lmdb.Error or isinstance(exc, self.io_errors):
+                raise write_error(self.target, exc, self.tmp, needed=nbytes + (1 << 20)) from exc
+            raise
+        except OSError as exc:
+            raise write_error(self.target, exc, self.tmp, needed=nbytes + (1 << 20)) from exc
+
+    def commit(self, env: Any, items: list[tuple[bytes, bytes]], append: bool) -> None:
+        nbytes = sum(len(k) + len(v) for k, v in items)
+        while True:
+            try:
+                with self.writing(nbytes), env.begin(write=True) as txn:
+                    for k, v in items:
+                        txn.put(k, v, append=append)
+                return
+            except self.lmdb.MapFullError:
+                new = env.info()["map_size"] * 2
+                log.debug("LMDB map full; growing it to %d MiB", new >> 20)
+                env.set_mapsize(new)
 
 
 def _classes_json(classes: Sequence[str] | None) -> bytes | None:
     return None if classes is None else classes_json(classes).encode("utf-8")
 
 
-def _write_all(lmdb: Any, env: Any, df: DataFlow, codec: str, every: int, progress: bool, name: str,
-               checksum: bool, classes: bytes | None = None) -> int:
+def _write_all(out: _Output, env: Any, df: DataFlow, codec: str, every: int, progress: bool, checksum: bool,
+               classes: bytes | None = None) -> int:
     pending: list[tuple[bytes, bytes]] = []
     size = count = 0
     crc = crc32()
-    for dp in iterate_source(df, progress=progress, desc=f"LMDB {os.path.basename(name)}"):
+    for dp in iterate_source(df, progress=progress, desc=f"LMDB {os.path.basename(out.target)}"):
         value = encode(dp, codec=codec)
         if checksum:
             value += _CRC.pack(crc(value))
@@ -162,17 +189,17 @@ def _write_all(lmdb: Any, env: Any, df: DataFlow, codec: str, every: int, progre
         count += 1
         size += len(value)
         if len(pending) >= every or size >= _BATCH_BYTES:
-            _commit(lmdb, env, pending, append=True)
+            out.commit(env, pending, append=True)
             pending, size = [], 0
     if pending:
-        _commit(lmdb, env, pending, append=True)
+        out.commit(env, pending, append=True)
     meta = {b"format": FORMAT_NAME, b"codec": codec.encode(), b"version": b"%d" % FORMAT_VERSION,
             b"count": b"%d" % count}
     if checksum:
         meta[b"checksum"] = CHECKSUM
     if classes is not None:
         meta[b"classes"] = classes
-    _commit(lmdb, env, [(META + k, v) for k, v in meta.items()], append=False)
+    out.commit(env, [(META + k, v) for k, v in meta.items()], append=False)
     return count
 
 

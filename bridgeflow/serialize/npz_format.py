@@ -29,7 +29,7 @@ from ..errors import DatapointError
 from ..order import IndexedSource
 from ._columns import Column, assemble, classify, split_datapoint
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes
-from .atomic import atomic_path, check_target
+from .atomic import atomic_path, check_target, write_error
 from .errors import CorruptDataError, UnsupportedFormatError
 
 __all__ = ["NumpyData", "NumpySerializer"]
@@ -155,8 +155,12 @@ class NumpySerializer:
         if classes is not None:
             meta["classes"] = json.loads(classes_json(classes))
         arrays[META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-        with atomic_path(target, overwrite=overwrite, sidecars=()) as tmp, open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
+        with atomic_path(target, overwrite=overwrite, sidecars=()) as tmp:
+            try:
+                with open(tmp, "wb") as fh:
+                    np.savez(fh, **arrays)
+            except OSError as exc:
+                raise write_error(target, exc, tmp, needed=sum(a.nbytes for a in arrays.values())) from exc
         return count
 
     @staticmethod
