@@ -13,6 +13,7 @@ import importlib.util
 import inspect
 import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -208,19 +209,32 @@ _COMMAND_MODULES: tuple[str, ...] = ("bridgeflow.serialize.cli", "bridgeflow.rem
 
 def describe_error(exc: BaseException) -> str:
     """One line for an error: its message, with its type and the place in the user's code it came from
-    when it did not come from bridgeflow itself."""
+    when it did not come from bridgeflow itself (for an error raised in a worker process, the place in the
+    worker), and the datapoint it arose at when a save noted it."""
     text = str(exc) or type(exc).__name__
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    frames += _worker_frames(exc)
     package = os.path.dirname(os.path.abspath(__file__))
     outside = [f for f in frames if not os.path.abspath(f.filename).startswith(package + os.sep)]
+    at = [n for n in getattr(exc, "__notes__", ()) if isinstance(n, str) and n.startswith("at datapoint ")]
     if isinstance(exc, (BridgeflowError, OSError)) and not isinstance(exc, ImportError) or not outside:
-        return text.splitlines()[0] if text else type(exc).__name__
+        line = text.splitlines()[0] if text else type(exc).__name__
+        return line + (f" ({at[-1]})" if at else "")
     last = frames[-1]
     if os.path.abspath(last.filename).startswith(package + os.sep) and not isinstance(exc, ImportError):
-        return f"{type(exc).__name__}: {text}".splitlines()[0]
+        return f"{type(exc).__name__}: {text}".splitlines()[0] + (f" ({at[-1]})" if at else "")
     where = outside[-1]
-    return (f"{type(exc).__name__}: {text} (in {os.path.basename(where.filename)}:{where.lineno}, "
-            f"{where.name})").splitlines()[0]
+    return (f"{type(exc).__name__}: {text}".splitlines()[0] + f" (in {os.path.basename(where.filename)}:"
+            f"{where.lineno}, {where.name}" + (f", {at[-1]})" if at else ")"))
+
+
+def _worker_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of the traceback a worker process sent with ``exc`` (its ``RemoteTraceback`` cause)."""
+    cause = exc.__cause__
+    if cause is None or type(cause).__name__ != "RemoteTraceback":
+        return []
+    found = re.findall(r'^ +File "(.+?)", line (\d+), in (.+)$', str(cause), re.MULTILINE)
+    return [traceback.FrameSummary(name, int(line), func) for name, line, func in found]
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from bridgeflow.serialize.hdf5_format import HDF5Data
 from bridgeflow.serialize.images import ImageFolderData
 from bridgeflow.serialize.lmdb_format import LMDBDataset
 from bridgeflow.serialize.npz_format import NumpyData
+from bridgeflow.sources import DataFromList
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 
 
@@ -245,7 +246,88 @@ def test_load_recognises_formats_by_content(tmp_path):
     with pytest.raises(CorruptDataError, match="notes.txt"):
         load(tmp_path / "notes.txt")
     with pytest.raises(ValueError, match="format"):
-        load(tmp_path / "a.data", fmt="csv")
+        load(tmp_path / "a.data", format="csv")
+
+
+def test_format_is_the_one_keyword_and_fmt_still_works_with_a_warning(tmp_path):
+    from bridgeflow.serialize import LMDBSerializer, load_dataset
+
+    path = tmp_path / "a.data"
+    LMDBSerializer.save(DataFromList([[1], [2]], shuffle=False), path, progress=False)
+    assert isinstance(load_dataset(path, format="lmdb"), LMDBDataset)
+    with pytest.warns(DeprecationWarning, match=r"fmt=.*deprecated.*format="):
+        assert isinstance(load_dataset(path, fmt="lmdb"), LMDBDataset)
+    with pytest.raises(CorruptDataError, match="written by bridgeflow's LMDBSerializer, not tensorpack's"):
+        load_dataset(path, format="tensorpack")  # tensorpack's LMDB layout, asked for by name
+    with pytest.raises(CorruptDataError, match="a.data is an LMDB file, not an HDF5 one: load it with "
+                                               r"LMDBSerializer.load\(path\)"):
+        load_dataset(path, format="hdf5")
+
+
+def test_each_loader_names_the_loader_of_a_file_of_another_format(tmp_path):
+    from bridgeflow.serialize import HDF5Serializer, LMDBData, LMDBSerializer, NumpySerializer
+
+    files = {"lmdb": tmp_path / "x.lmdb", "hdf5": tmp_path / "x.h5", "npz": tmp_path / "x.npz"}
+    savers = {"lmdb": LMDBSerializer, "hdf5": HDF5Serializer, "npz": NumpySerializer}
+    loaders = {"lmdb": "LMDBSerializer", "hdf5": "HDF5Serializer", "npz": "NumpySerializer"}
+    for fmt, path in files.items():
+        savers[fmt].save(DataFromList([[1]]), path, progress=False)
+    for fmt, load in [*((f, s.load) for f, s in savers.items()), ("lmdb", LMDBData)]:
+        for other, path in files.items():
+            if other == fmt:
+                continue
+            with pytest.raises(CorruptDataError, match=rf"{path.name} is an? .* file, not an? .* one: load it "
+                                                       rf"with {loaders[other]}\.load\(path\)") as info:
+                load(path)
+            assert "damaged" not in str(info.value)  # it reads as a wrong loader, not as corruption
+
+
+MAPPED_FLOW = """
+from bridgeflow import DataFromList, MapData
+
+def parse(dp):
+    if dp[0] == 7:
+        return {"x": 1}["missing"]
+    return [dp[0] * 2]
+
+def flow():
+    return MapData(DataFromList([[i] for i in range(20)], shuffle=False), parse)
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_errors_keep_type_and_place_with_workers_and_name_the_datapoint(tmp_path, workers):
+    (tmp_path / "mapped.py").write_text(MAPPED_FLOW)
+    proc = subprocess.run([sys.executable, "-m", "bridgeflow.cli", "serialize", "mapped.py:flow", "o.lmdb", "--quiet",
+                           "--workers", workers], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "error: KeyError: 'missing' (in mapped.py:6, parse, at datapoint 7 of the source)" in proc.stderr, \
+        proc.stderr
+    assert not (tmp_path / "o.lmdb").exists()
+
+
+def test_images_that_do_not_decode_are_refused_by_default_or_skipped_each_named(image_folder, tmp_path, capsys):
+    root, _ = image_folder
+    data = (root / "dog" / "photo.jpg").read_bytes()
+    (root / "dog" / "photo.jpg").write_bytes(data[:len(data) // 2])  # a truncated JPEG: starts like one
+    bad = root / "dog" / "photo.jpg"
+    for workers in ("0", "2"):
+        code, cap = run(["serialize", root, tmp_path / f"x{workers}.lmdb", "--quiet", "--workers", workers], capsys)
+        assert code == 1 and f"{bad}: cannot decode image" in cap.err, cap.err
+        assert "(at datapoint 7 of the source)" in cap.err, cap.err
+        assert not (tmp_path / f"x{workers}.lmdb").exists()
+        proc = subprocess.run([sys.executable, "-m", "bridgeflow.cli", "serialize", str(root),
+                               str(tmp_path / f"s{workers}.lmdb"), "--quiet", "--workers", workers, "--bad-images",
+                               "skip"], capture_output=True, text=True, timeout=120)  # the real stderr
+        assert proc.returncode == 0, proc.stderr
+        assert "wrote 10 datapoints" in proc.stdout and "skipped 1 images that do not decode" in proc.stdout
+        assert proc.stderr.count(f"skipped {bad}: it does not decode") == 1, proc.stderr  # named, without -v
+        assert f"skipped (not an image): {root / 'dog' / 'notes.txt'}" in proc.stderr, proc.stderr
+        assert len(LMDBDataset(tmp_path / f"s{workers}.lmdb")) == 10
+    code, cap = run(["serialize", root, tmp_path / "k.lmdb", "--quiet", "--bad-images", "keep"], capsys)
+    assert code == 0 and "wrote 11 datapoints" in cap.out  # stored unchecked, as before
+    with pytest.raises(CorruptDataError, match="photo.jpg: cannot decode"):
+        ImageFolderData(root, bad_images="error")[ImageFolderData(root).files.index([str(bad), 1])]
 
 
 SLOW_FLOW = textwrap.dedent("""
@@ -370,6 +452,8 @@ def test_non_image_files_are_skipped_with_a_count_or_refused(image_folder, tmp_p
     (root / "cat" / "fake.jpg").write_text("a text file named like an image")  # besides dog/notes.txt
     code, cap = run(["serialize", root, tmp_path / "x.lmdb", "--quiet"], capsys)
     assert code == 0 and "wrote 11 datapoints" in cap.out and "skipped 2 files that are not images" in cap.out
+    for name in ("cat/fake.jpg", "dog/notes.txt"):  # each named, without -v
+        assert f"skipped (not an image): {root / name}" in cap.err, cap.err
     code, cap = run(["serialize", root, tmp_path / "y.lmdb", "--quiet", "--non-images", "error"], capsys)
     assert code == 1 and "fake.jpg is not an image file (by its content)" in cap.err
     assert not (tmp_path / "y.lmdb").exists()
@@ -394,7 +478,7 @@ def fails_midway():
 
 @pytest.mark.parametrize(("function", "line"), [
     ("broken", r"ZeroDivisionError: division by zero \(in userflows.py:6, broken\)"),
-    ("fails_midway", r"RuntimeError: sensor 5 unreadable \(in userflows.py:12, gen\)"),
+    ("fails_midway", r"RuntimeError: sensor 5 unreadable \(in userflows.py:12, gen, at datapoint 5 of the source\)"),
 ])
 def test_errors_in_user_code_are_one_line_unless_traceback(tmp_path, function, line):
     (tmp_path / "userflows.py").write_text(USER_CODE)

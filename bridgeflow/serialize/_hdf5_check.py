@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 
+from ._common import wrong_format
 from ._pinned import PinnedFile
 from .errors import CorruptDataError
 
@@ -34,6 +35,9 @@ def check_superblock(pin: PinnedFile, name: str, *, trust_old_format: bool = Fal
     """``(superblock version, size of lengths)``; :class:`CorruptDataError` for a file that is not HDF5, is
     shorter than its superblock says, or (unless ``trust_old_format``) is in the original format."""
     size = pin.size()
+    other = wrong_format(name, pin.pread(32, 0), "hdf5")
+    if other is not None:
+        raise other
     base = 0
     while True:  # the superblock is at 0, 512, 1024, 2048, ... (after a user block)
         head = pin.pread(48, base)

@@ -32,6 +32,7 @@ import struct
 
 import numpy as np
 
+from ._common import wrong_format
 from ._pinned import PinnedFile
 from .errors import CorruptDataError
 
@@ -127,6 +128,9 @@ def walk_lmdb(pin: PinnedFile, name: str) -> LMDBTree:
     """
     size = pin.size()
     head = pin.pread(160, 0)
+    other = wrong_format(name, head[:32], "lmdb")
+    if other is not None:
+        raise other
     if len(head) < 160:
         raise CorruptDataError(f"{name}: too short for an LMDB file ({size} bytes)")
     psize = _meta(head, name)[0]

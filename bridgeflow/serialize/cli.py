@@ -74,31 +74,36 @@ def _parallel_map(df: DataFlow, workers: int) -> DataFlow:
     except ImportError as exc:  # the parallel package is optional for this module
         raise ValueError("--workers needs bridgeflow.parallel.MultiProcessMapData, which is not available") \
             from exc
-    return MultiProcessMapData(df.ds, workers, df.func, buffer_size=max(16, 8 * workers), ordered=True)
+    # strict: one pass over the source, each datapoint mapped once (non-strict stages read ahead into the next)
+    return MultiProcessMapData(df.ds, workers, df.func, buffer_size=max(16, 8 * workers), ordered=True, strict=True)
 
 
 def open_source(spec: str, *, decode: bool = False, workers: int = 0, allow_pickle: bool = False,
-                split: str | None = None, non_images: str = "skip") -> DataFlow:
-    """The flow ``bridgeflow serialize`` reads: an image folder, a dataset file, or ``module:function``."""
+                split: str | None = None, non_images: str = "skip", bad_images: str = "error") -> DataFlow:
+    """The flow ``bridgeflow serialize`` reads: an image folder, a dataset file, or ``module:function``.
+    ``bad_images``: images that do not decode are refused (``"error"``), left out and named (``"skip"``),
+    or stored unchecked (``"keep"``)."""
     return _open_source(spec, decode=decode, workers=workers, allow_pickle=allow_pickle, split=split,
-                        non_images=non_images)[0]
+                        non_images=non_images, bad_images=bad_images)[0]
 
 
-def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, split: str | None,
-                 non_images: str) -> tuple[DataFlow, list[str] | None, list[str]]:
-    """(flow, class names to store or None, files skipped as not images)."""
+def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, split: str | None, non_images: str,
+                 bad_images: str = "error") -> tuple[DataFlow, list[str] | None, list[str], int | None]:
+    """(flow, class names to store or None, files skipped as not images, images found or None)."""
     from ..cli import load_object
 
     if split is not None and not (os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "data.mdb"))):
         raise ValueError("--split applies to image folders only")
     classes: list[str] | None = None
     skipped: list[str] = []
+    found = None
     if os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "data.mdb")):
         from .images import ImageFolderData
 
-        images = ImageFolderData(spec, decode=decode, split=split, non_images=non_images)
+        images = ImageFolderData(spec, decode=decode, split=split, non_images=non_images,
+                                 bad_images=None if bad_images == "keep" else bad_images)
         df: DataFlow = images
-        classes, skipped = images.classes, images.skipped
+        classes, skipped, found = images.classes, images.skipped, len(images.files)
         log.info("image folder %s: %d images in classes %s", images.root, len(df), images.classes)
     elif os.path.exists(spec):
         if decode:
@@ -118,7 +123,7 @@ def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, s
             df = DataFromIterable(df)
     else:
         raise FileNotFoundError(f"source {spec!r} is neither an existing folder/file nor MODULE:FUNCTION")
-    return (_parallel_map(df, workers) if workers else df), classes, skipped
+    return (_parallel_map(df, workers) if workers else df), classes, skipped, found
 
 
 def _cmd_serialize(args: argparse.Namespace) -> int:
@@ -128,9 +133,9 @@ def _cmd_serialize(args: argparse.Namespace) -> int:
     if args.workers < 0:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
     with sigterm_unwinds():  # SIGTERM (timeout, Slurm) cleans up like Ctrl-C
-        df, classes, skipped = _open_source(args.source, decode=args.decode, workers=args.workers,
-                                            allow_pickle=args.allow_pickle, split=args.split,
-                                            non_images=args.non_images)
+        df, classes, skipped, images = _open_source(args.source, decode=args.decode, workers=args.workers,
+                                                    allow_pickle=args.allow_pickle, split=args.split,
+                                                    non_images=args.non_images, bad_images=args.bad_images)
         if args.limit:
             from ..transforms import FixedSizeData
 
@@ -154,6 +159,11 @@ def _cmd_serialize(args: argparse.Namespace) -> int:
                 n = NumpySerializer.save(df, args.output, overwrite=args.overwrite, progress=progress,
                                          classes=classes)
     extra = f"; skipped {len(skipped)} files that are not images" if skipped else ""
+    undecodable = images - n if images is not None and not args.limit else 0
+    if undecodable:
+        extra += f"; skipped {undecodable} images that do not decode (named above)"
+    for path in skipped:
+        print(f"skipped (not an image): {path}", file=sys.stderr)
     print(f"wrote {n} datapoints to {args.output} ({fmt}, {_size(args.output)}){extra}")
     return 0
 
@@ -262,8 +272,12 @@ def register(subparsers: Any) -> None:
     ser.add_argument("--split", metavar="NAME", help="image folders: read SOURCE/NAME (e.g. train), for a "
                      "folder of split folders holding class folders")
     ser.add_argument("--non-images", choices=("skip", "error"), default="skip",
-                     help="image folders: files that are not images (by extension or content) are skipped and "
-                     "counted (default), or refused")
+                     help="image folders: files that are not images (by extension or content) are skipped, each "
+                     "named (default), or refused")
+    ser.add_argument("--bad-images", choices=("error", "skip", "keep"), default="error",
+                     help="image folders: images that do not decode (a truncated JPEG) are refused, naming the "
+                     "file (default), skipped, each named, or stored unchecked (keep: no decoding, faster); "
+                     "checking needs Pillow")
     ser.add_argument("--workers", type=int, default=0, help="run the source's map stage (image reading/"
                      "decoding, or the outermost MapData) in N processes, order kept")
     ser.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")

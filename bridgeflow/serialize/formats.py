@@ -7,15 +7,16 @@ Example:
 from __future__ import annotations
 
 import os
+import warnings
 
 from ..base import DataFlow
+from ._common import sniff_format
 from .errors import CorruptDataError, DatasetNotFoundError
 
 __all__ = ["EXTENSIONS", "FORMATS", "detect_format", "load", "load_dataset"]
 
 FORMATS = ("lmdb", "hdf5", "npz")
 EXTENSIONS = {".lmdb": "lmdb", ".mdb": "lmdb", ".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5", ".npz": "npz"}
-_LMDB_MAGIC = (0xBEEFC0DE).to_bytes(4, "little")
 
 
 def detect_format(path: str) -> str:
@@ -25,13 +26,9 @@ def detect_format(path: str) -> str:
             return "lmdb"
         raise CorruptDataError(f"{path} is a folder but not an LMDB folder (no data.mdb)")
     with open(path, "rb") as f:
-        head = f.read(32)
-    if head.startswith(b"\x89HDF\r\n\x1a\n"):
-        return "hdf5"
-    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
-        return "npz"
-    if head[16:20] == _LMDB_MAGIC:
-        return "lmdb"
+        found = sniff_format(f.read(32))
+    if found is not None:
+        return found
     ext = EXTENSIONS.get(os.path.splitext(path)[1].lower())
     if ext is None:
         raise CorruptDataError(f"{path}: not an LMDB, HDF5 or npz file (unknown content and extension)")
@@ -39,19 +36,34 @@ def detect_format(path: str) -> str:
 
 
 def load_dataset(path: str | os.PathLike, *, shuffle: bool = False, seed: int | None = None,
-                 allow_pickle: bool = False, fmt: str | None = None) -> DataFlow:
-    """The loaded flow of an LMDB, HDF5 or npz dataset file, format detected from its content."""
+                 allow_pickle: bool = False, format: str | None = None, fmt: str | None = None) -> DataFlow:
+    """The loaded flow of an LMDB, HDF5 or npz dataset file, its format recognised from its content.
+
+    ``format`` (the name the loaders and ``bridgeflow serialize --format`` use): ``"lmdb"``, ``"hdf5"``,
+    ``"npz"``, or ``"tensorpack"`` (an LMDB file written by tensorpack's ``LMDBSerializer.save``), to
+    insist on one; ``fmt=`` is its deprecated name.
+    """
     path = os.fspath(path)
-    if fmt is not None and fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; choose one of {list(FORMATS)}")
+    if fmt is not None:
+        warnings.warn("load_dataset(fmt=...) is deprecated: pass format=... (the keyword every loader and "
+                      "bridgeflow serialize --format use)", DeprecationWarning, stacklevel=2)
+        if format is not None and format != fmt:
+            raise ValueError(f"load_dataset: format={format!r} and fmt={fmt!r} disagree; pass format= only")
+        format = fmt
+    if format is not None and format not in (*FORMATS, "tensorpack"):
+        raise ValueError(f"unknown format {format!r}; choose one of {[*FORMATS, 'tensorpack']}")
     if not os.path.exists(path):
         raise DatasetNotFoundError(f"no such dataset file: {path}")
-    fmt = fmt or detect_format(path)
-    if fmt == "lmdb":
+    found = detect_format(path) if format in (None, "tensorpack") else format
+    if found == "lmdb":
         from .lmdb_format import LMDBDataset
 
-        return LMDBDataset(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle)
-    if fmt == "hdf5":
+        return LMDBDataset(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle,
+                           format="tensorpack" if format == "tensorpack" else None)
+    if format == "tensorpack":
+        raise CorruptDataError(f"{path} is not an LMDB file, so not one tensorpack's LMDBSerializer wrote "
+                               f"(it is {found}); leave format=None to load it")
+    if found == "hdf5":
         from .hdf5_format import HDF5Data
 
         return HDF5Data(path, shuffle=shuffle, seed=seed)

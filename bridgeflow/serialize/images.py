@@ -7,7 +7,13 @@ needs an array; ``encoded="bytes"`` gives ``bytes`` instead, as bridgeflow did b
 ``decode=True``, a ``uint8`` array decoded by Pillow (``HxWx3`` RGB by default; ``mode=`` picks another
 Pillow mode). Files are recognised as images by their first bytes (JPEG, PNG, GIF, BMP,
 TIFF, WebP, PPM/PGM), not only their extension: others are skipped and counted (``.skipped``), or refused
-with ``non_images="error"``. A root holding only ``train``/``val``/``test`` folders is refused: those are
+with ``non_images="error"``. A file that starts like an image may still not decode (a truncated JPEG):
+``bad_images="error"`` checks that every image decodes (with Pillow; JPEGs at 1/8 scale, which reads the
+whole stream but costs about 2/3 of a full decode) and refuses the first that does not, naming it;
+``bad_images="skip"`` leaves such images out, each logged as a warning naming the file (from the worker
+that read it). The default, ``None``, stores the file's bytes unchecked (``decode=True`` always decodes,
+so an image that does not decode raises, or with ``"skip"`` is left out). ``bridgeflow serialize``
+checks by default. A root holding only ``train``/``val``/``test`` folders is refused: those are
 splits, not classes (pass ``split="train"``, or the split's folder). The flow is a
 :class:`~bridgeflow.MapData` over the list of ``[path, label]``, so the reading/decoding stage can be run
 in parallel by replacing it with
@@ -22,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import io
 import logging
 import os
 from typing import Any
@@ -33,8 +40,8 @@ from ..sources import DataFromList
 from ..transforms import MapData
 from .errors import CorruptDataError, DatasetNotFoundError
 
-__all__ = ["IMAGE_EXTENSIONS", "ImageFolderData", "image_folder", "is_image_file", "list_image_folder",
-           "read_image"]
+__all__ = ["IMAGE_EXTENSIONS", "ImageFolderData", "check_decodes", "image_folder", "is_image_file",
+           "list_image_folder", "read_image"]
 
 log = logging.getLogger(__name__)
 
@@ -128,34 +135,65 @@ def read_image(path: str, decode: bool = False, mode: str | None = "RGB") -> byt
         raise CorruptDataError(f"{path}: cannot decode image ({exc})") from exc
 
 
-def read_image_datapoint(dp: list, decode: bool = False, mode: str | None = "RGB", encoded: str = "array") -> list:
-    """``[path, label]`` -> ``[image, label]`` (module level, so process workers can pickle it)."""
+def check_decodes(data: Any, path: str) -> None:
+    """Raise :class:`CorruptDataError` naming ``path`` unless ``data`` (an image file's bytes) decodes."""
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise MissingDependencyError("checking that images decode needs Pillow; install it with: pip install "
+                                     "pillow (or pass --bad-images keep / bad_images=None to store them "
+                                     "unchecked)") from exc
+    try:
+        with Image.open(io.BytesIO(memoryview(data))) as img:
+            if img.format == "JPEG":  # decoded at 1/8 scale: the whole stream is read, a third faster
+                img.draft(img.mode, (max(1, img.width // 8), max(1, img.height // 8)))
+            img.load()
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise CorruptDataError(f"{path}: cannot decode image ({exc})") from exc
+
+
+def read_image_datapoint(dp: list, decode: bool = False, mode: str | None = "RGB", encoded: str = "array",
+                         bad_images: str | None = None) -> list | None:
+    """``[path, label]`` -> ``[image, label]`` (module level, so process workers can pickle it); ``None``
+    (the datapoint is dropped) for an image that does not decode, with ``bad_images="skip"``."""
     path, label = dp
-    if not decode and encoded == "array":  # one read straight into a writable array
-        return [np.fromfile(path, np.uint8), label]
-    return [read_image(path, decode, mode), label]
+    try:
+        if decode:
+            return [read_image(path, True, mode), label]
+        image = np.fromfile(path, np.uint8) if encoded == "array" else read_image(path)  # one read
+        if bad_images is not None:
+            check_decodes(image, path)
+        return [image, label]
+    except CorruptDataError as exc:
+        if bad_images != "skip":
+            raise
+        log.warning("skipped %s: it does not decode (%s)", path, exc.__cause__ or exc)
+        return None
 
 
 class ImageFolderData(MapData):
     """``[image, label]`` datapoints of an image folder (see the module doc); ``.classes`` names the labels.
 
     ``encoded``: how undecoded images come: ``"array"`` (a 1-D ``uint8`` array of the file's bytes, the
-    default) or ``"bytes"``.
+    default) or ``"bytes"``. ``bad_images``: ``None``, ``"error"`` or ``"skip"`` (see the module doc).
     """
 
     def __init__(self, root: str | os.PathLike, decode: bool = False, shuffle: bool = False,
                  seed: int | None = None, extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
                  mode: str | None = "RGB", *, non_images: str = "skip", split: str | None = None,
-                 encoded: str = "array") -> None:
+                 encoded: str = "array", bad_images: str | None = None) -> None:
         if encoded not in ("array", "bytes"):
             raise ValueError(f"ImageFolderData: encoded must be 'array' or 'bytes', got {encoded!r}")
+        if bad_images not in (None, "error", "skip"):
+            raise ValueError(f"ImageFolderData: bad_images must be None, 'error' or 'skip', got {bad_images!r}")
         self.root = os.fspath(root) if split is None else os.path.join(os.fspath(root), split)
         self.skipped: list[str] = []
         self.classes, self.files = list_image_folder(self.root, extensions, non_images=non_images,
                                                      skipped=self.skipped)
         self.decode = decode
         super().__init__(DataFromList(self.files, shuffle=shuffle, seed=seed),
-                         functools.partial(read_image_datapoint, decode=decode, mode=mode, encoded=encoded))
+                         functools.partial(read_image_datapoint, decode=decode, mode=mode, encoded=encoded,
+                                           bad_images=bad_images))
 
     def __getitem__(self, index: int) -> Any:
         return self.func(self.files[index])

@@ -54,13 +54,13 @@ from .._deps import require
 from ..base import DataFlow
 from ..order import IndexedSource
 from ._checksum import crc32
-from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes
+from ._common import classes_json, existing_path, iterate_source, normalize_index, note_datapoint, parse_classes
 from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray
 from ._lmdb_tree import LMDBTree, walk_lmdb
 from ._pinned import PinnedFile
 from .atomic import atomic_path, write_error
 from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, decode, encode
-from .errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
+from .errors import CorruptDataError, EncodeError, PickleNotAllowedError, UnsupportedFormatError
 from .tensorpack_codec import decode_tensorpack
 from .tensorpack_lmdb import lmdb_layout, tensorpack_index, tensorpack_key
 
@@ -182,7 +182,11 @@ def _write_all(out: _Output, env: Any, df: DataFlow, codec: str, every: int, pro
     size = count = 0
     crc = crc32()
     for dp in iterate_source(df, progress=progress, desc=f"LMDB {os.path.basename(out.target)}"):
-        value = encode(dp, codec=codec)
+        try:
+            value = encode(dp, codec=codec)
+        except EncodeError as exc:
+            note_datapoint(exc, count)
+            raise
         if checksum:
             value += _CRC.pack(crc(value))
         pending.append((_key(count), value))

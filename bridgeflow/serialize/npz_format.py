@@ -28,7 +28,7 @@ from ..base import DataFlow
 from ..errors import DatapointError
 from ..order import IndexedSource
 from ._columns import Column, assemble, classify, split_datapoint
-from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes
+from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes, wrong_format
 from .atomic import atomic_path, check_target, write_error
 from .errors import CorruptDataError, UnsupportedFormatError
 
@@ -184,6 +184,13 @@ class NumpyData(IndexedSource):
         self.path = existing_path(path, "NumpyData")
         self.shuffle = shuffle
         self.seed = seed
+        try:
+            with open(self.path, "rb") as fh:
+                other = wrong_format(self.path, fh.read(32), "npz")
+        except OSError:
+            other = None
+        if other is not None:
+            raise other
         try:
             arrays = _read_npz(self.path)
         except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, NotImplementedError,
