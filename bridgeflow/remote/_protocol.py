@@ -4,6 +4,7 @@ A message is either a datapoint, the frames of :func:`bridgeflow.serialize.codec
 frame starts with the codec's magic ``b"\\x93BFC"``), or a one-frame control message starting with
 ``b"\\x00BF"`` and a kind byte:
 
+- ``I`` hello: the first message of a producer that connects (see ``TAG`` below);
 - ``H`` heartbeat: the producer is alive but has nothing ready (sent every ``heartbeat_s`` when idle);
 - ``E`` end of one pass over the producer's flow (the consumer's epoch ends when every producer sent it);
 - ``B`` goodbye: the producer finished its last pass and is closing;
@@ -22,7 +23,14 @@ unknown control messages, fails loudly on them instead of dropping the datapoint
 
 A producer that *connects* (``send_dataflow_zmq(..., bind=False)``, to a consumer that binds and may hear
 from many producers on one socket) starts every message with one more frame, ``TAG`` followed by
-``TAG_ID_BYTES`` random bytes naming the producer; the rest of the message is as above.
+``TAG_ID_BYTES`` random bytes naming the producer; the rest of the message is as above, and its first
+message is a hello. Without keys anyone who can reach the consumer can send to it: the consumer drops
+(and counts) an untagged message, and a message from a producer that did not say hello, so that one
+stray or spoofed message can neither end nor corrupt the stream (with keys, strangers cannot send at
+all; see :mod:`bridgeflow.remote.keys`).
+
+Every frame a producer sends is at most ``FRAGMENT_BYTES`` plus a small header (``MAX_FRAME_BYTES``):
+consumers make ZeroMQ refuse larger frames, so that a peer cannot make them buffer one.
 """
 
 from __future__ import annotations
@@ -32,13 +40,15 @@ import struct
 from collections.abc import Sequence
 
 __all__ = [
-    "BYE", "CONTROL", "END", "ERROR", "FRAGMENT_BYTES", "HEARTBEAT", "LAST", "SPLIT", "SPLIT_HEAD", "SPLIT_PART",
+    "BYE", "CONTROL", "END", "ERROR", "FRAGMENT_BYTES", "HEARTBEAT", "HELLO", "LAST", "MAX_FRAME_BYTES", "SPLIT",
+    "SPLIT_HEAD", "SPLIT_PART",
     "TAG", "TAG_ID_BYTES", "check_address", "check_addresses", "is_public", "split_header", "read_split_header",
 ]
 
 log = logging.getLogger(__name__)
 
 CONTROL = b"\x00BF"
+HELLO = CONTROL + b"I"
 HEARTBEAT = CONTROL + b"H"
 END = CONTROL + b"E"
 BYE = CONTROL + b"B"
@@ -51,6 +61,7 @@ SPLIT_PART = SPLIT + b"F"
 TAG = b"\x00BT"
 TAG_ID_BYTES = 8
 FRAGMENT_BYTES = 1 << 20  # datapoints above this travel in pieces of this size
+MAX_FRAME_BYTES = FRAGMENT_BYTES + (1 << 20)  # a piece, or a split header of MAX_SPLIT_FRAMES sizes (512 KiB)
 MAX_SPLIT_FRAMES = 1 << 16
 _TOTAL = struct.Struct("<QI")
 _SIZE = struct.Struct("<Q")

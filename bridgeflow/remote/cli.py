@@ -1,12 +1,16 @@
-"""``bridgeflow serve``: push a flow to a remote consumer over ZeroMQ.
+"""``bridgeflow serve``: push a flow to a remote consumer over ZeroMQ; ``bridgeflow keys``: make the keys.
 
 ``SOURCE`` is ``module:function`` (or ``file.py:function``) returning a DataFlow, or a dataset file
 written by bridgeflow (LMDB, HDF5, npz; recognised by content). The flow is served on ``--addr``
 (loopback by default) for ``--epochs`` passes, with a progress line on stderr; a
-:class:`~bridgeflow.remote.RemoteDataZMQ` on the trainer connects to that address.
+:class:`~bridgeflow.remote.RemoteDataZMQ` on the trainer connects to that address. ``--keys FOLDER``
+encrypts and authenticates the stream (CurveZMQ): only a consumer given the same folder can read it. Make
+the folder once with ``bridgeflow keys FOLDER`` and copy it to every machine (see
+:mod:`bridgeflow.remote.keys`).
 
 Example:
-    $ bridgeflow serve mypkg.data:train_flow --addr tcp://127.0.0.1:8877 --epochs 0
+    $ bridgeflow keys ~/.bridgeflow/job-keys
+    $ bridgeflow serve mypkg.data:train_flow --addr tcp://0.0.0.0:8877 --keys ~/.bridgeflow/job-keys --epochs 0
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         n = send_dataflow_zmq(df, args.addr, hwm=args.hwm, codec=args.codec, epochs=epochs,
                               heartbeat_s=args.heartbeat, send_timeout=args.send_timeout,
-                              progress=not args.quiet)
+                              progress=not args.quiet, keys=args.keys)
     finally:
         if hasattr(df, "close"):
             df.close()
@@ -71,13 +75,26 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from .keys import generate_keys
+
+    keys = generate_keys(args.folder, overwrite=args.overwrite)
+    print(f"wrote CurveZMQ keys to {keys.source} (server {keys.server_public.decode()}, client "
+          f"{keys.client_public.decode()}); copy the folder to every machine of the job (its *.key_secret files "
+          "are secrets) and pass it as --keys / keys=")
+    return 0
+
+
 def register(subparsers: Any) -> None:
-    """Add the ``serve`` sub-command to the ``bridgeflow`` command line."""
+    """Add the ``serve`` and ``keys`` sub-commands to the ``bridgeflow`` command line."""
     p = subparsers.add_parser("serve", help="serve a flow or dataset file to RemoteDataZMQ consumers over ZeroMQ")
     p.add_argument("source", help="module:function returning a DataFlow, or a dataset file (LMDB, HDF5, npz)")
     p.add_argument("--addr", default=DEFAULT_ADDR,
                    help=f"address to bind (default {DEFAULT_ADDR}, loopback only; tcp://*:PORT exposes the "
-                        "data to the whole network, unauthenticated)")
+                        "data to the whole network: unauthenticated unless --keys)")
+    p.add_argument("--keys", metavar="FOLDER", default=None,
+                   help="encrypt and authenticate the stream with the CurveZMQ keys of FOLDER (made by "
+                        "bridgeflow keys, copied to every machine): only consumers holding them can read it")
     p.add_argument("--epochs", type=int, default=1, help="passes over the flow; 0 serves forever (default 1)")
     p.add_argument("--hwm", type=int, default=50, help="messages queued before sending blocks (default 50)")
     p.add_argument("--codec", default="bridgeflow", choices=("bridgeflow", "pickle"),
@@ -90,3 +107,8 @@ def register(subparsers: Any) -> None:
                    help="read a dataset file written with codec=pickle (only files you trust)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=_cmd_serve)
+
+    k = subparsers.add_parser("keys", help="make a folder of CurveZMQ keys for serve --keys / keys=")
+    k.add_argument("folder", help="the folder to write (created; secrets readable by you only)")
+    k.add_argument("--overwrite", action="store_true", help="replace the keys already in FOLDER")
+    k.set_defaults(func=_cmd_keys)

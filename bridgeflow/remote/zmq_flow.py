@@ -51,6 +51,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -64,6 +65,7 @@ from ..serialize.codec import DECODE_ERRORS, decode_frames
 from ..serialize.errors import CorruptDataError
 from . import _protocol as P
 from .errors import MessageTooLargeError, ProducerError, ProducerLostError, RemoteConnectionError
+from .keys import CurveKeys, Security, load_keys
 from .zmq_send import _QUEUE_DEPTH, _positive, send_dataflow_zmq  # noqa: F401 - re-exported
 
 __all__ = ["RemoteDataZMQ", "send_dataflow_zmq"]
@@ -86,7 +88,7 @@ class _Producer:
     ``shared``: the socket is a bound one that other producers also send to (``bind=True``).
     """
 
-    __slots__ = ("addr", "sock", "state", "ended", "last_seen", "split", "shared")
+    __slots__ = ("addr", "sock", "state", "ended", "last_seen", "split", "shared", "spoke")
 
     def __init__(self, addr: str, sock: Any, shared: bool = False) -> None:
         self.addr, self.sock, self.shared = addr, sock, shared
@@ -94,6 +96,7 @@ class _Producer:
         self.ended = False  # sent its end marker in the current iteration
         self.last_seen = time.monotonic()
         self.split: _Split | None = None  # a datapoint arriving in pieces
+        self.spoke = not shared  # a producer sharing a bound address: sent something besides its hello
 
 
 class _Split:
@@ -141,12 +144,19 @@ class RemoteDataZMQ(DataFlow):
     pieces, is copied once into its own buffer). ``allow_pickle`` reads data sent with
     ``codec="pickle"`` (only from producers you trust). ``max_message_bytes`` (default 1 GiB) refuses a
     larger datapoint with :class:`MessageTooLargeError` naming the producer, before receiving it when
-    the producer announces its size as :func:`send_dataflow_zmq` does; ZeroMQ itself drops the
-    connection of a peer that sends a single frame over it.
+    the producer announces its size as :func:`send_dataflow_zmq` does; ``max_buffered_bytes`` (default:
+    ``max_message_bytes``) bounds the bytes of all datapoints being received in pieces at once, from every
+    producer; ZeroMQ itself drops the connection of a peer that sends a frame larger than any producer
+    sends (see :mod:`bridgeflow.remote._protocol`). ``keys``: a key folder made by ``bridgeflow keys``
+    (:mod:`bridgeflow.remote.keys`): every socket speaks CurveZMQ, encrypted, and only producers holding
+    the keys are heard (with ``bind=True`` others cannot connect; connecting, this flow talks only to a
+    producer that holds them). Without keys, with ``bind=True`` anyone who can reach the address can send:
+    an untagged message, or one from a producer that did not say hello, is dropped and counted.
 
     Sockets are created in ``reset_state()``, in the process that iterates; ``close()`` closes them at once
     (queued datapoints are dropped) and ends ZeroMQ's I/O threads. ``len()`` is unknown.
-    ``stats()``: ``datapoints``, ``producers`` (still connected), ``producers_lost``, ``buffer_fill`` (the
+    ``stats()``: ``datapoints``, ``producers`` (still connected), ``producers_lost``, ``messages_dropped``,
+    ``peers_refused`` (handshakes with a key other than the job's), ``buffer_fill`` (the
     share of reads that found a datapoint already waiting: near 1 means the consumer is the bottleneck),
     ``consumer_wait_s`` and ``consumer_wait_frac``.
 
@@ -158,7 +168,8 @@ class RemoteDataZMQ(DataFlow):
 
     def __init__(self, addrs: str | Sequence[str], addr2: str | None = None, hwm: int = 50, bind: bool = False, *,
                  producers: int | None = None, timeout: float = 30.0, on_lost: str = "raise",
-                 allow_pickle: bool = False, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+                 allow_pickle: bool = False, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 max_buffered_bytes: int | None = None, keys: str | os.PathLike | CurveKeys | None = None) -> None:
         who = type(self).__name__
         if isinstance(addr2, int) and not isinstance(addr2, bool):  # RemoteDataZMQ(addrs, hwm) of earlier versions
             addr2, hwm = None, addr2
@@ -181,10 +192,14 @@ class RemoteDataZMQ(DataFlow):
             raise ValueError(f"{who}: on_lost must be 'raise' or 'skip', got {on_lost!r}")
         self.on_lost = on_lost
         self.allow_pickle = bool(allow_pickle)
-        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or max_message_bytes <= 0:
-            raise ValueError(f"{who}: max_message_bytes must be a positive integer, got {max_message_bytes!r}")
+        for name, value in (("max_message_bytes", max_message_bytes), ("max_buffered_bytes", max_buffered_bytes)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{who}: {name} must be a positive integer, got {value!r}")
         self.max_message_bytes = max_message_bytes
+        self.max_buffered_bytes = max_message_bytes if max_buffered_bytes is None else max_buffered_bytes
+        self.keys = None if keys is None else load_keys(keys)
         self._ctx: Any = None
+        self._security: Security | None = None
         self._producers: list[_Producer] = []
         self._bound: list[tuple[str, Any]] = []  # bind=True: (address, socket)
         self._by_id: dict[bytes, _Producer] = {}
@@ -196,23 +211,27 @@ class RemoteDataZMQ(DataFlow):
         zmq = require("zmq", type(self).__name__)
         self._zmq = zmq
         self._ctx = zmq.Context()
+        self._security = Security(self._ctx, self.keys)
         self._producers, self._bound, self._by_id = [], [], {}
         try:
             for addr in self.addrs:
                 sock = self._ctx.socket(zmq.PULL)
                 sock.setsockopt(zmq.RCVHWM, self.hwm)
                 sock.setsockopt(zmq.LINGER, 0)
-                # A single frame over the limit is refused by ZeroMQ itself (it drops the connection), so
-                # that a peer that does not announce its sizes cannot make this process allocate it.
-                sock.setsockopt(zmq.MAXMSGSIZE, max(self.max_message_bytes, P.FRAGMENT_BYTES) + 65536)
+                # A frame larger than any a producer sends is refused by ZeroMQ itself (it drops the
+                # connection), so that a peer cannot make this process buffer one.
+                sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_FRAME_BYTES)
                 if self.bind:
                     self._bound.append((addr, sock))
-                    if P.is_public(addr):
+                    if P.is_public(addr) and self.keys is None:
                         log.warning("%s binds %s on every network interface: anyone who can reach this port can "
-                                    "send it datapoints (no authentication)", type(self).__name__, addr)
+                                    "send it datapoints (no authentication: pass keys=, see bridgeflow keys)",
+                                    type(self).__name__, addr)
+                    self._security.binding(sock)
                     sock.bind(addr)
                 else:
                     self._producers.append(_Producer(addr, sock))
+                    self._security.connecting(sock)
                     sock.connect(addr)
         except zmq.ZMQError as exc:
             self.close()
@@ -225,7 +244,7 @@ class RemoteDataZMQ(DataFlow):
         self._next = 0
         self._sweep_at = 0.0
         self._n = self._ready = self._reads = 0
-        self._lost = 0
+        self._lost = self._dropped = self._buffered = 0
         self._wait = 0.0
         self._started: float | None = None
 
@@ -236,15 +255,19 @@ class RemoteDataZMQ(DataFlow):
         for sock in [p.sock for p in producers] + [sock for _, sock in bound]:
             if not sock.closed:
                 sock.close(linger=0)
+        security, self._security = getattr(self, "_security", None), None
+        if security is not None:
+            security.close()
         ctx, self._ctx = self._ctx, None
         if ctx is not None:
             ctx.term()
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        for key in ("_ctx", "_producers", "_zmq", "_bound", "_by_id"):
+        for key in ("_ctx", "_producers", "_zmq", "_bound", "_by_id", "_security"):
             state.pop(key, None)
         state["_ctx"], state["_producers"], state["_bound"], state["_by_id"] = None, [], [], {}
+        state["_security"] = None
         return state
 
     def stats(self) -> dict[str, float]:
@@ -255,6 +278,8 @@ class RemoteDataZMQ(DataFlow):
             "datapoints": self._n,
             "producers": sum(p.state == _ACTIVE for p in self._producers),
             "producers_lost": self._lost,
+            "messages_dropped": self._dropped,
+            "peers_refused": 0 if self._security is None else self._security.refused,
             "buffer_fill": self._ready / max(self._reads, 1),
             "consumer_wait_s": self._wait,
             "consumer_wait_frac": min(1.0, self._wait / elapsed),
@@ -331,13 +356,14 @@ class RemoteDataZMQ(DataFlow):
             heard = time.monotonic()
             addr, frames = got
             p = self._tagged(addr, frames)
-            if p is None or p.state != _ACTIVE:  # a producer already finished or lost: ignored
+            if p is None or p.state != _ACTIVE:  # a hello, a dropped message, or a producer finished or lost
                 continue
             frames = frames[1:]
             head = frames[0].buffer
+            p.spoke = True
             if head[:3] == P.CONTROL:
                 msg = bytes(head)
-                if msg != P.END:  # passes do not end iterations here: producers come and go
+                if msg not in (P.END, P.HELLO):  # passes do not end iterations here: producers come and go
                     self._control(p, msg)
                 finished += p.state == _FINISHED
                 continue
@@ -347,30 +373,41 @@ class RemoteDataZMQ(DataFlow):
                 yield dp
 
     def _tagged(self, addr: str, frames: list) -> _Producer | None:
-        """The producer a message on the bound ``addr`` comes from (new ones are added), or an error naming
-        what came instead."""
+        """The producer a message on the bound ``addr`` comes from, or ``None`` when there is nothing more to
+        do with it: a hello (the producer is added) or a message dropped (untagged, or from a producer that
+        did not say hello: one stray or spoofed message cannot end or corrupt the stream)."""
         head = frames[0].buffer
         if len(frames) < 2 or len(head) != len(P.TAG) + P.TAG_ID_BYTES or bytes(head[:len(P.TAG)]) != P.TAG:
-            raise CorruptDataError(
-                f"{type(self).__name__}: a message on {addr} that is not from bridgeflow's send_dataflow_zmq(..., "
-                "bind=False); tensorpack's send_dataflow_zmq sends pickled or msgpack datapoints, which bridgeflow "
-                "does not read: send them with bridgeflow's send_dataflow_zmq (nothing was unpickled)")
+            self._drop_message(addr, "not from bridgeflow's send_dataflow_zmq(..., bind=False) (tensorpack's "
+                                     "send_dataflow_zmq sends pickled or msgpack datapoints, which bridgeflow does "
+                                     "not read; nothing was unpickled)")
+            return None
         pid = bytes(head[len(P.TAG):])
         p = self._by_id.get(pid)
-        if p is None:
-            if len(self._by_id) >= _MAX_BOUND_PRODUCERS:
-                raise CorruptDataError(f"{type(self).__name__}: more than {_MAX_BOUND_PRODUCERS} producers sent to "
-                                       f"{', '.join(self.addrs)}")
-            try:
-                peer = " from " + frames[0].get("Peer-Address")
-            except Exception:  # not every transport knows its peer's address (ipc)
-                peer = ""
-            sock = next(sock for a, sock in self._bound if a == addr)
-            p = self._by_id[pid] = _Producer(f"{addr} (producer {pid.hex()}{peer})", sock, shared=True)
-            self._producers.append(p)
-            log.info("%s: producer %s connected", type(self).__name__, p.addr)
-        p.last_seen = time.monotonic()
-        return p
+        if p is not None:
+            p.last_seen = time.monotonic()
+            return p
+        if bytes(frames[1].buffer) != P.HELLO or len(frames) != 2:
+            self._drop_message(addr, f"from a producer ({pid.hex()}) that did not say hello first")
+            return None
+        if len(self._by_id) >= _MAX_BOUND_PRODUCERS:
+            self._drop_message(addr, f"a hello past {_MAX_BOUND_PRODUCERS} producers")
+            return None
+        try:
+            peer = " from " + frames[0].get("Peer-Address")
+        except Exception:  # not every transport knows its peer's address (ipc)
+            peer = ""
+        sock = next(sock for a, sock in self._bound if a == addr)
+        p = self._by_id[pid] = _Producer(f"{addr} (producer {pid.hex()}{peer})", sock, shared=True)
+        self._producers.append(p)
+        log.info("%s: producer %s connected", type(self).__name__, p.addr)
+        return None
+
+    def _drop_message(self, addr: str, why: str) -> None:
+        self._dropped += 1
+        if self._dropped & (self._dropped - 1) == 0:  # the 1st, 2nd, 4th, 8th... time
+            log.warning("%s: dropped a message on %s: %s (%d dropped so far; with keys= strangers cannot send)",
+                        type(self).__name__, addr, why, self._dropped)
 
     def _receive_bound(self, active: list[_Producer], heard: float) -> tuple[str, list] | None:
         """The next message on a bound socket (fair between them), or ``None`` when it is time to look for
@@ -416,12 +453,18 @@ class RemoteDataZMQ(DataFlow):
                         if done and self.producers is None else "")
                 waiting = (f", waiting for {self.producers - finished} more producer(s) to finish"
                            if self.producers is not None else "")
+                if self._dropped:
+                    hint += f"; {self._dropped} message(s) not from a producer that said hello were dropped"
                 raise ProducerLostError(
                     f"{type(self).__name__}: no producer sent anything to {', '.join(self.addrs)} for "
                     f"{self.timeout:g} s{waiting} (bind=True: producers connect with "
                     f"send_dataflow_zmq(..., bind=False)){hint}", addr=", ".join(self.addrs), silent_s=now - heard)
             return
         lost = [p for p in active if now - p.last_seen >= self.timeout]
+        for p in [p for p in lost if not p.spoke]:  # a hello and nothing else: a stranger, or gone at once
+            self._drop(p, _LOST)
+            self._drop_message(p.addr, f"a producer that said hello and nothing else for {self.timeout:g} s")
+        lost = [p for p in lost if p.spoke]
         if lost:
             self._lose(lost, now)
 
@@ -439,21 +482,40 @@ class RemoteDataZMQ(DataFlow):
                 except ValueError as exc:
                     raise CorruptDataError(str(exc)) from None
                 self._check_size(p, total)
+                self._check_buffered(p, total)
                 p.split = _Split(total, sizes)
+                self._buffered += total
                 return None
             if kind == P.SPLIT_PART and len(frames) == 2 and len(head) == 4 and p.split is not None:
                 done = p.split.add(frames[1].buffer)
                 if done is not None:
-                    p.split = None
+                    self._end_split(p)
                 return done
             if p.split is not None:
                 raise CorruptDataError("a message other than the next piece of a datapoint arriving in pieces")
             raise CorruptDataError(f"unexpected split message {bytes(head[:8])!r} ({len(frames)} frames)")
         except CorruptDataError:  # the stream of this producer is out of step: nothing more of it can be read
-            p.split = None
             self._drop(p, _LOST)
             self._lost += 1
             raise
+
+    def _check_buffered(self, p: _Producer, nbytes: int) -> None:
+        """Datapoints being received in pieces hold at most ``max_buffered_bytes`` in all, whatever the
+        number of producers."""
+        if self._buffered + nbytes > self.max_buffered_bytes:
+            others = self._buffered
+            self._drop(p, _LOST)
+            self._lost += 1
+            raise MessageTooLargeError(
+                f"{type(self).__name__}: producer {p.addr} announced a datapoint of {nbytes:,} bytes while "
+                f"{others:,} bytes of other producers' datapoints are being received: over max_buffered_bytes="
+                f"{self.max_buffered_bytes:,}; dropped (raise max_buffered_bytes to accept it)",
+                addr=p.addr, nbytes=nbytes, limit=self.max_buffered_bytes)
+
+    def _end_split(self, p: _Producer) -> None:
+        if p.split is not None:
+            self._buffered -= p.split.buf.nbytes
+            p.split = None
 
     def _check_size(self, p: _Producer, nbytes: int) -> None:
         if nbytes > self.max_message_bytes:
@@ -479,6 +541,7 @@ class RemoteDataZMQ(DataFlow):
 
     def _drop(self, p: _Producer, state: str) -> None:
         p.state = state
+        self._end_split(p)
         if not p.shared:  # a bound socket stays open for the other producers; this one's messages are ignored
             p.sock.close(linger=0)
 

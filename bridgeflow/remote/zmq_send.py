@@ -31,6 +31,7 @@ from .._progress import progress_bar
 from ..serialize.codec import CODECS, DEFAULT_CODEC, encode_frames
 from . import _protocol as P
 from .errors import RemoteConnectionError
+from .keys import CurveKeys, Security, load_keys
 
 __all__ = ["FORMATS", "send_dataflow_zmq"]
 
@@ -121,7 +122,8 @@ def _read_source(df: Any, epochs: int | None, codec: str, q: queue.Queue, stop: 
 
 def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None = None, bind: bool = True, *,
                       codec: str | None = None, allow_pickle: bool = False, epochs: int | None = 1,
-                      heartbeat_s: float = 1.0, send_timeout: float | None = None, progress: bool = False) -> int:
+                      heartbeat_s: float = 1.0, send_timeout: float | None = None, progress: bool = False,
+                      keys: str | os.PathLike | CurveKeys | None = None) -> int:
     """Send ``epochs`` passes over ``df`` on a PUSH socket at ``addr``; return the datapoints sent.
 
     ``bind=True`` (the default) binds ``addr`` and a :class:`RemoteDataZMQ` connects to it;
@@ -137,8 +139,11 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
     (default: wait). The end-and-goodbye marker of the last pass is delivered before returning (within
     ``send_timeout``). Arrays are sent without copying: the flow must not modify an array after yielding it.
 
-    ``addr`` must be explicit; binding a wildcard host (``tcp://*:PORT``, ``tcp://0.0.0.0:PORT``) makes the
-    stream readable by anyone who can reach the port, and is logged as a warning.
+    ``keys``: a key folder made by ``bridgeflow keys`` (or :func:`~bridgeflow.remote.generate_keys`), the
+    same on every machine: the stream is encrypted and authenticated with CurveZMQ, and only a consumer
+    holding the keys can connect (see :mod:`bridgeflow.remote.keys`). Without keys, ``addr`` must be
+    explicit, and binding a wildcard host (``tcp://*:PORT``, ``tcp://0.0.0.0:PORT``) makes the stream
+    readable by anyone who can reach the port, which is logged as a warning.
     """
     who = "send_dataflow_zmq"
     zmq = require("zmq", who)
@@ -153,28 +158,40 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
         raise TypeError(f"{who}: bind must be True or False, got {bind!r}")
     if not hasattr(df, "__iter__"):
         raise TypeError(f"{who}: df must be a DataFlow or iterable, got {type(df).__name__}")
-    if bind and P.is_public(addr):
+    if keys is not None:
+        keys = load_keys(keys)
+    elif bind and P.is_public(addr):
         log.warning("%s binds %s on every network interface: anyone who can reach this port can read the "
-                    "stream (no authentication, no encryption)", who, addr)
+                    "stream (no authentication, no encryption: pass keys=, see bridgeflow keys)", who, addr)
     if hasattr(df, "reset_state"):
         df.reset_state()
 
     ctx = zmq.Context()
+    security = Security(ctx, keys)
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.LINGER, 0)
     if send_timeout is not None:
         sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
     try:
-        sock.bind(addr) if bind else sock.connect(addr)
+        if bind:
+            security.binding(sock)
+            sock.bind(addr)
+        else:
+            security.connecting(sock)
+            sock.connect(addr)
     except zmq.ZMQError as exc:
         sock.close(0)
+        security.close()
         ctx.term()
         hint = "" if bind else " (a connecting producer needs the consumer's address, not a wildcard)"
         raise RemoteConnectionError(f"{who}: cannot {'bind' if bind else 'connect to'} {addr}: {exc}{hint}",
                                     addr=addr) from exc
-    # A connecting producer names itself in every message: the consumer binds, and hears from many.
+    # A connecting producer names itself in every message: the consumer binds, and hears from many. Its
+    # first message says hello, so that one message from a stranger cannot pass for a producer's.
     prefix = [] if bind else [P.TAG + os.urandom(P.TAG_ID_BYTES)]
+    if prefix:
+        sock.send_multipart(prefix + [P.HELLO])
 
     q: queue.Queue = queue.Queue(maxsize=_QUEUE_DEPTH)
     stop = threading.Event()
@@ -233,4 +250,5 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
         if bar is not None:
             bar.close()
         sock.close(linger=linger)
+        security.close()
         ctx.term()

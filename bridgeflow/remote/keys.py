@@ -1,0 +1,164 @@
+"""CurveZMQ keys for the ZeroMQ wire: made once, copied to every machine of a job, passed as ``keys=``.
+
+A key folder holds two key pairs in ZeroMQ's certificate format (``zmq.auth``): ``server.key`` and
+``server.key_secret`` for the side that binds its address, ``client.key`` and ``client.key_secret`` for
+the side that connects. Given ``keys=``, :func:`~bridgeflow.remote.send_dataflow_zmq` and
+:class:`~bridgeflow.remote.RemoteDataZMQ` speak CurveZMQ (libsodium, bundled with pyzmq) on every socket:
+the stream is encrypted, and both ends are authenticated. The binding side admits only a peer that
+proves it holds the client secret (a ZAP handler, one thread of the flow's ZeroMQ context, stopped by
+``close()``); the connecting side only talks to a binding side that proves it holds the server secret.
+A peer without the folder can then neither send a consumer datapoints, nor end its stream, nor take a
+producer's stream away: its handshake fails and nothing it sends is read.
+
+The secret files are written readable by their owner only (0600); loading warns when others can read
+them. Anyone holding the folder is trusted: treat it as a password.
+
+Example:
+    $ bridgeflow keys ~/.bridgeflow/job-keys         # once; copy the folder to every machine
+    >>> send_dataflow_zmq(df, "tcp://0.0.0.0:8877", keys="~/.bridgeflow/job-keys")   # doctest: +SKIP
+    >>> RemoteDataZMQ("tcp://10.0.0.5:8877", keys="~/.bridgeflow/job-keys")          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import stat
+from typing import Any
+
+from .._deps import require
+
+__all__ = ["CurveKeys", "Security", "generate_keys", "load_keys"]
+
+log = logging.getLogger(__name__)
+
+_FILES = ("server.key", "server.key_secret", "client.key", "client.key_secret")
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class CurveKeys:
+    """The two CurveZMQ key pairs of a job (Z85 text, as ZeroMQ takes them) and where they came from."""
+
+    server_public: bytes
+    server_secret: bytes
+    client_public: bytes
+    client_secret: bytes
+    source: str = ""
+
+    def __repr__(self) -> str:  # never the secrets
+        return f"CurveKeys(server={self.server_public.decode()}, client={self.client_public.decode()}, " \
+               f"source={self.source!r})"
+
+
+def generate_keys(folder: str | os.PathLike, *, overwrite: bool = False) -> CurveKeys:
+    """Make a key folder (see the module doc) and return its keys; an existing one is kept unless
+    ``overwrite``."""
+    require("zmq", "generate_keys")
+    import zmq.auth
+
+    if not zmq.has("curve"):
+        raise RuntimeError("this pyzmq's libzmq was built without CURVE (libsodium); reinstall pyzmq from a wheel")
+    path = os.path.expanduser(os.fspath(folder))
+    present = [f for f in _FILES if os.path.exists(os.path.join(path, f))]
+    if present and not overwrite:
+        raise FileExistsError(f"{path} already holds keys ({', '.join(present)}); pass overwrite=True "
+                              "(--overwrite) to replace them (every machine then needs the new folder)")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    for name in ("server", "client"):
+        public, secret = zmq.auth.create_certificates(path, name)
+        os.chmod(secret, 0o600)
+        os.chmod(public, 0o644)
+    log.info("wrote CurveZMQ keys to %s", path)
+    return load_keys(path)
+
+
+def load_keys(keys: str | os.PathLike | CurveKeys) -> CurveKeys:
+    """The :class:`CurveKeys` of a key folder (or ``keys`` itself); errors name the folder and the file."""
+    if isinstance(keys, CurveKeys):
+        return keys
+    require("zmq", "load_keys")
+    import zmq.auth
+
+    path = os.path.expanduser(os.fspath(keys))
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"keys={path!r}: no such key folder; make one with `bridgeflow keys {path}` "
+                                "(or bridgeflow.remote.generate_keys) and copy it to every machine")
+    pairs = {}
+    for name in ("server", "client"):
+        secret = os.path.join(path, f"{name}.key_secret")
+        if not os.path.isfile(secret):
+            raise FileNotFoundError(f"keys={path!r}: {name}.key_secret is missing; copy the whole folder made by "
+                                    "`bridgeflow keys`")
+        mode = os.stat(secret).st_mode
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning("%s can be read by other users (mode %o): anyone who reads it can join the stream; "
+                        "chmod 600 it", secret, stat.S_IMODE(mode))
+        try:
+            public, private = zmq.auth.load_certificate(secret)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"keys={path!r}: {name}.key_secret is not a ZeroMQ certificate ({exc})") from exc
+        if not public or not private:
+            raise ValueError(f"keys={path!r}: {name}.key_secret holds no secret key")
+        pairs[name] = (public, private)
+    return CurveKeys(pairs["server"][0], pairs["server"][1], pairs["client"][0], pairs["client"][1], path)
+
+
+class _Allowed:
+    """ZAP credentials provider: the client key of the job, and a count of the peers refused."""
+
+    def __init__(self, public: bytes) -> None:
+        self.public = public
+        self.refused = 0
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key == self.public:
+            return True
+        self.refused += 1
+        log.warning("refused a ZeroMQ peer presenting the unknown CurveZMQ key %s", key.decode("ascii", "replace"))
+        return False
+
+
+class Security:
+    """How the sockets of one ZeroMQ context are secured: with ``keys``, CurveZMQ (the binding side a
+    CURVE server admitting only the job's client key, through a ZAP handler started with the first bound
+    socket); without, plain TCP. ``close()`` stops the ZAP handler (before the context is terminated)."""
+
+    def __init__(self, ctx: Any, keys: str | os.PathLike | CurveKeys | None) -> None:
+        self.ctx = ctx
+        self.keys = None if keys is None else load_keys(keys)
+        self._auth: Any = None
+        self._allowed: _Allowed | None = None
+
+    @property
+    def refused(self) -> int:
+        """Peers whose handshake presented a key other than the job's."""
+        return 0 if self._allowed is None else self._allowed.refused
+
+    def binding(self, sock: Any) -> None:
+        """Secure a socket that will bind (a CURVE server)."""
+        if self.keys is None:
+            return
+        if self._auth is None:
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self._allowed = _Allowed(self.keys.client_public)
+            self._auth = ThreadAuthenticator(self.ctx, log=logging.getLogger(f"{__name__}.zap"))
+            self._auth.start()
+            self._auth.configure_curve_callback(domain="*", credentials_provider=self._allowed)
+        sock.curve_secretkey = self.keys.server_secret
+        sock.curve_publickey = self.keys.server_public
+        sock.curve_server = True
+
+    def connecting(self, sock: Any) -> None:
+        """Secure a socket that will connect (a CURVE client of the job's server key)."""
+        if self.keys is None:
+            return
+        sock.curve_secretkey = self.keys.client_secret
+        sock.curve_publickey = self.keys.client_public
+        sock.curve_serverkey = self.keys.server_public
+
+    def close(self) -> None:
+        auth, self._auth = self._auth, None
+        if auth is not None:
+            auth.stop()

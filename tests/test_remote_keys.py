@@ -1,0 +1,250 @@
+"""The wire with and without CurveZMQ keys, over real sockets, with real producer processes and rogue peers:
+with keys, injection, spoofed ends and stream theft fail; without, one stray or spoofed message is dropped
+and counted, and the bytes a consumer buffers are bounded across producers."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from bridgeflow import DataFromGenerator
+from bridgeflow.remote import (
+    MessageTooLargeError,
+    ProducerLostError,
+    RemoteDataZMQ,
+    generate_keys,
+    load_keys,
+    send_dataflow_zmq,
+)
+from bridgeflow.remote import _protocol as P
+
+FORK = mp.get_context("fork")
+N = 50
+
+
+def free_tcp() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _exit_with_parent(ppid: int) -> None:
+    while os.getppid() == ppid:
+        time.sleep(0.2)
+    os._exit(1)
+
+
+def _produce(addr, keys, bind, n=N, delay=0.0):
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()  # no orphans
+
+    def gen():
+        for i in range(n):
+            if delay:
+                time.sleep(delay)
+            yield [np.full((4, 5), i % 251, np.uint8), i]
+
+    send_dataflow_zmq(DataFromGenerator(gen, size=n), addr, bind=bind, epochs=1, heartbeat_s=0.2, keys=keys)
+
+
+@pytest.fixture
+def producer():
+    procs = []
+
+    def start(addr, keys, bind=True, **kw):
+        p = FORK.Process(target=_produce, args=(addr, keys, bind), kwargs=kw, daemon=True)
+        p.start()
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.join(5)
+
+
+@pytest.fixture
+def keys(tmp_path):
+    return str(generate_keys(tmp_path / "keys").source)
+
+
+@pytest.fixture
+def rogue():
+    """Plain or wrongly keyed ZeroMQ sockets of a peer that is not part of the job; closed at teardown."""
+    ctx = zmq.Context()
+    socks = []
+
+    def make(kind, curve_from=None):
+        sock = ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        if curve_from is not None:  # a peer with CurveZMQ keys of its own, not the job's
+            other = load_keys(curve_from)
+            sock.curve_secretkey, sock.curve_publickey = other.client_secret, other.client_public
+        socks.append(sock)
+        return sock
+
+    yield make
+    for s in socks:
+        s.close(0)
+    ctx.term()
+
+
+def labels(dps):
+    return [int(dp[1]) for dp in dps]
+
+
+# --- keys ---------------------------------------------------------------------------------------------
+
+def test_keys_are_made_once_secrets_private_and_never_printed(tmp_path, caplog):
+    folder = tmp_path / "k"
+    made = generate_keys(folder)
+    names = sorted(os.listdir(folder))
+    assert names == ["client.key", "client.key_secret", "server.key", "server.key_secret"]
+    for name in ("client.key_secret", "server.key_secret"):
+        assert stat.S_IMODE(os.stat(folder / name).st_mode) == 0o600
+    assert load_keys(folder) == made and made.server_secret.decode() not in repr(made)
+    with pytest.raises(FileExistsError, match="already holds keys.*overwrite=True"):
+        generate_keys(folder)
+    assert generate_keys(folder, overwrite=True) != made
+    os.chmod(folder / "server.key_secret", 0o644)
+    with caplog.at_level(logging.WARNING, logger="bridgeflow.remote.keys"):
+        load_keys(folder)
+    assert "can be read by other users" in caplog.text and "chmod 600" in caplog.text
+    with pytest.raises(FileNotFoundError, match="no such key folder.*bridgeflow keys"):
+        load_keys(tmp_path / "nope")
+    os.unlink(folder / "client.key_secret")
+    with pytest.raises(FileNotFoundError, match=r"client.key_secret is missing"):
+        RemoteDataZMQ(free_tcp(), keys=folder)
+
+
+def test_the_keys_command_makes_a_folder(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bridgeflow.cli", "keys", str(tmp_path / "k")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "wrote CurveZMQ keys to" in proc.stdout, proc.stderr
+    assert load_keys(tmp_path / "k").source == str(tmp_path / "k")
+    proc = subprocess.run([sys.executable, "-m", "bridgeflow.cli", "keys", str(tmp_path / "k")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and "already holds keys" in proc.stderr
+
+
+# --- with keys: encrypted, authenticated -------------------------------------------------------------
+
+@pytest.mark.parametrize("bind", [False, True], ids=["producer-binds", "consumer-binds"])
+def test_with_keys_the_stream_arrives_whole_and_encrypted(leak_check, producer, keys, bind):
+    addr = free_tcp()
+    producer(addr, keys, bind=not bind)
+    with RemoteDataZMQ(addr, keys=keys, timeout=20, bind=bind, producers=1 if bind else None) as df:
+        df.reset_state()
+        assert labels(df) == list(range(N))
+        assert df.stats()["peers_refused"] == 0
+
+
+def test_with_keys_a_rogue_producer_cannot_inject_or_end_the_stream(leak_check, producer, keys, rogue, tmp_path):
+    """A bound consumer with keys: a peer without them (plain, or with keys of its own) connects, says
+    hello, sends datapoints and a spoofed end: none of it is read; the real producer's stream arrives
+    whole, and ends when that producer finishes."""
+    addr = free_tcp()
+    with RemoteDataZMQ(addr, bind=True, producers=1, keys=keys, timeout=20) as df:
+        df.reset_state()
+        other_keys = str(generate_keys(tmp_path / "other").source)
+        for curve in (None, other_keys):
+            push = rogue(zmq.PUSH, curve_from=curve)
+            if curve is not None:
+                push.curve_serverkey = load_keys(keys).server_public  # it knows the public key: not enough
+            push.connect(addr)
+            tag = [P.TAG + os.urandom(P.TAG_ID_BYTES)]
+            for msg in ([P.HELLO], *([b"\x93BFC" + bytes(28)] for _ in range(5)), [P.LAST]):
+                push.send_multipart(tag + msg, zmq.NOBLOCK) if push.poll(0, zmq.POLLOUT) else None
+        time.sleep(0.5)  # the rogues' handshakes are refused meanwhile
+        producer(addr, keys, bind=False, delay=0.01)
+        assert labels(df) == list(range(N))
+        stats = df.stats()
+        assert stats["messages_dropped"] == 0  # never even reached the flow
+        assert stats["peers_refused"] >= 1  # the one with keys of its own was refused by key
+
+
+def test_with_keys_a_rogue_consumer_cannot_take_the_stream(leak_check, producer, keys, rogue, tmp_path):
+    """A producer binding with keys: a PULL socket without the keys (plain, or with keys of its own)
+    connected to its port before the real consumer gets nothing; the real consumer gets everything."""
+    addr = free_tcp()
+    producer(addr, keys, bind=True, delay=0.01)
+    other_keys = str(generate_keys(tmp_path / "other").source)
+    thieves = []
+    for curve in (None, other_keys):
+        pull = rogue(zmq.PULL, curve_from=curve)
+        if curve is not None:
+            pull.curve_serverkey = load_keys(keys).server_public
+        pull.connect(addr)
+        thieves.append(pull)
+    time.sleep(0.5)
+    with RemoteDataZMQ(addr, keys=keys, timeout=20) as df:
+        df.reset_state()
+        assert labels(df) == list(range(N))
+    for pull in thieves:
+        assert pull.poll(200) == 0  # not one message reached a thief
+
+
+def test_with_keys_a_consumer_hears_nothing_from_a_producer_without_them(leak_check, producer, keys, tmp_path):
+    """The address taken by a producer with other keys (or none): the consumer refuses its handshake, reads
+    nothing from it, and says the producer sent nothing."""
+    for other in (None, str(generate_keys(tmp_path / "other").source)):
+        addr = free_tcp()
+        producer(addr, other, bind=True)
+        with RemoteDataZMQ(addr, keys=keys, timeout=1.5) as df:
+            df.reset_state()
+            with pytest.raises(ProducerLostError, match="sent nothing"):
+                list(df)
+            assert df.stats()["datapoints"] == 0
+
+
+# --- without keys: strangers' messages are dropped and counted ---------------------------------------
+
+@pytest.mark.parametrize("stray", ["untagged", "end", "last", "error", "hello-then-silence"])
+def test_without_keys_one_stray_or_spoofed_message_cannot_end_or_corrupt_the_stream(leak_check, producer, rogue,
+                                                                                    stray):
+    addr = free_tcp()
+    with RemoteDataZMQ(addr, bind=True, producers=1, timeout=2) as df:
+        df.reset_state()
+        push = rogue(zmq.PUSH)
+        push.connect(addr)
+        tag = [P.TAG + os.urandom(P.TAG_ID_BYTES)]
+        push.send_multipart({"untagged": [b"\x80\x04K\x01."], "end": tag + [P.END], "last": tag + [P.LAST],
+                             "error": tag + [P.ERROR + b"spoofed"], "hello-then-silence": tag + [P.HELLO]}[stray])
+        producer(addr, None, bind=False, delay=0.06)  # 3 s of data: longer than the timeout
+        assert labels(df) == list(range(N))
+        assert df.stats()["messages_dropped"] == 1
+
+
+def test_the_bytes_buffered_are_bounded_across_producers(leak_check, rogue):
+    """Producers announcing large datapoints at once: what is being received is bounded in all (not per
+    producer); the producer whose announcement does not fit is named and dropped, and announcing
+    allocates nothing."""
+    import resource
+
+    addr = free_tcp()
+    with RemoteDataZMQ(addr, bind=True, timeout=5, max_message_bytes=400 << 20) as df:
+        df.reset_state()
+        pushes = []
+        for _ in range(4):
+            push = rogue(zmq.PUSH)
+            push.connect(addr)
+            tag = [P.TAG + os.urandom(P.TAG_ID_BYTES)]
+            push.send_multipart(tag + [P.HELLO])
+            push.send_multipart(tag + [P.split_header([300 << 20])])  # 300 MiB each, under the 400 MiB limit
+            pushes.append((push, tag))
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        with pytest.raises(MessageTooLargeError, match=r"while 314,572,800 bytes of other producers' datapoints "
+                                                       r"are being received: over max_buffered_bytes=419,430,400"):
+            next(iter(df))
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: no 300 MiB touched
+        assert df.stats()["producers_lost"] == 1
