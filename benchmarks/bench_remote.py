@@ -8,6 +8,8 @@ costs next to nothing):
   repetition starts fresh, warms up ``--warmup`` datapoints, then times ``--samples`` datapoints (MB/s of
   array bytes received). Target: zmq_tcp / runner >= 0.7. ``raw_pyzmq_tcp`` sends the same frames through
   plain pyzmq sockets (no heartbeats, no decoding): the transport's own ceiling, for reference.
+  ``zmq_tcp_curve`` is ``zmq_tcp`` with CurveZMQ keys (encrypted, authenticated): its ratio to
+  ``zmq_tcp`` is the price of the encryption.
 - ``map_2ms``: a ~2 ms CPU-bound per-sample map on 2 workers. ``RayMapData`` (local Ray, 2 CPUs, started
   once, actor start-up not timed) against ``MultiProcessMapData`` (worker start-up not timed); one
   epoch of ``--map-samples`` is timed.
@@ -15,7 +17,7 @@ costs next to nothing):
 Repetitions are interleaved (anchor, candidate, anchor, ...). Each line is one JSON object: per case the
 median and every repetition, then a ratio line (candidate median throughput / anchor median throughput).
 
-Run: python benchmarks/bench_remote.py [--reps 5] [--samples 2000] [--map-samples 400]
+Run: python benchmarks/bench_remote.py [--reps 5] [--samples 2000] [--map-samples 400] [--no-ray]
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import time
 import numpy as np
 
 from bridgeflow import DataFlow, MultiProcessMapData, MultiProcessRunner
-from bridgeflow.remote import RayMapData, RemoteDataZMQ, send_dataflow_zmq
+from bridgeflow.remote import RayMapData, RemoteDataZMQ, generate_keys, send_dataflow_zmq
 
 SHAPE = (3, 224, 224)
 DP_BYTES = int(np.prod(SHAPE)) + 8
@@ -61,8 +63,8 @@ def spin_2ms(dp):
     return [dp[0][:, :, ::-1].copy(), dp[1]]
 
 
-def _produce(addr: str) -> None:
-    send_dataflow_zmq(Images(None), addr, hwm=50, epochs=1, heartbeat_s=0.5)
+def _produce(addr: str, keys: str | None = None) -> None:
+    send_dataflow_zmq(Images(None), addr, hwm=50, epochs=1, heartbeat_s=0.5, keys=keys)
 
 
 def _produce_raw(addr: str) -> None:
@@ -120,11 +122,11 @@ def run_runner(warmup: int, samples: int) -> float:
         return _consume(df, warmup, samples)
 
 
-def run_zmq(addr: str, warmup: int, samples: int) -> float:
-    proc = mp.get_context("fork").Process(target=_produce, args=(addr,), daemon=True)
+def run_zmq(addr: str, warmup: int, samples: int, keys: str | None = None) -> float:
+    proc = mp.get_context("fork").Process(target=_produce, args=(addr, keys), daemon=True)
     proc.start()
     try:
-        with RemoteDataZMQ(addr, hwm=50, timeout=30) as df:
+        with RemoteDataZMQ(addr, hwm=50, timeout=30, keys=keys) as df:
             df.reset_state()
             return _consume(df, warmup, samples)
     finally:
@@ -165,28 +167,39 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--map-samples", type=int, default=400)
+    ap.add_argument("--no-ray", action="store_true", help="skip the Ray map case")
     args = ap.parse_args()
     machine = {"bench": "remote", "machine": platform.node(), "cpus": os.cpu_count(),
                "python": platform.python_version()}
     print(json.dumps(machine), flush=True)
 
     mb = args.samples * DP_BYTES / 1e6
-    times: dict[str, list[float]] = {"runner": [], "zmq_tcp": [], "zmq_ipc": [], "raw_pyzmq_tcp": []}
-    with tempfile.TemporaryDirectory(prefix="bf_bench_remote_") as tmp:  # holds the ipc socket files
+    times: dict[str, list[float]] = {"runner": [], "zmq_tcp": [], "zmq_tcp_curve": [], "zmq_ipc": [],
+                                     "raw_pyzmq_tcp": []}
+    with tempfile.TemporaryDirectory(prefix="bf_bench_remote_") as tmp:  # the ipc socket files and the keys
+        keys = str(generate_keys(os.path.join(tmp, "keys")).source)
         for rep in range(args.reps):
             times["runner"].append(run_runner(args.warmup, args.samples))
             times["zmq_tcp"].append(run_zmq(f"tcp://127.0.0.1:{free_port()}", args.warmup, args.samples))
+            times["zmq_tcp_curve"].append(run_zmq(f"tcp://127.0.0.1:{free_port()}", args.warmup, args.samples,
+                                                  keys))
             times["zmq_ipc"].append(run_zmq(f"ipc://{tmp}/bench{rep}.sock", args.warmup, args.samples))
             times["raw_pyzmq_tcp"].append(
                 run_raw_pyzmq(f"tcp://127.0.0.1:{free_port()}", args.warmup, args.samples))
     lines = {k: summary(k, "zmq_stream", v, mb, "MB_s") for k, v in times.items()}
     for line in lines.values():
         print(json.dumps(line), flush=True)
-    for k in ("zmq_tcp", "zmq_ipc", "raw_pyzmq_tcp"):
+    for k in ("zmq_tcp", "zmq_tcp_curve", "zmq_ipc", "raw_pyzmq_tcp"):
         ratio = lines[k]["median_MB_s"] / lines["runner"]["median_MB_s"]
         print(json.dumps({"bench": "remote", "case": "zmq_stream", "ratio": f"{k}/runner", "value": round(ratio, 3),
                           "target": ">= 0.7", "met": ratio >= 0.7}), flush=True)
+    curve = [t / c for t, c in zip(times["zmq_tcp"], times["zmq_tcp_curve"])]  # per repetition: same minute
+    print(json.dumps({"bench": "remote", "case": "zmq_stream", "ratio": "zmq_tcp_curve/zmq_tcp",
+                      "value": round(statistics.median(curve), 3), "reps": [round(r, 3) for r in curve],
+                      "note": "CurveZMQ encryption and authentication against plain TCP"}), flush=True)
 
+    if args.no_ray:
+        return
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

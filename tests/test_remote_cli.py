@@ -68,6 +68,30 @@ def test_serve_a_python_function(tmp_path, leak_check):
     assert f"serve {addr}" in err and "24/24" in err  # the progress line
 
 
+def test_serve_with_keys_reaches_only_a_consumer_with_the_keys(tmp_path, leak_check):
+    from bridgeflow.remote import ProducerLostError, generate_keys
+
+    src = tmp_path / "flows.py"
+    src.write_text("import numpy as np\nfrom bridgeflow import DataFromList\n\ndef train():\n"
+                   "    return DataFromList([[np.arange(6, dtype=np.float32).reshape(2, 3) + i, i] for i in range(12)],"
+                   " shuffle=False)\n")
+    keys = str(generate_keys(tmp_path / "keys").source)
+    addr = f"ipc://{tmp_path}/serve.sock"
+    proc = serve(f"{src}:train", "--addr", addr, "--keys", keys, "--heartbeat", "0.2", "--quiet")
+    try:
+        with RemoteDataZMQ(addr, timeout=1.5) as plain:  # no keys: the handshake fails, nothing is read
+            plain.reset_state()
+            with pytest.raises(ProducerLostError, match="sent nothing"):
+                list(plain)
+        with RemoteDataZMQ(addr, timeout=20, keys=keys) as df:
+            df.reset_state()
+            got = list(df)
+    finally:
+        rc, out, err = finish(proc)
+    assert rc == 0, err
+    assert_same_datapoints(got, datapoints(), ordered=True)
+
+
 @pytest.fixture
 def lmdb_path(tmp_path):
     # made before leak_check starts watching: tqdm starts its monitor thread even for a disabled bar

@@ -39,9 +39,13 @@ import logging
 import struct
 from collections.abc import Sequence
 
+import numpy as np
+
+from ..serialize.errors import CorruptDataError
+
 __all__ = [
     "BYE", "CONTROL", "END", "ERROR", "FRAGMENT_BYTES", "HEARTBEAT", "HELLO", "LAST", "MAX_FRAME_BYTES", "SPLIT",
-    "SPLIT_HEAD", "SPLIT_PART",
+    "SPLIT_HEAD", "SPLIT_PART", "Split",
     "TAG", "TAG_ID_BYTES", "check_address", "check_addresses", "is_public", "split_header", "read_split_header",
 ]
 
@@ -65,6 +69,31 @@ MAX_FRAME_BYTES = FRAGMENT_BYTES + (1 << 20)  # a piece, or a split header of MA
 MAX_SPLIT_FRAMES = 1 << 16
 _TOTAL = struct.Struct("<QI")
 _SIZE = struct.Struct("<Q")
+
+
+class Split:
+    """A large datapoint being received in pieces: one buffer for all its frames, filled in order."""
+
+    __slots__ = ("buf", "sizes", "filled")
+
+    def __init__(self, total: int, sizes: list[int]) -> None:
+        self.buf = np.empty(total, np.uint8)
+        self.sizes, self.filled = sizes, 0
+
+    def add(self, piece: memoryview) -> list | None:
+        """Add the next piece; the datapoint's frames (views of the buffer) once it is complete."""
+        end = self.filled + piece.nbytes
+        if end > self.buf.nbytes:
+            raise CorruptDataError(f"{end} bytes of pieces for a datapoint of {self.buf.nbytes}")
+        self.buf[self.filled:end] = np.frombuffer(piece, np.uint8)
+        self.filled = end
+        if end < self.buf.nbytes:
+            return None
+        frames, off = [], 0
+        for n in self.sizes:
+            frames.append(self.buf[off:off + n])
+            off += n
+        return frames
 
 
 def split_header(sizes: Sequence[int]) -> bytes:

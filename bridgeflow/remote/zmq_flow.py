@@ -56,8 +56,6 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from .._deps import require
 from ..base import DataFlow
 from ..errors import DataFlowTerminated
@@ -95,33 +93,8 @@ class _Producer:
         self.state = _ACTIVE
         self.ended = False  # sent its end marker in the current iteration
         self.last_seen = time.monotonic()
-        self.split: _Split | None = None  # a datapoint arriving in pieces
+        self.split: P.Split | None = None  # a datapoint arriving in pieces
         self.spoke = not shared  # a producer sharing a bound address: sent something besides its hello
-
-
-class _Split:
-    """A large datapoint being received in pieces: one buffer for all its frames, filled in order."""
-
-    __slots__ = ("buf", "sizes", "filled")
-
-    def __init__(self, total: int, sizes: list[int]) -> None:
-        self.buf = np.empty(total, np.uint8)
-        self.sizes, self.filled = sizes, 0
-
-    def add(self, piece: memoryview) -> list | None:
-        """Add the next piece; the datapoint's frames (views of the buffer) once it is complete."""
-        end = self.filled + piece.nbytes
-        if end > self.buf.nbytes:
-            raise CorruptDataError(f"{end} bytes of pieces for a datapoint of {self.buf.nbytes}")
-        self.buf[self.filled:end] = np.frombuffer(piece, np.uint8)
-        self.filled = end
-        if end < self.buf.nbytes:
-            return None
-        frames, off = [], 0
-        for n in self.sizes:
-            frames.append(self.buf[off:off + n])
-            off += n
-        return frames
 
 
 class RemoteDataZMQ(DataFlow):
@@ -483,7 +456,7 @@ class RemoteDataZMQ(DataFlow):
                     raise CorruptDataError(str(exc)) from None
                 self._check_size(p, total)
                 self._check_buffered(p, total)
-                p.split = _Split(total, sizes)
+                p.split = P.Split(total, sizes)
                 self._buffered += total
                 return None
             if kind == P.SPLIT_PART and len(frames) == 2 and len(head) == 4 and p.split is not None:
