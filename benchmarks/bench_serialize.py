@@ -17,7 +17,10 @@ ratios (mean case rate / mean anchor rate):
 - ``hdf5_shuffled``: shuffled reads vs raw h5py item reads in the same order;
 - ``lmdb_write`` / ``hdf5_write``: save rates (N datapoints from an in-memory pool), no anchor.
 
-One JSON line per result on stdout. ``--quick`` uses N=1,000 for a smoke run.
+One JSON line per result on stdout. ``--quick`` uses N=1,000 for a smoke run. ``--evict`` drops the files
+from the page cache once written (``posix_fadvise(DONTNEED)``), so that the warm-up pass fills it by
+reading, as a job reading a dataset does (the kernel then caches the file in large folios, which copy
+out faster than the single pages a fresh write leaves); the default reads the cache the writes left.
 
 Example:
     python benchmarks/bench_serialize.py            # the full run
@@ -146,6 +149,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (>= 5 for the report)")
     p.add_argument("--quick", action="store_true", help="N=1000 smoke run")
     p.add_argument("--dir", default=None, help="where to put the temporary folder")
+    p.add_argument("--evict", action="store_true", help="drop the written files from the page cache before the "
+                   "warm-up pass (see the module doc)")
     p.add_argument("--crc", choices=("auto", "zlib"), default="auto",
                    help="zlib: checksums by the standard library's zlib.crc32 instead of zlib-ng's")
     args = p.parse_args(argv)
@@ -178,6 +183,14 @@ def main(argv=None) -> int:
         LMDBSerializer.save(PoolData(n), nocrc_path, progress=False, checksum=False)
         order = np.random.default_rng(1).permutation(n).tolist()
         cases = make_cases(lmdb_path, h5_path, n, order, nocrc_path)
+        if args.evict:
+            for path in (lmdb_path, h5_path, nocrc_path):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)  # dirty pages are not dropped
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
         for fn in cases.values():  # warm the OS cache and every code path
             fn()
         pairs = [("lmdb_seq", "raw_lmdb_seq", 0.9), ("lmdb_shuffled", "raw_lmdb_shuffled", None),
@@ -198,6 +211,7 @@ def main(argv=None) -> int:
         for case, anchor, target in pairs:
             med = statistics.median(ratios[(case, anchor)])
             emit(bench="serialize", case=case, anchor=anchor, n=n, item_bytes=ITEM, unit="datapoints/s", crc=crc_impl,
+                 cache="read" if args.evict else "written",
                  median=round(statistics.median(rates[case]), 1),
                  anchor_median=round(statistics.median(rates[anchor]), 1),
                  ratio=round(med, 3), ratio_reps=[round(r, 3) for r in ratios[(case, anchor)]], target=target,

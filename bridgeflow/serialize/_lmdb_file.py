@@ -14,7 +14,8 @@ checks it is still the same file.
 Example:
     >>> class MyReader(PinnedLMDB):                        # doctest: +SKIP
     ...     def __init__(self, path):
-    ...         tree = self._open_pinned(path, verify=None, who="MyReader")
+    ...         self._open_pinned(path, "MyReader")
+    ...         tree = self._walk()
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from ._lmdb_tree import LMDBTree, cut_error, walk_lmdb
 from ._pinned import PinnedFile
 from .errors import CorruptDataError
 
-__all__ = ["PinnedLMDB", "check_verify", "new_bytearray"]
+__all__ = ["PinnedLMDB", "check_verify", "new_bytearray", "new_bytearray_function"]
 
 
 @functools.cache
-def _uninitialized() -> Callable[[int], bytearray]:
+def new_bytearray_function() -> Callable[[int], bytearray]:
+    """:func:`new_bytearray` itself, for a hot loop."""
     try:
         import ctypes
 
@@ -44,13 +46,13 @@ def _uninitialized() -> Callable[[int], bytearray]:
         make.restype, make.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
     except (ImportError, AttributeError):  # not CPython: zero-filled
         return bytearray
-    return lambda n: make(None, n)
+    return functools.partial(make, None)
 
 
 def new_bytearray(n: int) -> bytearray:
     """A ``bytearray`` of ``n`` bytes whose contents are not set (a read fills it): ``bytearray(n)`` zeroes
     them first, which costs as much as a fifth of reading 150 KB from the page cache."""
-    return _uninitialized()(n)
+    return new_bytearray_function()(n)
 
 
 def check_verify(verify: bool | None, who: str) -> None:

@@ -55,7 +55,7 @@ from ..base import DataFlow
 from ..order import IndexedSource
 from ._checksum import crc32
 from ._common import classes_json, existing_path, iterate_source, normalize_index, note_datapoint, parse_classes
-from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray
+from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray, new_bytearray_function
 from ._lmdb_tree import LMDBTree, walk_lmdb
 from ._pinned import PinnedFile
 from .atomic import atomic_path, write_error
@@ -132,7 +132,8 @@ class LMDBSerializer:
              shard: tuple[int, int] | str | None = None, drop_last: bool = False) -> LMDBDataset:
         """The flow of datapoints stored at ``path`` (see :class:`LMDBDataset`): a file written by this
         class, or by tensorpack's ``LMDBSerializer.save`` (``format=None`` recognises which);
-        ``shard=(rank, world)`` or ``"auto"`` reads this rank's part only."""
+        ``shard=(rank, world)`` or ``"auto"`` reads this rank's part only; ``verify`` is deprecated and does
+        nothing."""
         return LMDBDataset(path, shuffle=shuffle, seed=seed, allow_pickle=allow_pickle, verify=verify,
                            format=format, shard=shard, drop_last=drop_last)
 
@@ -450,16 +451,15 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
     def _read(self, runs: list, pos: int) -> Iterator[Any]:
         fd, get = self._fd(), self._get
         for it, run, _skip in self._order.iters(runs, pos):
-            if self.shuffle:
-                for i in it:
-                    yield get(fd, i)
+            if self.shuffle or not self._index.small:  # each value read alone
+                if self.format == "bridgeflow" and self._crc:
+                    yield from self._read_each(fd, it)
+                else:
+                    for i in it:
+                        yield get(fd, i)
                 continue
             stop = run.stop  # a range: sequential
             at = end = 0  # datapoints at..end-1 lie in ``block``, read from byte ``base`` of the file
-            if not self._index.small:  # most values are large: each is read alone
-                for i in it:
-                    yield get(fd, i)
-                continue
             for i in it:
                 if not at <= i < end:
                     at, end, base, block = self._block(fd, i, stop)
@@ -474,6 +474,23 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                     yield self._finish(i, bytearray(block[a:n]), block[n:n + _CRC.size])
                 else:
                     yield self._finish(i, bytearray(block[a:a + size]), None)
+
+    def _read_each(self, fd: int, it: Iterator[int]) -> Iterator[Any]:
+        """:meth:`_get` for each of ``it``, inlined (the common case: bridgeflow's format, checksums)."""
+        offsets, sizes, new, preadv = self._offsets, self._sizes, new_bytearray_function(), os.preadv
+        crc32_of, stored, allow, tail = crc32(), _CRC.unpack, self._unpickle, _CRC.size
+        for i in it:
+            off, size = offsets[i], sizes[i]
+            data, crc = new(size - tail), bytearray(tail)
+            if preadv(fd, [data, crc], off) != size:
+                raise self._cut(off, size, f"datapoint {i}")
+            if crc32_of(data) != stored(crc)[0]:
+                raise CorruptDataError(f"{self.path}: datapoint {i}: checksum mismatch: the stored value is damaged")
+            try:
+                dp = decode(data, allow_pickle=allow)
+            except DECODE_ERRORS as exc:
+                raise self._damaged(i, exc) from exc
+            yield dp
 
     def _block(self, fd: int, i: int, stop: int) -> tuple[int, int, int, memoryview | None]:
         """``(i, end, base, bytes)``: the small values of datapoints ``i..end-1`` that lie close together in
