@@ -213,14 +213,14 @@ def test_with_keys_a_consumer_hears_nothing_from_a_producer_without_them(leak_ch
 def test_without_keys_one_stray_or_spoofed_message_cannot_end_or_corrupt_the_stream(leak_check, producer, rogue,
                                                                                     stray):
     addr = free_tcp()
-    with RemoteDataZMQ(addr, bind=True, producers=1, timeout=2) as df:
+    with RemoteDataZMQ(addr, bind=True, producers=1, timeout=3) as df:
         df.reset_state()
         push = rogue(zmq.PUSH)
         push.connect(addr)
         tag = [P.TAG + os.urandom(P.TAG_ID_BYTES)]
         push.send_multipart({"untagged": [b"\x80\x04K\x01."], "end": tag + [P.END], "last": tag + [P.LAST],
                              "error": tag + [P.ERROR + b"spoofed"], "hello-then-silence": tag + [P.HELLO]}[stray])
-        producer(addr, None, bind=False, delay=0.06)  # 3 s of data: longer than the timeout
+        producer(addr, None, bind=False, delay=0.08)  # 4 s of data: longer than the timeout
         assert labels(df) == list(range(N))
         assert df.stats()["messages_dropped"] == 1
 
