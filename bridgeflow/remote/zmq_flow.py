@@ -13,6 +13,12 @@ per address; each names itself in every message (see :mod:`bridgeflow.remote._pr
 errors and large datapoints are still tracked per producer. The producer sending code lives in
 :mod:`bridgeflow.remote.zmq_send`.
 
+Security: with ``keys=`` (a folder made by ``bridgeflow keys``, the same on every machine) every socket
+speaks CurveZMQ, encrypted, and only peers holding the keys are heard or served
+(:mod:`bridgeflow.remote.keys`). Without keys anyone who can reach an address can connect: addresses
+default to loopback, binding a wildcard is warned about, and a bound consumer drops (and counts) an
+untagged message or one from a producer that did not say hello.
+
 Datapoints travel as the frames of :func:`bridgeflow.serialize.codec.encode_frames`: array bytes are
 their own frames, sent without copying (and without pickle: the safe codec is the default). A
 datapoint over 1 MiB travels in 1 MiB pieces after a header that announces its size (see
