@@ -433,7 +433,8 @@ class RemoteDataZMQ(DataFlow):
                 waiting = (f", waiting for {self.producers - finished} more producer(s) to finish"
                            if self.producers is not None else "")
                 if self._dropped:
-                    hint += f"; {self._dropped} message(s) not from a producer that said hello were dropped"
+                    hint += (f"; {self._dropped} message(s) not from bridgeflow's send_dataflow_zmq(..., bind=False) "
+                             "were dropped (tensorpack's producer sends pickles, which bridgeflow does not read)")
                 raise ProducerLostError(
                     f"{type(self).__name__}: no producer sent anything to {', '.join(self.addrs)} for "
                     f"{self.timeout:g} s{waiting} (bind=True: producers connect with "
