@@ -9,7 +9,8 @@ are refused, nothing is unpickled.
 
 Example:
     >>> from bridgeflow import DataFromList
-    >>> NumpySerializer.save(DataFromList([[np.arange(2), "a"], [np.arange(3), "b"]]), "small.npz", progress=False)
+    >>> df = DataFromList([[np.arange(2), "a"], [np.arange(3), "b"]], shuffle=False)
+    >>> NumpySerializer.save(df, "small.npz", progress=False)
     2
     >>> ds = NumpySerializer.load("small.npz", shuffle=False)
     >>> ds[1]
