@@ -4,7 +4,8 @@ One page per public module (no part of its name starts with ``_``) of ``bridgefl
 ``bridgeflow.adapters``. A name is described once, on the page of the module that defines it (or, for a
 name defined in a private module, of the first public module that exports it); the other modules that
 export it list it in a table linking there. So ``bridgeflow.MapData`` is described on the
-``bridgeflow.transforms`` page and linked from the ``bridgeflow`` page, and nothing is described twice.
+``bridgeflow.transforms`` page and linked from the ``bridgeflow`` page, and nothing is described twice. A
+docstring's reference to an exported name (``bridgeflow.MapData``, or ``MapData`` alone) links there too.
 """
 
 from __future__ import annotations
@@ -130,8 +131,8 @@ def index_page(modules: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_pages(out_dir: Path) -> list[str]:
-    """Write ``index.rst`` and one page per module into ``out_dir``; returns the module names."""
+def write_pages(out_dir: Path) -> dict[str, str]:
+    """Write ``index.rst`` and one page per module into ``out_dir``; returns :func:`aliases`."""
     modules = public_modules()
     home = homes(modules)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -144,9 +145,36 @@ def write_pages(out_dir: Path) -> list[str]:
         path = out_dir / file_name
         if not path.exists() or path.read_text() != text:  # unchanged pages keep their time: no rebuild
             path.write_text(text)
-    return modules
+    return aliases(home)
+
+
+def aliases(home: dict[tuple[str, str], str]) -> dict[str, str]:
+    """Other names of the described objects: ``bridgeflow.WorkerError`` (an export) and ``WorkerError`` (the
+    bare name, when only one object has it), each mapped to the name it is described under."""
+    out = {f"{m}.{name}": target for (m, name), target in home.items() if f"{m}.{name}" != target}
+    bare: dict[str, set[str]] = {}
+    for target in set(home.values()):
+        bare.setdefault(target.rsplit(".", 1)[1], set()).add(target)
+    out.update({name: targets.pop() for name, targets in bare.items() if len(targets) == 1})
+    return out
 
 
 def setup(app):  # a Sphinx extension: the pages exist before Sphinx looks for source files
-    app.connect("config-inited", lambda app, config: write_pages(Path(app.srcdir) / "api"))
+    found: dict[str, str] = {}
+
+    def generate(app, config) -> None:
+        found.update(write_pages(Path(app.srcdir) / "api"))
+
+    def resolve(app, env, node, contnode):
+        """Docstrings name objects as users import them (``:class:`~bridgeflow.WorkerError```, or bare):
+        send such a reference to where the object is described."""
+        target = found.get(node.get("reftarget", ""))
+        if node.get("refdomain") != "py" or target is None:
+            return None
+        node["reftarget"] = target
+        return env.get_domain("py").resolve_xref(env, node["refdoc"], app.builder, node["reftype"], target,
+                                                 node, contnode)
+
+    app.connect("config-inited", generate)
+    app.connect("missing-reference", resolve)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
