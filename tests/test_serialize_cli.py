@@ -115,7 +115,7 @@ def test_files_written_with_bytes_images_still_load_as_bytes(image_folder, tmp_p
         for (raw, la), (arr, lb) in zip(a, b):
             assert isinstance(raw, bytes) and isinstance(arr, np.ndarray) and la == lb
             assert raw == arr.tobytes()
-            # the README's one-line decode reads both
+            # the one-line decode of docs/serialization.md reads both
             np.testing.assert_array_equal(cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR),
                                           cv2.imdecode(np.frombuffer(arr, np.uint8), cv2.IMREAD_COLOR))
     with pytest.raises(ValueError, match="encoded"):
