@@ -24,6 +24,7 @@ Example:
     >>> with open(pin.name(), "rb") as f:  # /proc/self/fd/N: the file as it was opened
     ...     f.read()
     b'first'
+    >>> pin.close()
 """
 
 from __future__ import annotations
