@@ -12,10 +12,18 @@ the source's arrays (turn it off when the source makes new arrays anyway, e.g. d
 and every hundredth after; without it the error propagates.
 
 Example:
-    >>> from bridgeflow import imgaug
+    >>> import numpy as np
+    >>> from bridgeflow import DataFromList, imgaug
     >>> augs = [imgaug.RandomCrop(224), imgaug.Flip(horiz=True)]
-    >>> df = AugmentImageComponent(images_and_labels, augs)  # doctest: +SKIP
-    >>> df = AugmentImageComponents(image_mask_points, augs, index=(0, 1), coords_index=(2,))  # doctest: +SKIP
+    >>> images_and_labels = DataFromList([[np.zeros((256, 256, 3), np.uint8), 7]])
+    >>> df = AugmentImageComponent(images_and_labels, augs)
+    >>> df.reset_state(); [np.shape(c) for c in next(iter(df))]
+    [(224, 224, 3), ()]
+    >>> image_mask_points = DataFromList([[np.zeros((256, 256, 3), np.uint8), np.zeros((256, 256), np.uint8),
+    ...                                    np.array([[10.0, 20.0]])]])
+    >>> df = AugmentImageComponents(image_mask_points, augs, index=(0, 1), coords_index=(2,))
+    >>> df.reset_state(); [np.shape(c) for c in next(iter(df))]  # same crop and flip for all three
+    [(224, 224, 3), (224, 224), (1, 2)]
 """
 
 from __future__ import annotations

@@ -91,5 +91,9 @@ class MultiThreadPrefetchData(MultiThreadRunner):
     :class:`~bridgeflow.MultiThreadRunner`, which takes the same arguments in the same order.
 
     Example:
-        >>> df = MultiThreadPrefetchData(lambda: DataFromList(items), 16, 4)  # doctest: +SKIP
+        >>> from bridgeflow import DataFromList
+        >>> df = MultiThreadPrefetchData(lambda: DataFromList([[i] for i in range(3)]), 16, 4)
+        >>> with df:
+        ...     len(list(df))  # len(ds) datapoints per epoch, drawn from the four threads' copies
+        3
     """

@@ -41,7 +41,8 @@ class TestDataSpeed(ProxyDataFlow):
 
     Example:
         >>> from bridgeflow import FakeData
-        >>> rate = TestDataSpeed(FakeData([[4]], size=100), size=50).start()  # doctest: +SKIP
+        >>> rate = TestDataSpeed(FakeData([[4]], size=100), size=50, progress=False).start()
+        50 datapoints in ...
     """
 
     __test__ = False  # not a pytest test class, despite the name

@@ -94,7 +94,7 @@ class StagingInput(InputSource):
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._data_puts = 0  # batches staged so far
-        self._marker_puts = 0  # end-of-data markers staged so far
+        self._marker_puts = 0  # end-of-data markers staged (or being staged) so far
         self._ended = False  # the input has no more data
         self._end_queue: Any = None  # a closed, empty queue: dequeuing it raises OutOfRangeError
         self._ended_var: Any = None  # True once the thread has staged its last batch
@@ -255,9 +255,9 @@ class StagingInput(InputSource):
                 with self._cv:
                     self._ended = True
                     self._cv.notify_all()
-                put_marker()
-                with self._cv:
+                with self._cv:  # counted before the put, so stats() never finds an uncounted marker staged
                     self._marker_puts += 1
+                put_marker()
         except Exception as exc:  # the input was closed, its Session went away, or the input itself failed
             if self._stop.is_set():
                 log.debug("%s: staging thread stopped: %r", self.name, exc)

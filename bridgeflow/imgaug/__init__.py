@@ -18,7 +18,7 @@ Example:
     >>> import numpy as np
     >>> from bridgeflow import imgaug
     >>> augs = imgaug.AugmentorList([imgaug.ResizeShortestEdge(256), imgaug.CenterCrop(224)])
-    >>> augs.augment(np.zeros((300, 400, 3), np.uint8)).shape  # doctest: +SKIP
+    >>> augs.augment(np.zeros((300, 400, 3), np.uint8)).shape
     (224, 224, 3)
 """
 

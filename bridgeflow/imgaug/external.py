@@ -96,8 +96,10 @@ class Albumentations(_LibraryAugmentor):
     """An albumentations transform or ``Compose`` (albumentations >= 2.0) as an augmentor.
 
     Example:
-        >>> import albumentations as A  # doctest: +SKIP
-        >>> aug = Albumentations(A.Compose([A.HorizontalFlip(), A.RandomBrightnessContrast()]))  # doctest: +SKIP
+        >>> import albumentations as A
+        >>> aug = Albumentations(A.Compose([A.HorizontalFlip(p=1.0)]))
+        >>> aug.augment(np.array([[[1], [2], [3]]], np.uint8))[..., 0]
+        array([[3, 2, 1]], dtype=uint8)
     """
 
     def __init__(self, augmentor: Any) -> None:

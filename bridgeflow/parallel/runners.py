@@ -210,7 +210,12 @@ class MultiProcessRunner(_RunnerStage):
     datapoints in flight (at least one per worker). ``nr_prefetch=`` / ``nr_proc=`` are accepted, deprecated.
 
     Example:
-        >>> df = MultiProcessRunner(BatchData(my_flow, 32), 3, 2)  # prefetch 3, two processes  # doctest: +SKIP
+        >>> from bridgeflow import DataFromList
+        >>> df = MultiProcessRunner(DataFromList([[i] for i in range(4)]), 3, 2)  # prefetch 3, two processes
+        >>> with df:
+        ...     epoch = [dp[0] for dp in df]
+        >>> len(epoch), set(epoch) <= {0, 1, 2, 3}  # len(ds) datapoints, from either worker's copy
+        (4, True)
     """
 
     _processes = True

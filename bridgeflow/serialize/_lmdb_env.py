@@ -7,7 +7,7 @@ environment is opened through the pinned descriptor (:mod:`bridgeflow.serialize.
 path again, so a reader reads the file it opened for its whole life.
 
 Example:
-    >>> class MyReader(PinnedLMDB):                        # doctest: +SKIP
+    >>> class MyReader(PinnedLMDB):
     ...     def __init__(self, path):
     ...         self._open_pinned(path, verify=None, who="MyReader")
 """

@@ -13,8 +13,12 @@ shared by inode: :mod:`bridgeflow.serialize._lmdb_env`). Files written by bridge
 (what ``LMDBData(path)`` returned in earlier bridgeflow versions).
 
 Example:
-    >>> ds = LMDBData("ILSVRC-train.lmdb", shuffle=False)                       # doctest: +SKIP
-    >>> ds = LMDBDataDecoder(ds, lambda k, v: [cv2.imdecode(np.frombuffer(v, np.uint8), 1)])  # doctest: +SKIP
+    >>> import lmdb
+    >>> with lmdb.open("raw.lmdb", subdir=False) as env, env.begin(write=True) as txn:
+    ...     _ = txn.put(b"a", b"123"), txn.put(b"b", b"45")
+    >>> ds = LMDBData("raw.lmdb", shuffle=False)
+    >>> ds.reset_state(); list(ds)
+    [[b'a', b'123'], [b'b', b'45']]
 """
 
 from __future__ import annotations
@@ -197,7 +201,12 @@ class LMDBDataDecoder(MapData):
     """``decoder(key, value)`` applied to every pair of an :class:`LMDBData`; ``None`` drops the pair.
 
     Example:
-        >>> ds = LMDBDataDecoder(LMDBData("x.lmdb", shuffle=False), lambda k, v: [k.decode(), len(v)])  # doctest: +SKIP
+        >>> import lmdb
+        >>> with lmdb.open("pairs.lmdb", subdir=False) as env, env.begin(write=True) as txn:
+        ...     _ = txn.put(b"a", b"123"), txn.put(b"b", b"45")
+        >>> ds = LMDBDataDecoder(LMDBData("pairs.lmdb", shuffle=False), lambda k, v: [k.decode(), len(v)])
+        >>> ds.reset_state(); list(ds)
+        [['a', 3], ['b', 2]]
     """
 
     def __init__(self, lmdb_data: DataFlow, decoder: Callable[[bytes, bytes], Any]) -> None:
