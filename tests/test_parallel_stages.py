@@ -601,7 +601,7 @@ def test_a_started_stage_copied_into_a_runner_keeps_working_here(leak_check):
 def test_stats_show_the_slow_side(leak_check, capsys):
     with MultiProcessMapData(source(400), 2, image_of, buffer_size=40, start_method="fork") as df:
         rate = bf.TestDataSpeed(df, size=300, progress=False).start()
-        stats = df.stats()
+        stats = df.stats()["MultiProcessMapData"]
     assert rate > 0
     assert stats["datapoints"] >= 300 and stats["workers"] == 2
     assert 0.0 <= stats["buffer_fill"] <= 1.0 and 0.0 <= stats["consumer_wait_frac"] <= 1.0

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ..base import DataFlow, ProxyDataFlow
+from ..base import DataFlow
 from ..errors import DatapointError
+from ..proxy import ProxyDataFlow
 from .forensics import check_seconds
 from .pickling import dumps_as_launched
 from .pool import WorkerPool, describe_unpicklable
@@ -91,7 +92,8 @@ class ParallelStage(ProxyDataFlow):
         if self._pool is not None:
             self._pool.set_mapping_hooks(hooks)
 
-    def reset_state(self) -> None:
+    def _on_reset(self) -> None:
+        # not ProxyDataFlow's: a runner's workers reset their own copies, a map stage resets its source first
         self._close_pool()
         self._stats = _StageStats()
         self._pool = self._new_pool().start()
@@ -105,7 +107,7 @@ class ParallelStage(ProxyDataFlow):
         self._close_pool()
         super().close()
 
-    def stats(self) -> dict[str, float]:
+    def _own_stats(self) -> dict[str, float]:
         return self._stats.as_dict(self._pool, self._capacity) if hasattr(self, "_stats") else {}
 
     def _live_pool(self) -> WorkerPool:

@@ -21,8 +21,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._renamed import renamed_keywords
-from ..base import DataFlow, epoch_live, take_pending, worker_seed_scope
+from ..base import DataFlow, epoch_live, pending_state
 from ..errors import LengthUnknownError
+from ..rng import worker_seed_scope
 from ..state import StateError, StateMismatchError, check_count, field
 from .common import ParallelStage, check_picklable, check_positive, chunk_size, forever, seed_worker_globals
 from .pool import EXHAUSTED, WorkerContext, WorkerPool
@@ -90,15 +91,12 @@ class _RunnerStage(ParallelStage):
         self._started_with: dict | None = None  # the loaded state the workers were started from
         self._n = 0  # datapoints yielded in the epoch in progress
 
-    def reset_state(self) -> None:
-        # The consumer does not iterate ds itself: each worker resets its own copy.
-        super().reset_state()
-
-    def _new_pool(self) -> WorkerPool:
+    def _new_pool(self, start: dict | None = None) -> WorkerPool:
         make = self._factory if self._factory is not None else self.ds
         if self._processes and self.start_method not in (None, "fork"):
             check_picklable(make, "flow", type(self).__name__, self.start_method)
-        pending = self.__dict__.get("_bf_pending")  # loaded before reset_state(): start from it directly
+        # a state loaded before reset_state() (or the one this epoch begins from): the workers start from it
+        pending = start if start is not None else pending_state(self)
         self._started_with = pending
         starts = pending["workers"] if pending is not None else None
         self._workers = WorkerLedger([(w["state"], w["replay"]) for w in starts] if starts is not None
@@ -109,19 +107,17 @@ class _RunnerStage(ParallelStage):
                           chunk_size=chunk_size(self._capacity, self.num_workers), **self._pool_options())
         return pool
 
-    def __iter__(self) -> Iterator:
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None and self._started_with is not pending:  # loaded after reset_state()
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        if resume is not None and self._started_with is not resume:  # loaded after reset_state()
             self._close_pool()
-            self._pool = self._new_pool().start()
-        take_pending(self)
+            self._pool = self._new_pool(resume).start()
         self._started_with = None
         pool = self._live_pool()
         try:
             size: int | None = len(self.ds)
         except LengthUnknownError:
             size = None
-        self._n = pending["taken"] if pending is not None else 0
+        self._n = resume["taken"] if resume is not None else 0
         return self._run(pool, size)
 
     def _run(self, pool: WorkerPool, size: int | None) -> Iterator:
@@ -142,17 +138,14 @@ class _RunnerStage(ParallelStage):
             self._stats.datapoints += 1
             yield out
 
-    def state_dict(self) -> dict:
+    def _own_state(self) -> dict:
         """Each worker's copy's state at the last datapoint received from it (a snapshot plus datapoints
         to replay), and the position in the epoch. A resume restarts the workers from these."""
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            return dict(pending)
         workers = self._workers.positions() if self._workers is not None else \
             [{"state": None, "replay": 0} for _ in range(self.num_workers)]
         return {"num_workers": self.num_workers, "workers": workers, "taken": self._n if epoch_live(self) else 0}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         if field(state, "num_workers", int) != self.num_workers:
             raise StateMismatchError(f"the state is for {state['num_workers']} workers, this stage has "
                                      f"{self.num_workers}: each worker's copy has its own position")
@@ -164,7 +157,7 @@ class _RunnerStage(ParallelStage):
                 raise StateMismatchError(f"damaged worker position {w!r} in the state")
             field(w, "state", (dict, type(None)))
             check_count(w, "replay")
-        self._bf_pending = {"num_workers": self.num_workers, "workers": workers, "taken": check_count(state, "taken")}
+        check_count(state, "taken")
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
