@@ -32,23 +32,24 @@ BUSY = 0.80
 
 
 def iter_flows(df: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    """Walk a pipeline depth-first, yielding ``(path, flow)``; the path reads like ``Batch/Map/List``.
+    """Walk a pipeline depth-first, yielding ``(path, flow)``; the path reads like ``Batch/Map/List``, and
+    the children of a flow that reads several are numbered, as in states: ``Join/List[0]``, ``Join/List[1]``.
 
     A flow that appears twice (``ConcatData([a, a])``) is yielded once.
     """
     seen: set[int] = set()
 
-    def walk(node: Any, path: str) -> Iterator[tuple[str, Any]]:
+    def walk(node: Any, name: str) -> Iterator[tuple[str, Any]]:
         if id(node) in seen:
             return
         seen.add(id(node))
-        name = f"{path}/{type(node).__name__}" if path else type(node).__name__
         yield name, node
         children = getattr(node, "children", None)  # a duck-typed (tensorpack) flow has none
-        for child in children() if callable(children) else ():
-            yield from walk(child, name)
+        children = list(children()) if callable(children) else []
+        for i, child in enumerate(children):
+            yield from walk(child, f"{name}/{type(child).__name__}" + (f"[{i}]" if len(children) > 1 else ""))
 
-    yield from walk(df, prefix)
+    yield from walk(df, f"{prefix}/{type(df).__name__}" if prefix else type(df).__name__)
 
 
 def pipeline_stats(df: Any) -> dict[str, dict[str, float]]:

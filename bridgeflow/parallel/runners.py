@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
-import logging
-import os
 import pickle
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,13 +22,20 @@ from ..base import DataFlow, epoch_live, pending_state
 from ..errors import LengthUnknownError
 from ..rng import worker_seed_scope
 from ..state import StateError, StateMismatchError, check_count, field
-from .common import ParallelStage, check_picklable, check_positive, chunk_size, forever, seed_worker_globals
+from .common import (
+    ParallelStage,
+    check_picklable,
+    check_positive,
+    chunk_size,
+    forever,
+    seed_worker_globals,
+    warn_if_oversubscribed,
+)
 from .pool import EXHAUSTED, WorkerContext, WorkerPool
 from .progress import WorkerLedger, WorkerSnapshot
 
 __all__ = ["MultiProcessRunner", "MultiThreadRunner"]
 
-log = logging.getLogger("bridgeflow.parallel.stages")
 
 _RUNNER_SNAPSHOT_EVERY = 16  # a runner worker's datapoints between two states of its copy
 
@@ -125,8 +129,7 @@ class _RunnerStage(ParallelStage):
         while size is None or self._n < size:
             while pool.outstanding < self._capacity:
                 pool.put(None)
-            if self._stats.started is None:
-                self._stats.started = time.perf_counter()
+            self._stats.start(pool)
             worker, out = pool.get()
             if out is EXHAUSTED:  # pragma: no cover - workers loop their flow forever
                 continue
@@ -217,11 +220,9 @@ class MultiProcessRunner(_RunnerStage):
                       num_prefetch, num_proc, "num_proc", self.__dict__.pop("_bf_positional", False), "processes")
         super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed, timeout=timeout,
                          stall_warning=stall_warning)
-        cpus = os.cpu_count() or 1
-        if self.num_workers > 2 * cpus:
-            log.warning("%s starts %d processes on %d CPUs (num_prefetch=%d, num_proc=%d; the positional order "
-                        "is (ds, num_prefetch, num_proc), as in tensorpack)", type(self).__name__,
-                        self.num_workers, cpus, self.num_prefetch, self.num_workers)
+        warn_if_oversubscribed(self.num_workers, type(self).__name__, "num_proc",
+                               f" (num_prefetch={self.num_prefetch}, num_proc={self.num_workers}: the counts go in "
+                               "tensorpack's order, (ds, num_prefetch, num_proc))", stacklevel=5)
 
 
 class MultiThreadRunner(_RunnerStage):

@@ -41,7 +41,15 @@ from ..batch import batch_datapoints
 from ..errors import LengthUnknownError
 from ..state import StateMismatchError, check_count, child_state, field, load_child
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
-from .common import ParallelStage, check_picklable, check_positive, chunk_size, forever, seed_worker_globals
+from .common import (
+    ParallelStage,
+    check_picklable,
+    check_positive,
+    chunk_size,
+    forever,
+    seed_worker_globals,
+    warn_if_oversubscribed,
+)
 from .fused import BatchPlan, BatchTask, Stacked, WorkerBatching, batch_bytes
 from .pool import WorkerContext, WorkerPool
 from .progress import SourceLedger, check_source_position
@@ -385,6 +393,7 @@ class MultiProcessMapData(_MapStage):
                  seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
         super().__init__(ds, num_proc, map_func, buffer_size, strict, ordered, start_method=start_method,
                          seed=seed, timeout=timeout, stall_warning=stall_warning)
+        warn_if_oversubscribed(self.num_workers, type(self).__name__, "num_proc")
 
 
 class MultiThreadMapData(_MapStage):
