@@ -119,7 +119,7 @@ class DataFlow:
     # --- the public lifecycle ---------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Datapoint]:
-        owner = moved_caller(self)
+        owner = moved_caller(self, "_iter_epoch")
         if owner is not None:  # super().__iter__() in a tensorpack-style __iter__: the parent's epoch
             return self.__parent_epoch(owner)
         if not self.__reset_done:
@@ -137,7 +137,7 @@ class DataFlow:
 
     def reset_state(self) -> None:
         """Prepare to iterate in this process: seed RNGs, open files, start workers. Called once."""
-        owner = moved_caller(self)
+        owner = moved_caller(self, "_on_reset")
         if owner is not None:  # super().reset_state() in a tensorpack-style reset_state
             super(owner, self)._on_reset()
             return
@@ -164,7 +164,7 @@ class DataFlow:
         ``load_state_dict`` (``_own_state`` and ``_take_state``) for anything else, or declare
         ``class F(DataFlow, resumable=False)``.
         """
-        owner = moved_caller(self)
+        owner = moved_caller(self, "_own_state")
         if owner is not None:
             return super(owner, self)._own_state()
         reader = self.__read_ahead() if self.__read_ahead is not None else None
@@ -189,7 +189,7 @@ class DataFlow:
         """Take a state saved by :meth:`state_dict` of a flow of the same structure; its next ``iter()``
         continues from there. A state of another structure raises ``StateMismatchError`` (a ValueError)
         naming the flow and what differs."""
-        owner = moved_caller(self)
+        owner = moved_caller(self, "_take_state")
         if owner is not None:
             super(owner, self)._take_state(state)
             return
@@ -214,7 +214,7 @@ class DataFlow:
         """The counters of every stage in the pipeline under this flow (this one included) that keeps
         them, by path: ``{"BatchData/MultiProcessMapData": {"buffer_fill": 0.9, ...}}``. See
         :func:`bridgeflow.pipeline.bottleneck` for what they say."""
-        owner = moved_caller(self)
+        owner = moved_caller(self, "_own_stats")
         if owner is not None:  # super().stats() in a stats() written for an earlier bridgeflow
             return super(owner, self)._own_stats()
         return pipeline_stats(self)

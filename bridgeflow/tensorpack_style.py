@@ -52,7 +52,8 @@ __all__ = ["adopt", "moved_caller"]
 MOVES = {"__iter__": "_iter_epoch", "reset_state": "_on_reset", "state_dict": "_own_state",
          "load_state_dict": "_take_state", "stats": "_own_stats"}
 
-_moved_code: dict[types.CodeType, type] = {}  # the code of every moved method -> the class it was written in
+# the code of every moved method (and of what it wraps) -> (the class it was written in, the hook it became)
+_moved_code: dict[types.CodeType, tuple[type, str]] = {}
 
 
 def adopt(cls: type, base: type) -> None:
@@ -81,20 +82,22 @@ def _move(cls: type, public: str, hook: str) -> None:
     fn = cls.__dict__[public]
     delattr(cls, public)
     setattr(cls, hook, fn)
-    code = getattr(fn, "__code__", None)
-    if isinstance(code, types.CodeType):
-        _moved_code[code] = cls
+    while fn is not None:  # a decorated method (functools.wraps) calls super() from the function it wraps
+        code = getattr(fn, "__code__", None)
+        if isinstance(code, types.CodeType):
+            _moved_code[code] = (cls, hook)
+        fn = getattr(fn, "__wrapped__", None)
 
 
-def moved_caller(flow: Any) -> type | None:
-    """The class of the moved method that called the public method now running on ``flow`` (through
-    ``super()`` or a parent named outright), or None for any other caller. Looks at the frame two levels
-    up: the public method's caller."""
+def moved_caller(flow: Any, hook: str) -> type | None:
+    """The class of the moved method that called the public method of ``hook`` now running on ``flow``,
+    through ``super()`` or a parent named outright; None for any other caller (a moved ``__iter__`` that calls
+    ``self.reset_state()`` means this flow's own). Looks at the frame two levels up: the caller."""
     frame = sys._getframe(2)
-    owner = _moved_code.get(frame.f_code)
-    if owner is None:
+    moved = _moved_code.get(frame.f_code)
+    if moved is None or moved[1] != hook:
         return None
     code = frame.f_code
     if not code.co_argcount or frame.f_locals.get(code.co_varnames[0]) is not flow:
         return None  # a moved method of another flow of the same class (its child, say)
-    return owner
+    return moved[0]

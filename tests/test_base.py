@@ -572,7 +572,7 @@ def test_bridgeflow_flows_fill_hooks_and_are_never_renamed():
     for info in pkgutil.walk_packages(bridgeflow.__path__, "bridgeflow."):
         if not info.name.endswith("__main__"):
             importlib.import_module(info.name)
-    renamed = {cls.__module__ for cls in tensorpack_style._moved_code.values()}
+    renamed = {cls.__module__ for cls, _ in tensorpack_style._moved_code.values()}
     assert not {m for m in renamed if m.startswith("bridgeflow.")}
 
 
@@ -594,3 +594,44 @@ def test_a_read_ahead_answers_state_dict_until_the_next_iter():
     del reader
     gc.collect()
     assert "pos" in df.state_dict()  # held weakly
+
+
+def test_a_decorated_tensorpack_method_reaches_its_parent():
+    import functools
+
+    calls = []
+
+    def logged(fn):
+        @functools.wraps(fn)
+        def wrapper(self, *args):
+            calls.append(fn.__name__)
+            return fn(self, *args)
+        return wrapper
+
+    class Seeded(RNGDataFlow):
+        seed = 5
+
+        @logged
+        def reset_state(self):
+            super().reset_state()  # from inside the wrapped function: RNGDataFlow's reset
+            self.first = int(self.rng.randint(1 << 30))
+
+        def __iter__(self):
+            yield [self.first]
+
+    assert list(Seeded()) == list(Seeded()) and calls == ["reset_state", "reset_state"]
+
+
+def test_a_moved_method_calling_another_public_method_gets_this_flows_own():
+    class Restarting(DataFlow):
+        resets = 0
+
+        def reset_state(self):
+            type(self).resets += 1
+
+        def __iter__(self):
+            self.reset_state()  # its own reset_state, not a parent's
+            yield [type(self).resets]
+
+    df = Restarting()
+    assert list(df) == [[2]] and list(df) == [[3]]
