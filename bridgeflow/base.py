@@ -100,6 +100,7 @@ class DataFlow:
     state_version: int = 1
     """The format version of this class's states; raise it when the fields change meaning."""
     _resumable = True
+    _tensorpack_style = False  # a class of this flow had public methods moved to hooks (tensorpack_style)
 
     # The base's own bookkeeping. Class defaults, so that a subclass need not call DataFlow.__init__.
     __reset_done = False

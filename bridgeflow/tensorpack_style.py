@@ -82,6 +82,7 @@ def _move(cls: type, public: str, hook: str) -> None:
     fn = cls.__dict__[public]
     delattr(cls, public)
     setattr(cls, hook, fn)
+    cls._tensorpack_style = True  # type: ignore[attr-defined]  # it and its subclasses may be routed
     while fn is not None:  # a decorated method (functools.wraps) calls super() from the function it wraps
         code = getattr(fn, "__code__", None)
         if isinstance(code, types.CodeType):
@@ -93,6 +94,8 @@ def moved_caller(flow: Any, hook: str) -> type | None:
     """The class of the moved method that called the public method of ``hook`` now running on ``flow``,
     through ``super()`` or a parent named outright; None for any other caller (a moved ``__iter__`` that calls
     ``self.reset_state()`` means this flow's own). Looks at the frame two levels up: the caller."""
+    if not type(flow)._tensorpack_style:  # no class of this flow had a method moved: nothing to route
+        return None
     frame = sys._getframe(2)
     moved = _moved_code.get(frame.f_code)
     if moved is None or moved[1] != hook:
