@@ -750,8 +750,8 @@ def test_runner_order_change_is_loud(caplog):
         MultiProcessRunner(Shard(), 4, 2).close()  # tensorpack's usual shape: more prefetched than processes
         bf.MultiProcessRunnerZMQ(Shard(), 3, 2).close()
     cpus = usable_cpus()
-    with pytest.warns(UserWarning, match=rf"MultiProcessRunner starts {2 * cpus + 1} processes on {cpus} CPUs .*"
-                                         r"pass num_proc=\d+ or fewer \(num_prefetch=.*tensorpack's order") as record:
+    many = rf"MultiProcessRunner starts {2 * cpus + 1} processes on {cpus} CPUs .*pass num_proc=\d+ or fewer"
+    with pytest.warns(bf.OversubscribedWarning, match=many + r" \(num_prefetch=.*tensorpack's order") as record:
         MultiProcessRunner(Shard(), 2 * cpus + 8, 2 * cpus + 1).close()
     assert record[0].filename == __file__  # the line that asked for them
 
@@ -882,8 +882,8 @@ def test_a_spawned_pipeline_without_the_main_guard_says_so(tmp_path):
 
 def test_more_worker_processes_than_cpus_warn_once_per_request():
     cpus = usable_cpus()
-    with pytest.warns(UserWarning, match=rf"MultiProcessMapData starts {cpus + 1} processes on {cpus} CPUs .*"
-                                         rf"pass num_proc={cpus} or fewer") as record:
+    many = rf"MultiProcessMapData starts {cpus + 1} processes on {cpus} CPUs .*pass num_proc={cpus} or fewer"
+    with pytest.warns(bf.OversubscribedWarning, match=many) as record:
         MultiProcessMapData(source(), cpus + 1, image_of).close()
     assert record[0].filename == __file__
     with warnings.catch_warnings():

@@ -22,7 +22,7 @@ from .pool import WorkerPool, describe_unpicklable
 
 __all__ = [
     "ParallelStage", "check_picklable", "check_positive", "check_seconds", "chunk_size", "forever",
-    "seed_worker_globals", "warn_if_oversubscribed",
+    "OversubscribedWarning", "seed_worker_globals", "warn_if_oversubscribed",
 ]
 
 log = logging.getLogger("bridgeflow.parallel.stages")
@@ -48,13 +48,18 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+class OversubscribedWarning(UserWarning):
+    """A process stage asked for more workers than the CPUs this process may use (torch's DataLoader warns
+    alike). Silence it with ``warnings.simplefilter("ignore", bridgeflow.OversubscribedWarning)``."""
+
+
 def warn_if_oversubscribed(workers: int, who: str, keyword: str, note: str = "", stacklevel: int = 4) -> None:
     """Warn (once per message) when a stage starts more worker processes than there are CPUs to run them."""
     cpus = usable_cpus()
     if workers > cpus:
         warnings.warn(f"{who} starts {workers} processes on {cpus} CPUs (those this process may use): they compete "
                       f"for the CPUs and run slower than fewer would, and use more memory; pass {keyword}={cpus} or "
-                      f"fewer{note}", UserWarning, stacklevel=stacklevel)
+                      f"fewer{note}", OversubscribedWarning, stacklevel=stacklevel)
 
 
 def check_positive(value: Any, what: str, who: str) -> int:

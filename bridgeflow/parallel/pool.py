@@ -26,7 +26,7 @@ Example:
     >>> def init(ctx):
     ...     return lambda x: x * 10
     >>> with WorkerPool(init, 2, processes=False) as pool:
-    ...     pool.start()
+    ...     _ = pool.start()
     ...     ids = [pool.put(i) for i in range(3)]
     ...     [pool.get()[1] for _ in ids]
     [0, 10, 20]
