@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import RNGDataFlow, epoch_live
+from .base import epoch_live
+from .rng import RNGDataFlow
 from .shard import check_same_on_every_rank, resolve_shard
 from .state import StateMismatchError, check_count, expect_field, field
 
@@ -40,9 +41,10 @@ def iterator_position(it: Any, run_length: int) -> int:
 class EpochOrder:
     """Indices to read per epoch for a source of ``n`` datapoints, and the position in the current epoch.
 
-    The source calls :meth:`begin` when an iteration starts (in ``__iter__``, not in its generator, so an
-    iterator dropped before its first datapoint still ends the epoch) and reads the indices of
-    :meth:`iters`; :meth:`state` and :meth:`load` save and restore the position.
+    The source calls :meth:`begin` when an iteration starts (in ``_begin_epoch``, not in its generator, so
+    an iterator dropped before its first datapoint still ends the epoch) and reads the indices of
+    :meth:`iters`; :meth:`state` saves the position, :meth:`check` checks a saved one, and ``begin(state)``
+    starts from it.
     """
 
     def __init__(self, n: int, shuffle: bool, shard: tuple[int, int, bool] | None, who: str) -> None:
@@ -54,7 +56,6 @@ class EpochOrder:
         self.epoch = 0  # the epoch of the last iteration begun
         self.next_epoch = 0  # the epoch the next iteration reads
         self._asked: int | None = None  # the last epoch given to set_epoch
-        self._pending: dict | None = None
         self._it: Any = None  # the index iterator of the current run
         self._done = 0  # indices of the epoch in runs before the current one
         self._run_len = 0
@@ -118,13 +119,13 @@ class EpochOrder:
         rank, _, _ = self.shard
         return (rank * self.length() + i) % self.n
 
-    def begin(self) -> tuple[list[Run], int]:
-        """Start an iteration: the runs of its epoch and the position to start from (a loaded state's)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            if pending["base"] is not None:
-                self.base = pending["base"]
-            epoch, pos = pending["epoch"], pending["pos"]
+    def begin(self, resume: dict | None = None) -> tuple[list[Run], int]:
+        """Start an iteration: the runs of its epoch and the position to start from (``resume``'s, a state
+        :meth:`check` accepted)."""
+        if resume is not None:
+            if resume["base"] is not None:
+                self.base = resume["base"]
+            epoch, pos = resume["epoch"], resume["pos"]
         else:
             epoch, pos = self.next_epoch, 0
         self.epoch, self.next_epoch = epoch, epoch + 1
@@ -165,8 +166,6 @@ class EpochOrder:
     # --- state ------------------------------------------------------------------------------------
 
     def state(self, live: bool) -> dict:
-        if self._pending is not None:
-            return dict(self._pending)
         if live:
             epoch, pos = self.epoch, self.position()
         else:
@@ -174,17 +173,17 @@ class EpochOrder:
         return {"n": self.n, "shuffle": self.shuffle, "shard": None if self.shard is None else list(self.shard),
                 "base": self.base, "epoch": epoch, "pos": pos}
 
-    def load(self, state: dict) -> None:
+    def check(self, state: dict) -> None:
+        """Refuse a state saved from another order (length, shuffle, shard) or past the epoch's end."""
         expect_field(state, "n", self.n, "a dataset of length")
         expect_field(state, "shuffle", self.shuffle, "shuffle=")
         expect_field(state, "shard", None if self.shard is None else list(self.shard), "shard (rank, world, "
                                                                                           "drop_last)")
-        base = field(state, "base", (int, type(None)))
-        epoch, pos = check_count(state, "epoch"), check_count(state, "pos")
+        field(state, "base", (int, type(None)))
+        check_count(state, "epoch")
+        pos = check_count(state, "pos")
         if pos > self.length():
             raise StateMismatchError(f"the state's position {pos} is past the epoch's {self.length()} datapoints")
-        self._pending = {"n": self.n, "shuffle": self.shuffle, "shard": state["shard"], "base": base,
-                         "epoch": epoch, "pos": pos}
 
 
 class IndexedSource(RNGDataFlow):
@@ -206,13 +205,13 @@ class IndexedSource(RNGDataFlow):
     def __len__(self) -> int:
         return self._order.length()
 
-    def reset_state(self) -> None:
-        super().reset_state()
+    def _on_reset(self) -> None:
+        super()._on_reset()
         self._order.reset(self.rng)
 
-    def __iter__(self) -> Iterator:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         self._sync_length()
-        return self._read(*self._order.begin())
+        return self._read(*self._order.begin(resume))
 
     def _read(self, runs: list[Run], pos: int) -> Iterator:
         raise NotImplementedError
@@ -229,15 +228,15 @@ class IndexedSource(RNGDataFlow):
         the iteration in progress reads that epoch already."""
         self._order.set_epoch(epoch, epoch_live(self))
 
-    def state_dict(self) -> dict:
+    def _own_state(self) -> dict:
         """The epoch, the position in it and the entropy of the shuffle: a few integers."""
         out = self._order.state(epoch_live(self))
         out["data"] = self._identity()
         return out
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         have = self._identity()
         saved = field(state, "data", (dict, type(None)))
         if have is not None and saved is not None and saved != have:
             raise StateMismatchError(f"the state was saved reading {saved}, this flow reads {have}: another file")
-        self._order.load(state)
+        self._order.check(state)

@@ -58,7 +58,7 @@ class DataFromQueue(DataFlow):
         self.end = end
         self.timeout = timeout
 
-    def _bf_not_resumable(self) -> str:
+    def _why_not_resumable(self) -> str:
         return ("DataFromQueue cannot save its position: the items it took from the queue are gone; resume "
                 "whatever fills the queue instead")
 
@@ -70,7 +70,7 @@ class DataFromQueue(DataFlow):
             return True
         return type(end) in _EQUAL_TYPES and type(item) is type(end) and item == end
 
-    def __iter__(self) -> Iterator[Any]:
+    def _iter_epoch(self) -> Iterator[Any]:
         get, timeout = self.queue.get, self.timeout
         while True:
             if timeout is None:

@@ -197,7 +197,7 @@ _NAMESPACED = textwrap.dedent("""
 
     pool = WorkerPool(init, 2)
     pool.start()
-    print(json.dumps({"pid": os.getpid(), "prefix": pool._res.prefix}), flush=True)
+    print(json.dumps({"pid": os.getpid(), "prefix": pool._channel.prefix}), flush=True)
     n, held, bad = 0, [], 0
     deadline = time.monotonic() + float(sys.argv[1])
     while time.monotonic() < deadline:
@@ -286,8 +286,8 @@ def test_a_result_whose_segment_vanished_is_an_error_that_says_so(leak_check):
     with WorkerPool(quarter_mb_init, 1, name="Stage") as pool:
         pool.start()
         pool.put(1, flush=True)
-        assert pool._res.result_conns[0].poll(10)  # the result waits in the pipe, its slab in /dev/shm
-        prefix = pool._res.prefix + "r0_"
+        assert pool._channel.result_conns[0].poll(10)  # the result waits in the pipe, its slab in /dev/shm
+        prefix = pool._channel.prefix + "r0_"
         for name in shm_entries():
             if name.startswith(prefix):
                 os.unlink(os.path.join(shm_mod.SHM_DIR, name))
@@ -309,7 +309,7 @@ def test_a_task_whose_segment_vanished_stops_the_worker_saying_so(leak_check):
         os.kill(pid, signal.SIGSTOP)
         try:
             pool.put(np.ones(100_000), flush=True)  # 800 KB: the task travels in a slab
-            prefix = pool._res.prefix + "t0_"
+            prefix = pool._channel.prefix + "t0_"
             gone = [n for n in shm_entries() if n.startswith(prefix)]
             assert gone
             for name in gone:
@@ -319,6 +319,6 @@ def test_a_task_whose_segment_vanished_stops_the_worker_saying_so(leak_check):
         with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) of Stage stopped: the shared-memory segment "
                                               r".*t0_.* vanished"):
             pool.get(timeout=10)
-        pool._res.procs[0].join(5)
+        pool._channel.procs[0].join(5)
         # the worker left the rest of the pool's shared memory to the pool, which is alive
-        assert os.path.exists(os.path.join(shm_mod.SHM_DIR, pool._res.prefix + "ctl"))
+        assert os.path.exists(os.path.join(shm_mod.SHM_DIR, pool._channel.prefix + "ctl"))

@@ -201,6 +201,11 @@ class DataLoader(_tud.DataLoader[T_co]):
 
     # --- state --------------------------------------------------------------------------------------
 
+    def attach_read_ahead(self, reader: Any) -> None:
+        """Let ``reader`` (a :class:`bridgeflow.base.ReadAhead`, e.g. a CUDA prefetcher) answer ``state_dict()``
+        until the next ``iter()`` or ``load_state_dict()``."""
+        self._bf_reader = weakref.ref(reader)
+
     def state_dict(self) -> dict[str, Any]:
         """Where the latest iterator is in its epoch, as plain data (torchdata's ``StatefulDataLoader``
         semantics: a loader given it yields what this one would have yielded next).

@@ -329,11 +329,9 @@ class CUDAPrefetcher:
             except Exception as exc:
                 self._delivered = _StateFailure(exc)
         fetched = BackgroundIterator(self.loader, self._track(loader_state), depth=1, name="bf-cuda-fetch")
-        if loader_state is not None:
-            try:  # the loader's (or flow's) own state_dict() now answers with what was handed out
-                self.loader._bf_reader = weakref.ref(self)
-            except AttributeError:
-                pass
+        attach = getattr(self.loader, "attach_read_ahead", None)  # bridgeflow.base.ReadAhead
+        if loader_state is not None and attach is not None:
+            attach(self)  # the loader's (or flow's) own state_dict() now answers with what was handed out
         copier = ParallelCopier(self.copy_threads)
         args = (fetched, backend, copier, self.num_stages + 1, ready, stop, self._counts, loader_state is not None)
         thread = threading.Thread(target=_stage_loop, args=args, name="bf-cuda-prefetch", daemon=True)

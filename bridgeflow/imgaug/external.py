@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._deps import require
-from .base import ImageAugmentor
+from .base import ImageAugmentor, MapImage
 from .transform import BaseTransform, Transform
 
 __all__ = ["Albumentations", "TorchvisionAugmentor", "as_augmentor"]
@@ -46,8 +46,6 @@ def as_augmentor(obj: Any, who: str = "augmentor") -> Any:
     if library == "torchvision":
         return TorchvisionAugmentor(obj)
     if callable(obj):
-        from .meta import MapImage
-
         return MapImage(obj)
     raise TypeError(f"{who}: {obj!r} is not an augmentor; give a bridgeflow.imgaug or tensorpack augmentor, "
                     "an albumentations or torchvision transform, or a function of an image")

@@ -20,7 +20,7 @@ import weakref
 from typing import Any
 
 from .._deps import require
-from ..base import RNGDataFlow
+from ..rng import RNGDataFlow
 from ._common import existing_path
 from ._lmdb_check import check_lmdb_file
 from ._pinned import PinnedFile
@@ -152,8 +152,8 @@ class PinnedLMDB(RNGDataFlow):
     def _environment(self) -> Any:
         return self._held.environment(self.path, not self.shuffle)
 
-    def reset_state(self) -> None:
-        super().reset_state()
+    def _on_reset(self) -> None:
+        super()._on_reset()
         self._environment()
 
     def _check_size(self, env: Any) -> None:

@@ -333,8 +333,8 @@ class HDF5Data(IndexedSource):
             return None
         return self._whole(f, f"{CRC}/{c.name}", (self._len,), np.uint32)
 
-    def reset_state(self) -> None:
-        super().reset_state()
+    def _on_reset(self) -> None:
+        super()._on_reset()
         self._datasets()
 
     def _mismatch(self, i: int, c: Column) -> CorruptDataError:

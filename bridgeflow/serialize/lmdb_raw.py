@@ -77,8 +77,6 @@ class LMDBData(PinnedLMDB):
     epoch and the pairs handed out since; resuming reads those pairs again and drops them.
     """
 
-    _bf_state_mode = "count"
-
     def __init__(self, lmdb_path: str | os.PathLike, shuffle: bool = True,
                  keys: Sequence[bytes | str] | str | None = None, *, seed: int | None = None,
                  verify: bool | None = None) -> None:
@@ -163,7 +161,7 @@ class LMDBData(PinnedLMDB):
         except lmdb.Error as exc:
             raise lmdb_error(self.path, exc, f"reading key {key!r}", "LMDB") from exc
 
-    def __iter__(self) -> Iterator[list[bytes]]:
+    def _iter_epoch(self) -> Iterator[list[bytes]]:
         lmdb = require("lmdb", "LMDBData")
         env = self._environment()
         self._check_size(env)
