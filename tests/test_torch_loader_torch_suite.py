@@ -233,7 +233,7 @@ def test_iterator_workers_are_process_handles_that_exit_cleanly(iterable, persis
 
 def test_failed_iterator_start_prints_nothing_from_a_destructor(capfd):
     """An iterator whose construction failed is collected without an error printed (the previous
-    SingleLoaderIter.__del__ printed an AttributeError about '_fetcher')."""
+    the in-process iterator's __del__ printed an AttributeError about '_fetcher')."""
 
     class BadIterable(tud.IterableDataset):
         def __iter__(self):

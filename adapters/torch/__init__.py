@@ -8,7 +8,7 @@ Example:
     [[1, 2], [3]]
 """
 
-from .iterators import LoaderStateError
+from .epoch import LoaderStateError
 from .loader import DataLoader
 from .prefetcher import CUDAPrefetcher, DeviceUnavailableError
 from .state import ResumeStateError

@@ -44,6 +44,7 @@ __all__ = [
     "set_worker_info",
     "seed_group",
     "share_seed",
+    "TorchIteratorNames",
     "torch_generate_state",
     "worker_info_suspended",
 ]
@@ -60,6 +61,32 @@ get_worker_info = tud.get_worker_info
 BaseLoaderIter = tud.dataloader._BaseDataLoaderIter
 InfiniteConstantSampler = tud.dataloader._InfiniteConstantSampler
 DatasetKind = tud.dataloader._DatasetKind
+
+
+
+class TorchIteratorNames(BaseLoaderIter):
+    """torch's private names for what a DataLoader iterator does, mapped onto bridgeflow's public ones (code
+    written for torch's iterators calls them): ``_reset`` is ``reset``, ``_shutdown_workers`` is
+    ``shutdown``, ``_workers`` are the worker processes, ``_num_yielded`` the batches handed out. Like
+    torch's, an iterator refuses to be pickled. None of torch's iterator code runs."""
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self.reset(loader)
+
+    def _shutdown_workers(self) -> None:
+        self.shutdown()
+
+    @property
+    def _workers(self) -> list:
+        return self.worker_processes
+
+    @property
+    def _num_yielded(self) -> int:
+        return self.yielded
+
+    def __getstate__(self):
+        raise TypeError(f"{type(self).__name__} holds an epoch in progress and cannot be pickled")
+
 
 IterDataPipe = tud.IterDataPipe
 MapDataPipe = tud.MapDataPipe

@@ -44,6 +44,8 @@ __all__ = [
     "StreamEnded",
     "WithState",
     "WorkerSpec",
+    "WorkerTask",
+    "close_source",
     "init_worker",
     "make_fetcher",
     "resolve_collate",
@@ -107,6 +109,13 @@ class Fetcher:
         if not samples or (self.drop_last and len(samples) < len(task)):
             raise StopIteration
         return samples
+
+
+def close_source(fetcher: Fetcher | None) -> None:
+    """End the iteration a fetcher holds (a DataFlow's generator releases the flow for its next reader)."""
+    close = getattr(getattr(fetcher, "iterator", None), "close", None)
+    if close is not None:
+        close()
 
 
 def make_fetcher(kind: str, dataset: Any, auto_collation: bool, collate_fn: Callable, drop_last: bool,
@@ -220,23 +229,26 @@ def _state_of(fetcher: Fetcher) -> Any:
         return exc
 
 
-class _WorkerTask:
-    """The task function of one worker: holds its fetcher and a pending start-up error."""
+class WorkerTask:
+    """The task function of one worker (``in_worker``), or of the in-process reader of ``num_workers=0``
+    (no ``worker_init_fn``, collation as outside workers, batches returned as they are): holds its fetcher
+    and a pending start-up error."""
 
-    def __init__(self, spec: WorkerSpec, worker_id: int, dataset: Any) -> None:
+    def __init__(self, spec: WorkerSpec, worker_id: int, dataset: Any, in_worker: bool = True) -> None:
         self.spec = spec
         self.worker_id = worker_id
         self.dataset = dataset
+        self.in_worker = in_worker
         self.error: BaseException | None = None
         self.fetcher: Fetcher | None = None
         self.failed: BaseException | None = None  # the start-up error, once reported
-        self.collate_fn = resolve_collate(spec.collate_fn, in_worker=True)
+        self.collate_fn = resolve_collate(spec.collate_fn, in_worker=in_worker)
         try:
             if isinstance(dataset, (_compat.IterDataPipe, _compat.MapDataPipe)):
                 # torch shards a DataPipe over every worker of every rank before worker_init_fn runs
                 _compat.apply_sharding(dataset, spec.num_workers * spec.world_size,
                                        worker_id * spec.world_size + spec.rank)
-            if spec.worker_init_fn is not None:
+            if spec.worker_init_fn is not None and in_worker:
                 spec.worker_init_fn(worker_id)
             self.fetcher = self._new_fetcher(None if spec.saved is None else spec.saved[worker_id])
         except Exception as exc:
@@ -275,9 +287,11 @@ class _WorkerTask:
                     return StreamEnded(_state_of(self.fetcher))
                 raise
             return StopFromDataset()
+        if self.in_worker:
+            data = pack(data)
         if self.fetcher.stateful:
-            return WithState(pack(data), _state_of(self.fetcher))
-        return pack(data)
+            return WithState(data, _state_of(self.fetcher))
+        return data
 
 
 def _generator(seed: int) -> Any:
@@ -308,4 +322,4 @@ def init_worker(spec: WorkerSpec, ctx: Any) -> Callable[[Any], Any]:
     if spec.shared_seed is not None and isinstance(dataset, _compat.IterDataPipe):
         dataset = _compat.apply_random_seed(dataset, _generator(spec.shared_seed))
     _compat.set_worker_info(ctx.worker_id, spec.num_workers, seed, dataset)
-    return _WorkerTask(spec, ctx.worker_id, dataset)
+    return WorkerTask(spec, ctx.worker_id, dataset)

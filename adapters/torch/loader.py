@@ -51,6 +51,7 @@ from bridgeflow.shard import warn_if_unsharded
 
 from . import _compat
 from ._compat import torch
+from .epoch import EpochIterator
 from .fetch import COLLATE, ITERABLE, MAP
 from .state import EpochRecord, apply_generators, check_state, export_state
 
@@ -136,19 +137,14 @@ class DataLoader(_tud.DataLoader[T_co]):
 
     # --- iteration ----------------------------------------------------------------------------------
 
+    def _bf_items(self) -> Any:
+        """The dataset as the epoch iterator reads it."""
+        return self.dataset
+
     def _bf_new_iterator(self, record: EpochRecord, resume: dict | None) -> Any:
-        if self.num_workers == 0:
-            from .iterators import SingleLoaderIter
-
-            it = SingleLoaderIter(self, record, resume)
-        else:
-            from .iterators import pins
-            from .pool_iter import PoolLoaderIter
-            from .reader import PinningLoaderIter
-
+        if self.num_workers > 0:
             self.check_worker_number_rationality()
-            # pin_memory with workers: pinned in a background thread, as torch's loader does
-            it = (PinningLoaderIter if pins(self) else PoolLoaderIter)(self, record, resume)
+        it = EpochIterator(self, record, resume)
         if self.__dict__.get("_bf_iters") is None:  # unpickled
             self._bf_iters = weakref.WeakSet()
         self._bf_iters.add(it)
@@ -187,8 +183,8 @@ class DataLoader(_tud.DataLoader[T_co]):
         record = EpochRecord(self)
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
-            if it is None or it.closed or resume is not None or not hasattr(it, "reset"):
-                if it is not None and hasattr(it, "shutdown"):
+            if it is None or it.closed or resume is not None:
+                if it is not None:
                     it.shutdown()
                 it = self._iterator = self._bf_new_iterator(record, resume)
             else:
