@@ -163,6 +163,11 @@ class Producer:
             raise item.error
         return item
 
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for ``produce`` to return by itself (no stop asked); returns whether the thread has ended."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def close(self, timeout: float | None = None) -> bool:
         """Stop the thread, drop what it queued, join it (within ``timeout`` seconds if given); returns
         whether the thread has ended. Idempotent."""
