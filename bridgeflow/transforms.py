@@ -96,6 +96,7 @@ class MapData(ProxyDataFlow):
     """Apply ``func`` to every datapoint; a ``None`` result drops the datapoint.
 
     ``len()`` is the wrapped flow's, which overcounts when ``func`` drops datapoints (as in tensorpack).
+    Over a random-access flow, ``df[i]`` is ``func(ds[i])`` (None when it drops it).
     """
 
     _bf_state_mode = "own"  # its child's state: nothing is held between two datapoints
@@ -108,6 +109,9 @@ class MapData(ProxyDataFlow):
 
     def __iter__(self) -> Iterator:
         return self._map(iter(self.ds))
+
+    def __getitem__(self, index: int) -> Any:
+        return next(self._map(iter((self.ds[index],))), None)
 
     def _map(self, source: Iterator) -> Iterator:
         func = self.func
@@ -135,6 +139,10 @@ class MapDataComponent(ProxyDataFlow):
 
     def __iter__(self) -> Iterator:
         return self._map(iter(self.ds))
+
+    def __getitem__(self, index: int) -> Any:
+        """``ds[index]`` mapped, over a random-access flow (None when ``func`` drops it)."""
+        return next(self._map(iter((self.ds[index],))), None)
 
     def _map(self, source: Iterator) -> Iterator:
         func, index = self.func, self.index

@@ -318,7 +318,7 @@ def test_persistent_workers_pin_every_epoch_and_restart_the_thread(leak_check):
 
 
 def test_a_new_iterator_over_a_dataflow_abandons_the_pinning_one(leak_check):
-    flow = bridgeflow.DataFromList([[np.int64(i)] for i in range(7)], shuffle=False)
+    flow = bridgeflow.FilterData(bridgeflow.DataFromList([[np.int64(i)] for i in range(7)], shuffle=False), bool)
     with pinned_loader(flow, batch_size=3, num_workers=2) as loader:
         first = iter(loader)
         assert next(first)[0].tolist() == [0, 1, 2]

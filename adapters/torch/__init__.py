@@ -9,8 +9,10 @@ Example:
 """
 
 from .epoch import LoaderStateError
+from .flows import UnsplitFlowWarning
 from .loader import DataLoader
 from .prefetcher import CUDAPrefetcher, DeviceUnavailableError
 from .state import ResumeStateError
 
-__all__ = ["CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "LoaderStateError", "ResumeStateError"]
+__all__ = ["CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "LoaderStateError", "ResumeStateError",
+           "UnsplitFlowWarning"]

@@ -219,8 +219,8 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
         "dataset": None, "flow": None,
     }
     is_flow = loader._bf_kind == "collate"
-    if not is_flow and is_stateful(loader.dataset):
-        state["dataset"] = loader.dataset.state_dict()
+    if not is_flow and is_stateful(loader._bf_items()):
+        state["dataset"] = loader._bf_items().state_dict()
     boundary = record is None or record.finished or (is_flow and record.at_flow_end())
     if boundary:
         state["finished"] = record is not None
@@ -278,7 +278,7 @@ def check_state(loader: Any, state: Any) -> dict:
     if state.get("flow") is not None and not callable(getattr(loader.dataset, "load_state_dict", None)):
         raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a DataFlow position but the dataset, "
                                f"a {type(loader.dataset).__name__}, has no load_state_dict()")
-    for key, target in (("dataset", loader.dataset),):
+    for key, target in (("dataset", loader._bf_items()),):
         if state.get(key) is not None and not is_stateful(target):
             raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a dataset state but the dataset, "
                                    f"a {type(target).__name__}, has no load_state_dict()")
