@@ -145,8 +145,41 @@ def test_random_flows_draw_other_numbers_in_each_worker(leak_check):
 
 # --- length-free flows -------------------------------------------------------------------------------
 
+def _keep_odd(dp):
+    return dp[1] % 2 == 1
+
+
+def _splittable(fn=_times_ten):
+    """Length-free (a filter), over a random-access source: split across the workers."""
+    source = bridgeflow.DataFromList(_items(40), shuffle=True, seed=2)
+    return bridgeflow.MapData(bridgeflow.FilterData(source, _keep_odd), fn)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_splittable_flow_is_read_in_the_workers_every_datapoint_once_per_epoch(persistent, leak_check):
+    flow = _splittable(_where)
+    odd = list(range(1, 40, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnsplitFlowWarning)
+        with DataLoader(flow, batch_size=4, num_workers=2, persistent_workers=persistent) as loader:
+            epochs = [[(int(i), int(p)) for b in loader for i, p in zip(*b)] for _ in range(3)]
+    for epoch in epochs:
+        assert sorted(i for i, _ in epoch) == odd
+        assert len({p for _, p in epoch}) == 2 and os.getpid() not in {p for _, p in epoch}
+    orders = [[i for i, _ in epoch] for epoch in epochs]
+    assert orders[0] != orders[1] != orders[2]  # each epoch its own permutation
+    flow.close()
+
+
+@pytest.mark.parametrize("workers", [dict(num_workers=0), dict(num_workers=2),
+                                     dict(num_workers=2, persistent_workers=True)],
+                         ids=["0-workers", "2-workers", "persistent"])
+def test_a_split_flow_resumes_exactly(workers, leak_check):
+    check_resume(lambda: DataLoader(_splittable(), batch_size=3, **workers), ks=[1, 4, -1], epochs=2)
+
+
 def _stream():
-    return bridgeflow.FilterData(bridgeflow.DataFromList(_items(), shuffle=False), lambda dp: True)
+    return bridgeflow.FilterData(bridgeflow.DataFromGenerator(lambda: iter(_items())), lambda dp: True)
 
 
 def test_a_stream_read_with_workers_says_so_once_and_gives_every_datapoint_each_epoch(leak_check):
@@ -156,7 +189,7 @@ def test_a_stream_read_with_workers_says_so_once_and_gives_every_datapoint_each_
         with DataLoader(flow, batch_size=4, num_workers=2) as loader:
             epochs = [[int(i) for b in loader for i in b[1]] for _ in range(3)]
     told = [w for w in caught if issubclass(w.category, UnsplitFlowWarning)]
-    assert len(told) == 1 and "FilterData/DataFromList" in str(told[0].message)
+    assert len(told) == 1 and "FilterData/DataFromGenerator" in str(told[0].message)
     assert epochs == [list(range(N))] * 3
     flow.close()
 
@@ -169,4 +202,20 @@ def test_no_warning_where_nothing_is_lost(case, leak_check):
         warnings.simplefilter("error", UnsplitFlowWarning)
         with DataLoader(flow, batch_size=4, num_workers=0 if case == "no workers" else 2) as loader:
             assert sorted(int(i) for b in loader for i in b[1]) == list(range(N))
+    flow.close()
+
+
+def test_on_one_of_several_ranks_a_distributed_sampler_shards_a_random_access_flow(monkeypatch, leak_check):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    flow = _mapped()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sampler = tud.DistributedSampler(flow, 2, 1, shuffle=False)
+        ids = [int(i) for b in DataLoader(flow, batch_size=2, sampler=sampler) for i in b[1]]
+        told = [w for w in caught if issubclass(w.category, bridgeflow.UnshardedWarning)]
+        assert ids == list(range(1, N, 2)) + [0] and not told  # torch's shard of rank 1, padded
+        list(DataLoader(flow, batch_size=2))
+        told = [w for w in caught if issubclass(w.category, bridgeflow.UnshardedWarning)]
+        assert len(told) == 1 and "MapData/DataFromList" in str(told[0].message)
     flow.close()

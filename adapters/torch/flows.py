@@ -8,8 +8,14 @@
   a flow that shuffles itself is read in a random order drawn from the loader's ``generator``
   (``RandomSampler``), and ``shuffle=True`` on it is refused with what to pass instead. A ``MapData``
   function that drops a datapoint (returns None) makes its batch one shorter.
-- **As one stream** (a length-free flow): read in this process, one batch of samples per task, and only
-  collation runs in the workers. With ``num_workers > 0`` the loader says so once
+- **Split across the workers** (:class:`FlowShards`): a length-free flow whose structure allows it, datapoint
+  transforms (``MapData``, ``MapDataComponent``, ``FilterData``, ``SelectComponent``, the ``AugmentImage*``
+  flows, ``LocallyShuffleData``) over one random-access source, is an iterable dataset: each worker reads
+  the whole flow over its own piece of the source's epoch (:meth:`~bridgeflow.order.IndexedSource.split`),
+  so the workers read every datapoint of an epoch once between them, in their own order. The flow's
+  position is saved per worker (``state_dict()`` resumes it), and the epochs follow the flow's own.
+- **As one stream** (any other length-free flow): read in this process, one batch of samples per task,
+  and only collation runs in the workers. With ``num_workers > 0`` the loader says so once
   (:class:`UnsplitFlowWarning`, naming the flow), unless the flow is parallel already (it has a parallel
   stage) or is fed from outside (``RemoteDataZMQ``, ``DataFromQueue``).
 
@@ -23,17 +29,22 @@ import os
 import warnings
 from typing import Any
 
+from bridgeflow.augment import AugmentImageComponent, AugmentImageComponents
 from bridgeflow.base import DataFlow, iter_flows, worker_seed_scope
 from bridgeflow.combine import LocallyShuffleData
 from bridgeflow.errors import LengthUnknownError
+from bridgeflow.order import IndexedSource
 from bridgeflow.parallel.common import ParallelStage
-from bridgeflow.transforms import MapData, MapDataComponent
+from bridgeflow.transforms import FilterData, MapData, MapDataComponent, SelectComponent
 
 from ._compat import get_worker_info, torch
 
-__all__ = ["FlowItems", "UnsplitFlowWarning", "indexable", "refuse_double_shuffle", "warn_unsplit"]
+__all__ = ["FlowItems", "FlowShards", "UnsplitFlowWarning", "indexable", "refuse_double_shuffle", "split_source",
+           "warn_unsplit"]
 
 _MAPS = (MapData, MapDataComponent)
+_PER_DATAPOINT = (MapData, MapDataComponent, FilterData, SelectComponent, AugmentImageComponent,
+                  AugmentImageComponents, LocallyShuffleData)
 
 
 class UnsplitFlowWarning(UserWarning):
@@ -58,6 +69,13 @@ def indexable(flow: DataFlow) -> bool:
     while _maps_by_index(flow):
         flow = flow.ds
     return callable(getattr(type(flow), "__getitem__", None))
+
+
+def split_source(flow: DataFlow) -> IndexedSource | None:
+    """The random-access source a length-free flow can be split over (see the module doc), or None."""
+    while isinstance(flow, _PER_DATAPOINT):
+        flow = flow.ds
+    return flow if isinstance(flow, IndexedSource) else None
 
 
 def _shuffling_flows(flow: DataFlow) -> list[str]:
@@ -129,3 +147,67 @@ class FlowItems(torch.utils.data.Dataset):
     def __getitems__(self, indices: list) -> list:
         flow = self._ready()
         return [dp for dp in (flow[i] for i in indices) if dp is not None]
+
+
+class _Stream:
+    """A worker's iteration of its copy of the flow, with the flow's state (its position in the piece)."""
+
+    def __init__(self, flow: DataFlow) -> None:
+        self.flow, self._it = flow, None
+
+    def __iter__(self) -> _Stream:
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:  # opened at the first datapoint: a loaded state is taken up by this iter()
+            self._it = iter(self.flow)
+        return next(self._it)
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+    def state_dict(self) -> dict:
+        return self.flow.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.flow.load_state_dict(state)
+
+
+class FlowShards(torch.utils.data.IterableDataset):
+    """A splittable length-free flow as an iterable dataset: worker ``k`` of ``n`` reads the flow over piece
+    ``k`` of its source's epoch; without workers, the whole flow. ``epoch`` (the epoch the next fresh
+    iteration's workers read, saved in the loader's state) follows the flow's own epochs."""
+
+    def __init__(self, flow: DataFlow) -> None:
+        self.flow = flow
+        self.source = split_source(flow)
+        self.epoch: int | None = None  # the next fresh epoch
+        self.reading = 0  # the epoch this iteration's workers read
+        self._pid: int | None = None
+
+    def start(self, resumed: bool) -> None:
+        """In this process, before workers start: which epoch they read (a resumed one is in their states)."""
+        if not self.flow._bf_reset_done:
+            self.flow.reset_state()  # the permutations every worker's piece comes from
+        if self.epoch is None:  # the epoch the flow would read next
+            self.epoch = self.source.state_dict()["epoch"]
+        if not resumed:
+            self.reading, self.epoch = self.epoch, self.epoch + 1
+
+    def __iter__(self) -> _Stream:
+        info = get_worker_info()
+        if info is not None and self._pid != os.getpid():  # this worker's copy, first epoch
+            self._pid = os.getpid()
+            self.source.split(info.id, info.num_workers)
+            with worker_seed_scope(info.seed):
+                self.flow.reset_state()
+            self.source.set_epoch(self.reading)
+        return _Stream(self.flow)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = state["epoch"]

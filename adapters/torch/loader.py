@@ -17,10 +17,11 @@ Differences, on purpose:
 
 - a bridgeflow :class:`~bridgeflow.DataFlow` is accepted as ``dataset`` (see :mod:`.flows`): a random-access
   one (``len()`` and ``flow[i]``) is read as a map-style dataset, each worker reading and mapping its own
-  indices; a length-free one is iterated once per epoch in this process, and with ``num_workers > 0`` only
-  ``collate_fn`` runs in the workers (said once, :class:`~.flows.UnsplitFlowWarning`). Such a flow has one
-  reader at a time: a new ``iter(loader)`` ends the previous iterator's epoch (persistent workers restart
-  it, as torch's do);
+  indices; a length-free one made of datapoint transforms over a random-access source is split across the
+  workers, each reading its piece of every epoch; any other is iterated once per epoch in this process, and
+  with ``num_workers > 0`` only ``collate_fn`` runs in the workers (said once,
+  :class:`~.flows.UnsplitFlowWarning`). A length-free flow has one reader at a time: a new ``iter(loader)``
+  ends the previous iterator's epoch (persistent workers restart it, as torch's do);
 - ``in_order=False`` hands out map-style batches as they are ready, as torch does; iterable datasets and
   DataFlows keep their order (torch allows, never promises, reordering);
 - a tensor that a worker returns without collation (``batch_size=None``, a custom ``collate_fn``) arrives
@@ -55,7 +56,15 @@ from . import _compat
 from ._compat import torch
 from .epoch import EpochIterator
 from .fetch import COLLATE, ITERABLE, MAP
-from .flows import FlowItems, indexable, refuse_double_shuffle, shuffles_itself, warn_unsplit
+from .flows import (
+    FlowItems,
+    FlowShards,
+    indexable,
+    refuse_double_shuffle,
+    shuffles_itself,
+    split_source,
+    warn_unsplit,
+)
 from .state import EpochRecord, apply_generators, check_state, export_state
 
 __all__ = ["DataLoader"]
@@ -123,13 +132,15 @@ class DataLoader(_tud.DataLoader[T_co]):
         elif is_flow and not by_index:
             _check_flow_args(dataset, shuffle, sampler, batch_sampler)
             shuffle, sampler = None, _compat.InfiniteConstantSampler()
+        split = is_flow and not by_index and split_source(dataset) is not None
         super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
                          pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
-        self._bf_view = FlowItems(dataset) if by_index else None
+        self._bf_view = FlowItems(dataset) if by_index else FlowShards(dataset) if split else None
+        self._bf_stream = is_flow and not by_index  # a flow with one reader at a time
         if is_flow and not by_index:
-            self._bf_kind = COLLATE
+            self._bf_kind = ITERABLE if split else COLLATE
             self._dataset_kind = _compat.DatasetKind.Iterable
         else:
             self._bf_kind = ITERABLE if self._dataset_kind == _compat.DatasetKind.Iterable else MAP
@@ -189,13 +200,18 @@ class DataLoader(_tud.DataLoader[T_co]):
     def __iter__(self) -> Any:
         self.__dict__.pop("_bf_reader", None)  # a new reader: the last one's view of the position is over
         latest = self._bf_latest() if self._bf_latest is not None else None
-        if self._bf_kind == COLLATE and latest is not None and latest is not self._iterator:
+        if self._bf_stream and latest is not None and latest is not self._iterator:
             latest.shutdown()  # a flow has one reader: the previous iterator's epoch ends here
-        if self._bf_kind == COLLATE and not self._bf_shard_checked:
+        if isinstance(self.dataset, DataFlow) and not self._bf_shard_checked:
             self._bf_shard_checked = True  # once per loader: every epoch would repeat them
-            warn_if_unsharded(self.dataset, "DataLoader")
-            warn_unsplit(self.dataset, self.num_workers)
+            samplers = (self.sampler, getattr(self.batch_sampler, "sampler", None))
+            if not any(isinstance(s, _tud.distributed.DistributedSampler) for s in samplers):
+                warn_if_unsharded(self.dataset, "DataLoader")
+            if self._bf_kind == COLLATE:
+                warn_unsplit(self.dataset, self.num_workers)
         resume = self._bf_apply_pending()
+        if isinstance(self._bf_view, FlowShards) and self.num_workers > 0:
+            self._bf_view.start(resumed=resume is not None)  # before the workers start
         record = EpochRecord(self)
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
