@@ -186,7 +186,11 @@ class EpochOrder:
 
     def items(self, seq: Sequence, pos: int) -> Iterator:
         """The iterator of a list or tuple itself, from ``pos``, for an unsharded sequential epoch: the
-        fastest way through it, and it knows its position like the index iterators do."""
+        fastest way through it, and it knows its position like the index iterators do (a split order:
+        through its piece)."""
+        if self.part is not None:
+            piece = self._piece([range(len(seq))])
+            seq = seq[piece[0].start:piece[0].stop] if piece else seq[:0]
         it = iter(seq)
         if pos:
             it.__setstate__(pos)
