@@ -53,7 +53,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from .errors import DataFlowReentrantError, LengthUnknownError
-from .pipeline import iter_flows, pipeline_stats  # noqa: F401 - iter_flows: adapters import it from here
+from .pipeline import pipeline_stats
 from .state import (
     NotResumableError,
     StateError,

@@ -51,6 +51,7 @@ class EpochOrder:
         self.n = int(n)
         self.shuffle = bool(shuffle)
         self.shard = shard
+        self.part: tuple[int, int] | None = None  # (k, n): read piece k of n of every epoch (see split)
         self.who = who
         self.base: int | None = None  # entropy of the permutations, drawn in reset()
         self.epoch = 0  # the epoch of the last iteration begun
@@ -64,8 +65,10 @@ class EpochOrder:
 
     def reset(self, rng: np.random.RandomState) -> None:
         """Draw the permutations' entropy from the flow's generator (seeded in ``reset_state``) and start
-        again from epoch 0, or from the epoch last given to ``set_epoch`` (a loaded state overrides both)."""
-        self.base = int(rng.randint(0, 2**62, dtype=np.int64)) if self.shuffle else None
+        again from epoch 0, or from the epoch last given to ``set_epoch`` (a loaded state overrides both).
+        A split order keeps the entropy it has: its pieces must come from the permutations of the others."""
+        if self.part is None or self.base is None:
+            self.base = int(rng.randint(0, 2**62, dtype=np.int64)) if self.shuffle else None
         self.next_epoch = self._asked if self._asked is not None else 0
 
     def set_epoch(self, epoch: int, live: bool) -> None:
@@ -78,12 +81,39 @@ class EpochOrder:
             return
         self.next_epoch = epoch
 
-    def length(self) -> int:
-        """Datapoints per epoch: all of them, or the shard's."""
+    def _shard_length(self) -> int:
         if self.shard is None:
             return self.n
         _, world, drop_last = self.shard
         return self.n // world if drop_last else -(-self.n // world)
+
+    def length(self) -> int:
+        """Datapoints per epoch: all of them, or the shard's (or its piece's, see :meth:`split`)."""
+        m = self._shard_length()
+        if self.part is not None:
+            k, parts = self.part
+            return m * (k + 1) // parts - m * k // parts
+        return m
+
+    def split(self, k: int, parts: int) -> None:
+        """Read only piece ``k`` of ``parts`` contiguous pieces of each epoch's order (of this rank's shard):
+        the pieces of one epoch, read by ``parts`` copies of the source with the same permutations (the same
+        ``base``), hold every datapoint once. A DataLoader reads a length-free flow in its workers so."""
+        if not 0 <= k < parts:
+            raise ValueError(f"{self.who}: split needs 0 <= k < parts, got k={k}, parts={parts}")
+        self.part = (k, parts)
+
+    def _piece(self, runs: list[Run]) -> list[Run]:
+        k, parts = self.part
+        total = sum(len(r) for r in runs)
+        lo, hi = total * k // parts, total * (k + 1) // parts
+        out, at = [], 0
+        for run in runs:
+            a, b = max(lo - at, 0), min(hi - at, len(run))
+            if a < b:
+                out.append(run[a:b])
+            at += len(run)
+        return out
 
     def permutation(self, epoch: int) -> list[int]:
         if self.base is None:
@@ -91,12 +121,17 @@ class EpochOrder:
         return np.random.default_rng([self.base, epoch]).permutation(self.n).tolist()
 
     def runs(self, epoch: int) -> list[Run]:
-        """The indices of ``epoch`` for this flow (this rank's block when sharded), as one or more runs."""
+        """The indices of ``epoch`` for this flow (this rank's block when sharded, its piece when split), as
+        one or more runs."""
+        runs = self._runs(epoch)
+        return runs if self.part is None else self._piece(runs)
+
+    def _runs(self, epoch: int) -> list[Run]:
         n = self.n
         if self.shard is None:
             return [self.permutation(epoch) if self.shuffle else range(n)]
         rank, _, _ = self.shard
-        m = self.length()
+        m = self._shard_length()
         lo, hi = rank * m, (rank + 1) * m
         if n == 0 or m == 0:
             return []
@@ -117,7 +152,7 @@ class EpochOrder:
         if self.shard is None:
             return i
         rank, _, _ = self.shard
-        return (rank * self.length() + i) % self.n
+        return (rank * self._shard_length() + i) % self.n
 
     def begin(self, resume: dict | None = None) -> tuple[list[Run], int]:
         """Start an iteration: the runs of its epoch and the position to start from (``resume``'s, a state
@@ -152,7 +187,11 @@ class EpochOrder:
 
     def items(self, seq: Sequence, pos: int) -> Iterator:
         """The iterator of a list or tuple itself, from ``pos``, for an unsharded sequential epoch: the
-        fastest way through it, and it knows its position like the index iterators do."""
+        fastest way through it, and it knows its position like the index iterators do (a split order:
+        through its piece)."""
+        if self.part is not None:
+            piece = self._piece([range(len(seq))])
+            seq = seq[piece[0].start:piece[0].stop] if piece else seq[:0]
         it = iter(seq)
         if pos:
             it.__setstate__(pos)
@@ -222,6 +261,12 @@ class IndexedSource(RNGDataFlow):
     def _identity(self) -> dict | None:
         """What tells this source's data from another's of the same length (e.g. a file's size)."""
         return None
+
+    def split(self, k: int, parts: int) -> None:
+        """Read only piece ``k`` of ``parts`` of every epoch (of this rank's shard): ``parts`` copies of this
+        source, made after its ``reset_state()`` (so with its permutations), read each datapoint once per
+        epoch between them. A DataLoader reads a length-free flow over this source so, one piece per worker."""
+        self._order.split(k, parts)
 
     def set_epoch(self, epoch: int) -> None:
         """The next iteration reads epoch ``epoch``'s order (the same on every rank for one seed), unless

@@ -99,6 +99,7 @@ class MapData(ProxyDataFlow):
     """Apply ``func`` to every datapoint; a ``None`` result drops the datapoint.
 
     ``len()`` is the wrapped flow's, which overcounts when ``func`` drops datapoints (as in tensorpack).
+    Over a random-access flow, ``df[i]`` is ``func(ds[i])`` (None when it drops it).
     """
 
     def __init__(self, ds: DataFlow, func: Callable[[Any], Any]) -> None:
@@ -109,6 +110,9 @@ class MapData(ProxyDataFlow):
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
         return self._map(iter(self.ds))
+
+    def __getitem__(self, index: int) -> Any:
+        return next(self._map(iter((self.ds[index],))), None)
 
     def _map(self, source: Iterator) -> Iterator:
         func = self.func
@@ -134,6 +138,10 @@ class MapDataComponent(ProxyDataFlow):
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
         return self._map(iter(self.ds))
+
+    def __getitem__(self, index: int) -> Any:
+        """``ds[index]`` mapped, over a random-access flow (None when ``func`` drops it)."""
+        return next(self._map(iter((self.ds[index],))), None)
 
     def _map(self, source: Iterator) -> Iterator:
         func, index = self.func, self.index

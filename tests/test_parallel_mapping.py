@@ -9,12 +9,12 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import wait_for
 
 import bridgeflow as bf
 from bridgeflow.errors import WorkerError
 from bridgeflow.parallel import MultiProcessMapData, WorkerPool
 from bridgeflow.parallel import shm as shm_mod
+from conftest import wait_for
 
 
 def megabyte_init(ctx):

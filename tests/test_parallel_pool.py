@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 import pytest
-from conftest import InterruptAfterRead, shm_entries
 
 from bridgeflow.errors import BridgeflowError, WorkerError
 from bridgeflow.parallel import EXHAUSTED, WorkerContext, WorkerPool
 from bridgeflow.parallel import shm as shm_mod
+from conftest import InterruptAfterRead, shm_entries
 
 
 def scale_init(factor, ctx):

@@ -14,7 +14,6 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import InterruptAfterRead, child_pids, shm_entries, wait_for
 
 import bridgeflow as bf
 from bridgeflow.errors import DataFlowTerminated, DatapointError, WorkerError
@@ -27,6 +26,7 @@ from bridgeflow.parallel import (
 )
 from bridgeflow.parallel.common import usable_cpus
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
+from conftest import InterruptAfterRead, child_pids, shm_entries, wait_for
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 

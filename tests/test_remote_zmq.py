@@ -14,7 +14,6 @@ import time
 
 import numpy as np
 import pytest
-from conftest import wait_for
 
 from bridgeflow import DataFromGenerator, DataFromList
 from bridgeflow.remote import (
@@ -29,6 +28,7 @@ from bridgeflow.remote.zmq_flow import _QUEUE_DEPTH
 from bridgeflow.serialize.codec import encode_frames
 from bridgeflow.serialize.errors import PickleNotAllowedError
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
+from conftest import wait_for
 
 FORK = mp.get_context("fork")
 
