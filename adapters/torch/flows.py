@@ -30,7 +30,7 @@ import warnings
 from typing import Any
 
 from bridgeflow.augment import AugmentImageComponent, AugmentImageComponents
-from bridgeflow.base import DataFlow
+from bridgeflow.base import DataFlow, reset_once
 from bridgeflow.combine import LocallyShuffleData
 from bridgeflow.errors import LengthUnknownError
 from bridgeflow.order import IndexedSource
@@ -134,8 +134,8 @@ class FlowItems(torch.utils.data.Dataset):
             if info is not None:  # a worker's copy: its own random streams
                 with worker_seed_scope(info.seed):
                     self.flow.reset_state()
-            elif not self.flow._bf_reset_done:
-                self.flow.reset_state()
+            else:
+                reset_once(self.flow)
             self._pid = os.getpid()
         return self.flow
 
@@ -191,8 +191,7 @@ class FlowShards(torch.utils.data.IterableDataset):
 
     def start(self, resumed: bool) -> None:
         """In this process, before workers start: which epoch they read (a resumed one is in their states)."""
-        if not self.flow._bf_reset_done:
-            self.flow.reset_state()  # the permutations every worker's piece comes from
+        reset_once(self.flow)  # the permutations every worker's piece comes from
         if self.epoch is None:  # the epoch the flow would read next
             self.epoch = self.source.state_dict()["epoch"]
         if not resumed:
