@@ -6,6 +6,15 @@ worker start-up included as it is in every non-persistent epoch):
 - ``numpy``: samples are 3x224x224 uint8 numpy arrays + an int label;
 - ``tensor``: the same samples as torch tensors;
 - ``transform_2ms``: numpy samples through a ~2 ms CPU-bound per-sample transform;
+- ``pil_folder``: a folder of JPEGs (3,000 of 300-500 px, generated once into ``--data``) decoded with
+  PIL (``Image.open().convert("RGB")``), RandomResizedCrop(224) and a random flip written as torchvision
+  writes them (torchvision itself is not needed), and a CHW uint8 tensor made as torchvision's
+  ``pil_to_tensor`` makes it (a permuted view of the HWC array); CPU-seconds per image are printed too
+  (this process and its reaped workers, from ``getrusage``);
+- ``flow_decode``: the same JPEGs as bytes in an LMDB file, read as the README shows,
+  ``DataLoader(MapData(LMDBSerializer.load(path), decode), batch_size=64)``, with ``num_workers=2`` against
+  ``num_workers=0`` of the same loader (the anchor here), and torch's DataLoader over a ``Dataset`` that
+  reads the same file's datapoints by index (``num_workers=2``) for reference;
 - ``pin_memory`` (GPU machines only): the numpy case with ``pin_memory=True``, pinned by each loader's
   background thread;
 - ``lmdb_dataset``: bridgeflow's ``LMDBDataset`` (150 KB arrays) against a raw-lmdb ``Dataset`` in the same
@@ -18,7 +27,7 @@ worker start-up included as it is in every non-persistent epoch):
 Repetitions are interleaved (torch, bridgeflow, torch, ...); each line is one JSON object: per loader
 the median seconds per epoch and samples/s, then the ratio torch_median / bridgeflow_median.
 
-Run: python benchmarks/bench_torch.py [--reps 5] [--batches 100]
+Run: python benchmarks/bench_torch.py [--reps 5] [--batches 100] [--cases pil_folder,flow_decode]
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
 
 import numpy as np
@@ -38,7 +48,8 @@ from bridgeflow.adapters.torch import DataLoader as BFDataLoader
 
 BATCH = 64
 SHAPE = (3, 224, 224)
-TARGETS = {"numpy": 2.5, "tensor": 2.5, "transform_2ms": 1.0}
+TARGETS = {"numpy": 2.5, "tensor": 2.5, "transform_2ms": 1.0, "pil_folder": 1.1, "flow_decode": 1.6}
+JPEGS = 3000
 
 
 class ImageDataset(tud.Dataset):
@@ -62,6 +73,212 @@ class ImageDataset(tud.Dataset):
             while time.perf_counter() < end:
                 pass
         return image, i
+
+
+# --- the image-folder and DataFlow cases -----------------------------------------------------------
+
+def make_jpegs(folder: str, n: int = JPEGS) -> list[str]:
+    """``n`` JPEGs of 300-500 px a side (smooth colour fields with noise, quality 90), made once."""
+    from PIL import Image
+
+    os.makedirs(folder, exist_ok=True)
+    paths = [os.path.join(folder, f"{i:05d}.jpg") for i in range(n)]
+    if all(os.path.exists(p) for p in paths):
+        return paths
+    rng = np.random.default_rng(0)
+    for path in paths:
+        w, h = (int(v) for v in rng.integers(300, 501, 2))
+        coarse = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).resize((w, h), Image.BILINEAR)
+        pixels = np.asarray(coarse, dtype=np.int16) + rng.integers(-12, 13, (h, w, 3), dtype=np.int16)
+        tmp = f"{path}.tmp{os.getpid()}"
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(tmp, "JPEG", quality=90)
+        os.replace(tmp, path)
+    return paths
+
+
+def random_resized_crop(img, size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision's ``RandomResizedCrop(size)`` on a PIL image (its ``get_params``, then crop and
+    bilinear resize), drawing from torch's RNG as torchvision does."""
+    import math
+
+    from PIL import Image
+
+    width, height = img.size
+    area = height * width
+    log_ratio = torch.log(torch.tensor(ratio))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect = math.exp(torch.empty(1).uniform_(log_ratio[0], log_ratio[1]).item())
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            i = torch.randint(0, height - h + 1, size=(1,)).item()
+            j = torch.randint(0, width - w + 1, size=(1,)).item()
+            break
+    else:  # central crop
+        in_ratio = width / height
+        if in_ratio < min(ratio):
+            w, h = width, int(round(width / min(ratio)))
+        elif in_ratio > max(ratio):
+            w, h = int(round(height * max(ratio))), height
+        else:
+            w, h = width, height
+        i, j = (height - h) // 2, (width - w) // 2
+    return img.crop((j, i, j + w, i + h)).resize((size, size), Image.BILINEAR)
+
+
+def augment(img):
+    """RandomResizedCrop(224) + RandomHorizontalFlip, then torchvision's ``pil_to_tensor``: the HWC array
+    viewed as CHW by a permute (not contiguous)."""
+    from PIL import Image
+
+    img = random_resized_crop(img)
+    if torch.rand(1) < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    t = torch.as_tensor(np.array(img, copy=True))
+    return t.view(img.size[1], img.size[0], 3).permute((2, 0, 1))
+
+
+class ImageFolder(tud.Dataset):
+    """A user's image-folder dataset: a list of files, decoded with PIL per item."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+
+        with open(self.paths[i], "rb") as f:
+            img = Image.open(f).convert("RGB")
+        return augment(img), i % 1000
+
+
+def decode(dp):
+    """The DataFlow case's map: JPEG bytes to an augmented CHW tensor."""
+    import io
+
+    from PIL import Image
+
+    return [augment(Image.open(io.BytesIO(dp[0])).convert("RGB")), dp[1]]
+
+
+def make_lmdb(paths: list[str], path: str) -> str:
+    from bridgeflow import DataFromList, LMDBSerializer
+
+    if not os.path.exists(path):
+        rows = []
+        for i, p in enumerate(paths):
+            with open(p, "rb") as f:
+                rows.append([np.frombuffer(f.read(), np.uint8), i % 1000])
+        LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False)
+    return path
+
+
+class IndexedLMDB(tud.Dataset):
+    """torch's side of the DataFlow case: the same file's datapoints by index, decoded per item."""
+
+    def __init__(self, path: str) -> None:
+        from bridgeflow import LMDBSerializer
+
+        self.ds = LMDBSerializer.load(path, shuffle=False)
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int):
+        return decode(self.ds[i])
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that have been waited for (the workers of an epoch
+    that ended)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed_epoch(make_loader) -> tuple[float, float, float, int]:
+    """Seconds for one epoch from ``iter()`` to exhaustion (worker start-up included), seconds to the first
+    batch, CPU-seconds (workers included, once the loader is gone) and items."""
+    import gc
+
+    cpu0 = cpu_seconds()
+    start = time.perf_counter()
+    loader = make_loader()
+    first, n = None, 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        n += int(batch[0].shape[0])
+    elapsed = time.perf_counter() - start
+    del loader, batch
+    gc.collect()
+    return elapsed, first, cpu_seconds() - cpu0, n
+
+
+def compare(case: str, loaders: dict, reps: int, machine: dict, anchor: str, target: float | None,
+            extra: dict | None = None) -> None:
+    """Time ``loaders`` (name -> a function making a fresh loader) interleaved ``reps`` times after a
+    warm-up epoch each; print one line per loader and the ratio of every other loader to ``anchor``."""
+    for make in loaders.values():
+        timed_epoch(make)
+    runs: dict[str, list] = {name: [] for name in loaders}
+    for _ in range(reps):
+        for name, make in loaders.items():
+            runs[name].append(timed_epoch(make))
+    med = {}
+    for name, rs in runs.items():
+        n = rs[0][3]
+        med[name] = statistics.median(r[0] for r in rs)
+        cpu = statistics.median(r[2] / r[3] for r in rs)
+        print(json.dumps({"bench": "torch_dataloader", "case": case, "loader": name, "reps": reps, "items": n,
+                          "median_s": round(med[name], 4), "items_per_s": round(n / med[name], 1),
+                          "cpu_s_per_item": round(cpu, 6), "items_per_cpu_s": round(1 / cpu, 1),
+                          "first_batch_median_s": round(statistics.median(r[1] for r in rs), 4),
+                          "all_s": [round(r[0], 3) for r in rs], **(extra or {}), **machine}), flush=True)
+    for name in loaders:
+        if name != anchor:
+            ratio = med[anchor] / med[name]
+            # each repetition's pair ran back to back: its ratio sees the same load on the machine
+            paired = statistics.median(a[0] / b[0] for a, b in zip(runs[anchor], runs[name]))
+            print(json.dumps({"bench": "torch_dataloader", "case": case, "loader": name, "anchor": anchor,
+                              "ratio": round(ratio, 3), "paired_ratio": round(paired, 3), "target": target,
+                              "meets_target": None if target is None else ratio >= target}), flush=True)
+
+
+def bench_pil_folder(reps: int, machine: dict, data: str) -> None:
+    dataset = ImageFolder(make_jpegs(os.path.join(data, "jpegs")))
+
+    def make(cls):
+        return lambda: cls(dataset, batch_size=BATCH, shuffle=True, num_workers=2, multiprocessing_context="fork")
+
+    compare("pil_folder", {"torch": make(tud.DataLoader), "bridgeflow": make(BFDataLoader)}, reps, machine,
+            "torch", TARGETS["pil_folder"], {"batch": BATCH, "num_workers": 2})
+
+
+def bench_flow_decode(reps: int, machine: dict, data: str) -> None:
+    from bridgeflow import LMDBSerializer, MapData
+
+    path = make_lmdb(make_jpegs(os.path.join(data, "jpegs")), os.path.join(data, "jpegs.lmdb"))
+
+    def flow(workers: int):
+        context = "fork" if workers else None
+        return lambda: BFDataLoader(MapData(LMDBSerializer.load(path), decode), batch_size=BATCH,
+                                    num_workers=workers, multiprocessing_context=context)
+
+    def torch_loader():
+        return tud.DataLoader(IndexedLMDB(path), batch_size=BATCH, shuffle=True, num_workers=2,
+                              multiprocessing_context="fork")
+
+    compare("flow_decode", {"bridgeflow_workers_0": flow(0), "bridgeflow_workers_2": flow(2),
+                            "torch_indexed_workers_2": torch_loader}, reps, machine, "bridgeflow_workers_0",
+            None, {"batch": BATCH})
+    print(json.dumps({"bench": "torch_dataloader", "case": "flow_decode", "target": TARGETS["flow_decode"],
+                      "note": "the target is bridgeflow_workers_2's ratio to bridgeflow_workers_0"}), flush=True)
 
 
 def run_epoch(loader_cls, dataset, **kwargs) -> tuple[float, float]:
@@ -349,15 +566,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--batches", type=int, default=100, help="batches per epoch (transform case: 1/4)")
-    parser.add_argument("--cases", default="numpy,tensor,transform_2ms,pin_memory,cuda,lmdb_dataset")
+    parser.add_argument("--cases", default="numpy,tensor,transform_2ms,pil_folder,flow_decode,pin_memory,cuda,"
+                        "lmdb_dataset")
+    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "bf-bench-torch"),
+                        help="where the generated JPEGs and LMDB file are kept between runs")
     args = parser.parse_args()
-    machine = {"machine": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__}
+    machine = {"machine": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
+               "numpy": np.__version__}
     for case in args.cases.split(","):
         if case == "cuda":
             bench_cuda(args.reps, args.batches, machine)
             continue
         if case == "lmdb_dataset":
             bench_lmdb_dataset(args.reps, args.batches, machine)
+            continue
+        if case == "pil_folder":
+            bench_pil_folder(args.reps, machine, args.data)
+            continue
+        if case == "flow_decode":
+            bench_flow_decode(args.reps, machine, args.data)
             continue
         options = {}
         if case == "pin_memory":  # numpy samples, batches pinned by each loader's pin thread

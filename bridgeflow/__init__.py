@@ -8,7 +8,7 @@ Importing bridgeflow loads only numpy and the standard library.
 """
 
 from .augment import AugmentImageComponent, AugmentImageComponents, AugmentImageCoordinates
-from .base import DataFlow, ProxyDataFlow, RNGDataFlow, as_dataflow, get_rng, iter_flows, worker_seed_scope
+from .base import DataFlow
 from .batch import BatchData, BatchDataByShape, UnbatchData, batch_datapoints
 from .combine import ConcatData, JoinData, LocallyShuffleData, RandomChooseData, RandomMixData
 from .errors import (
@@ -23,6 +23,7 @@ from .errors import (
     WorkerTimeoutError,
 )
 from .image_sources import ImageFromFile
+from .iterables import as_dataflow
 from .parallel import (
     MultiProcessMapAndBatchData,
     MultiProcessMapAndBatchDataZMQ,
@@ -33,11 +34,14 @@ from .parallel import (
     MultiProcessRunnerZMQ,
     MultiThreadMapData,
     MultiThreadRunner,
+    OversubscribedWarning,
     PrefetchData,
     PrefetchDataZMQ,
     ThreadedMapData,
     WorkerPool,
 )
+from .pipeline import iter_flows
+from .proxy import ProxyDataFlow
 from .queues import DataFromQueue, MultiThreadPrefetchData
 from .remote import (
     MessageTooLargeError,
@@ -48,6 +52,7 @@ from .remote import (
     RemoteDataZMQ,
     send_dataflow_zmq,
 )
+from .rng import RNGDataFlow, get_rng, worker_seed_scope
 from .serialize import (
     CorruptDataError,
     DatasetChangedError,
@@ -132,6 +137,7 @@ __all__ = [
     "MultiThreadMapData",
     "MultiThreadPrefetchData",
     "MultiThreadRunner",
+    "OversubscribedWarning",
     "NotResumableError",
     "NumpyData",
     "NumpySerializer",

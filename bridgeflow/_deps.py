@@ -25,7 +25,11 @@ def require(module: str, feature: str = "") -> ModuleType:
     """Import ``module`` or raise :class:`MissingDependencyError` naming the extra that provides it.
 
     Example:
-        >>> lmdb = require("lmdb", "LMDBSerializer")  # doctest: +SKIP
+        >>> require("json").dumps([1])
+        '[1]'
+        >>> require("no_such_module", "MyReader")
+        Traceback (most recent call last):
+        bridgeflow.errors.MissingDependencyError: MyReader needs no_such_module; install it with: ...
     """
     try:
         return importlib.import_module(module)

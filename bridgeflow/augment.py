@@ -12,10 +12,18 @@ the source's arrays (turn it off when the source makes new arrays anyway, e.g. d
 and every hundredth after; without it the error propagates.
 
 Example:
-    >>> from bridgeflow import imgaug
+    >>> import numpy as np
+    >>> from bridgeflow import DataFromList, imgaug
     >>> augs = [imgaug.RandomCrop(224), imgaug.Flip(horiz=True)]
-    >>> df = AugmentImageComponent(images_and_labels, augs)  # doctest: +SKIP
-    >>> df = AugmentImageComponents(image_mask_points, augs, index=(0, 1), coords_index=(2,))  # doctest: +SKIP
+    >>> images_and_labels = DataFromList([[np.zeros((256, 256, 3), np.uint8), 7]])
+    >>> df = AugmentImageComponent(images_and_labels, augs)
+    >>> df.reset_state(); [np.shape(c) for c in next(iter(df))]
+    [(224, 224, 3), ()]
+    >>> image_mask_points = DataFromList([[np.zeros((256, 256, 3), np.uint8), np.zeros((256, 256), np.uint8),
+    ...                                    np.array([[10.0, 20.0]])]])
+    >>> df = AugmentImageComponents(image_mask_points, augs, index=(0, 1), coords_index=(2,))
+    >>> df.reset_state(); [np.shape(c) for c in next(iter(df))]  # same crop and flip for all three
+    [(224, 224, 3), (224, 224), (1, 2)]
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, ProxyDataFlow
-from .imgaug.base import AugmentorList, ImageAugmentor, check_dtype
+from .base import DataFlow
+from .imgaug.base import ImageAugmentor, check_dtype
+from .imgaug.meta import AugmentorList
+from .proxy import ProxyDataFlow
 from .state import StateMismatchError, child_state, field, load_child, rng_state, set_rng_state
 from .transforms import get_component
 
@@ -81,35 +91,35 @@ class _AugmentBase(ProxyDataFlow):
         self.catch_exceptions = catch_exceptions
         self._nr_error = 0
 
-    def reset_state(self) -> None:
-        super().reset_state()
+    def _on_reset(self) -> None:
+        super()._on_reset()
         self.augs.reset_state()
 
-    def state_dict(self) -> dict:
+    def _own_state(self) -> dict:
         """The wrapped flow's state and the state of every augmentor's random generator: resuming draws
         the same random parameters for the datapoints that follow."""
-        pending = self.__dict__.get("_bf_pending_rngs")
-        rngs = pending if pending is not None else [rng_state(a.rng) for a in _augmentors_in(self.augs, [], set())]
+        rngs = [rng_state(a.rng) for a in _augmentors_in(self.augs, [], set())]
         return {"child": child_state(self.ds), "rngs": rngs}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         rngs = field(state, "rngs", list)
         have = len(_augmentors_in(self.augs, [], set()))
         if len(rngs) != have:
             raise StateMismatchError(f"the state holds {len(rngs)} augmentors' generators, this flow has {have}")
         load_child(self.ds, field(state, "child", dict))
-        self._bf_pending_rngs = rngs  # applied when the next epoch starts, after any reset_state()
 
     def _augment(self, dp: Any) -> Any:
         raise NotImplementedError
 
-    def __iter__(self) -> Iterator:
-        rngs = self.__dict__.pop("_bf_pending_rngs", None)
-        if rngs is not None:
-            for aug, saved in zip(_augmentors_in(self.augs, [], set()), rngs):
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        if resume is not None:  # applied as the epoch starts, after any reset_state()
+            for aug, saved in zip(_augmentors_in(self.augs, [], set()), resume["rngs"]):
                 if saved is not None:
                     set_rng_state(aug.rng, saved)
-        for dp in self.ds:
+        return self._augmented(iter(self.ds))
+
+    def _augmented(self, source: Iterator) -> Iterator:
+        for dp in source:
             if not self.catch_exceptions:
                 yield self._augment(dp)
                 continue
@@ -123,7 +133,7 @@ class _AugmentBase(ProxyDataFlow):
                 continue
             yield out
 
-    def stats(self) -> dict[str, float]:
+    def _own_stats(self) -> dict[str, float]:
         return {"augment_errors": float(self._nr_error)}
 
 

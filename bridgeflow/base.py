@@ -16,6 +16,25 @@ A *datapoint* is a list/tuple of components or a dict of named components. A flo
   ``load_state_dict(state)`` on a freshly built flow of the same structure makes its next ``iter()``
   continue from there (see :meth:`DataFlow.state_dict` and :mod:`bridgeflow.state`).
 
+How a flow is written: :class:`DataFlow` defines those public methods once (they reset on first use, let
+one consumer in at a time, put the class name and format version on a state and name the flow a state
+error is about) and calls *hooks* that subclasses fill, as torchdata's ``BaseNode`` does:
+
+- ``_iter_epoch()`` yields one epoch's datapoints. Its default state counts the datapoints handed out and
+  resumes by replaying the epoch that far (exact when the epoch depends only on ``self.rng`` and the
+  ``children()``).
+- A flow that saves its own position writes ``_begin_epoch(resume)`` instead, which begins an epoch from
+  ``resume`` (the state ``load_state_dict`` took) or afresh when it is None, with ``_own_state()`` (its
+  fields, between two datapoints) and ``_take_state(state)`` (check them, load the children). A state
+  loaded and not yet begun from is the flow's state: ``state_dict()`` gives it back.
+- ``_on_reset()`` prepares the flow in this process; it ends with ``super()._on_reset()``, so the hooks of a
+  flow with two bases (``ProxyDataFlow`` and ``RNGDataFlow``) both run.
+- ``_why_not_resumable()`` says why the position cannot be saved, or returns None; ``_own_stats()`` gives the
+  flow's own counters (:meth:`DataFlow.stats` collects them from the whole pipeline).
+
+Classes written the tensorpack way (``__iter__``, ``get_data``, ``reset_state``, ``size``) work unchanged:
+see :mod:`bridgeflow.tensorpack_style`.
+
 Example:
     >>> from bridgeflow import DataFromList, MapData
     >>> with MapData(DataFromList([[1], [2]], shuffle=False), lambda dp: [dp[0] * 10]) as df:
@@ -26,16 +45,15 @@ Example:
 
 from __future__ import annotations
 
-import functools
+import copy
 import logging
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any
-
-import numpy as np
+from typing import Any, Protocol
 
 from .errors import DataFlowReentrantError, LengthUnknownError
+from .pipeline import pipeline_stats
 from .state import (
     NotResumableError,
     StateError,
@@ -45,176 +63,121 @@ from .state import (
     check_rng_field,
     child_state,
     field,
-    load_child,
     load_children,
     rng_state,
     set_rng_state,
+    state_or_error,
+    unless_error,
 )
+from .tensorpack_style import adopt, moved_caller
 
-__all__ = [
-    "DataFlow", "ProxyDataFlow", "RNGDataFlow", "as_dataflow", "epoch_live", "get_rng", "iter_flows",
-    "worker_seed_scope",
-]
+__all__ = ["DataFlow", "ReadAhead", "epoch_live", "pending_state", "reset_once"]
 
 log = logging.getLogger(__name__)
 
 Datapoint = Any  # list | tuple | dict of components
 
 
-def _guard_iter(original):
-    """Wrap a subclass's ``__iter__`` with auto-reset, the one-consumer-at-a-time guard and, for flows that
-    use the default state (count and skip), the count of datapoints handed out this epoch.
+class ReadAhead(Protocol):
+    """A reader that takes a flow's datapoints ahead of its own consumer, in another thread (a CUDA
+    prefetcher). Attached with :meth:`DataFlow.attach_read_ahead`, it is asked first when a state is taken:
+    ``delivered_state(flow)`` returns the flow's state as of the last datapoint its consumer received,
+    or None to let the flow answer for itself."""
 
-    The guard acts only for the ``__iter__`` that ``iter(obj)`` resolves to; a subclass calling
-    ``super().__iter__()`` reaches the parent's original iterator unguarded.
-    """
-
-    @functools.wraps(original)
-    def __iter__(self):
-        if type(self).__iter__ is not __iter__:  # a super() call from a subclass
-            return original(self)
-        if not self._bf_reset_done:
-            log.debug("%s iterated before reset_state(); resetting it now", type(self).__name__)
-            self.reset_state()
-        if self._bf_iterating is not None:
-            raise _reentrant(self)
-        if self._bf_reader is not None:  # a new reader: the last one's view of the position is over
-            self._bf_reader = None
-        if self._bf_state_mode == "count":
-            gen = _guarded_counting(self, _replay_begin(self, original))
-        else:
-            gen = _guarded(self, original(self))
-        self._bf_gen = weakref.ref(gen)  # the epoch is in progress while this generator lives
-        return gen
-
-    __iter__._bf_guarded = True
-    return __iter__
-
-
-def _reentrant(flow: DataFlow) -> DataFlowReentrantError:
-    return DataFlowReentrantError(
-        f"{type(flow).__name__} is already being iterated by another consumer; finish, close() or "
-        "drop the first iterator before starting a second one (wrap the flow twice to read it twice)"
-    )
+    def delivered_state(self, source: Any) -> dict | None: ...
 
 
 _claim_lock = threading.Lock()
 
 
-def _guarded(flow: DataFlow, it: Iterator) -> Iterator:
-    # The flow counts as iterated from this iterator's first next() until it ends, is closed or is
-    # collected. The check is repeated here because two iterators may both be created before either
-    # starts: the second to start is refused. A never-started iterator holds nothing (its finally
-    # would never run), so it cannot block the flow forever.
-    token = object()
-    try:
-        with _claim_lock:  # check-and-set as one step (free-threaded Python switches anywhere)
-            if flow._bf_iterating is not None:
-                raise _reentrant(flow)
-            flow._bf_iterating = token
-        yield from it
-    finally:
-        if flow._bf_iterating is token:
-            flow._bf_iterating = None
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
+class DataFlow:
+    """Base class of every flow: the public lifecycle, around hooks a subclass fills (see the module doc).
 
-
-def _guarded_counting(flow: DataFlow, it: Iterator) -> Iterator:
-    """``_guarded`` that also counts the datapoints handed out (the default state's position)."""
-    token = object()
-    try:
-        with _claim_lock:
-            if flow._bf_iterating is not None:
-                raise _reentrant(flow)
-            flow._bf_iterating = token
-        for dp in it:
-            flow._bf_pos += 1
-            yield dp
-    finally:
-        if flow._bf_iterating is token:
-            flow._bf_iterating = None
-        close = getattr(it, "close", None)
-        if close is not None:
-            close()
-
-
-def epoch_live(flow: DataFlow) -> bool:
-    """Whether ``flow`` is inside an epoch: the iterator of its last ``iter()`` exists and has not ended.
-
-    A state taken then continues that epoch; otherwise it starts the next one. An iterator that was
-    closed, exhausted or dropped (even before its first datapoint) ends its epoch.
+    ``class MyFlow(DataFlow, resumable=False)`` declares a flow whose position cannot be saved (its
+    ``state_dict()`` raises :class:`~bridgeflow.state.NotResumableError`); see :meth:`state_dict`.
     """
-    ref = flow.__dict__.get("_bf_gen")
-    gen = ref() if ref is not None else None
-    return gen is not None and gen.gi_frame is not None
 
+    state_version: int = 1
+    """The format version of this class's states; raise it when the fields change meaning."""
+    _resumable = True
+    _tensorpack_style = False  # a class of this flow had public methods moved to hooks (tensorpack_style)
 
-def take_pending(flow: DataFlow) -> dict | None:
-    """The state loaded into ``flow`` and not yet applied, now handed to the caller (its next epoch)."""
-    return flow.__dict__.pop("_bf_pending", None)
+    # The base's own bookkeeping. Class defaults, so that a subclass need not call DataFlow.__init__.
+    __reset_done = False
+    __consumer: object | None = None  # the token of the iterator now running, if any
+    __epoch: Any = None  # weak reference to the iterator of the last iter(): the epoch lives while it does
+    __loaded: dict | None = None  # the state load_state_dict() took, until an iter() begins from it
+    __read_ahead: Any = None  # weak reference to a ReadAhead attached since the last iter()
+    __pos = 0  # the default state: datapoints handed out this epoch, and the epoch's start
+    __epoch_start: Any = None
 
+    def __init_subclass__(cls, resumable: bool | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        adopt(cls, DataFlow)
+        if resumable is not None:
+            cls._resumable = bool(resumable)
 
-def _replay_begin(flow: DataFlow, original: Any) -> Iterator:
-    """Begin an epoch of a flow with the default state: restore the saved epoch start (``self.rng`` and
-    the children's states, loaded already) and skip the datapoints delivered before the state was saved.
+    # --- the public lifecycle ---------------------------------------------------------------------
 
-    Runs at ``iter()`` time, so an iterator dropped before its first datapoint still ends the epoch.
-    """
-    pending = take_pending(flow)
-    skip = 0
-    rng = getattr(flow, "rng", None)
-    if pending is not None:
-        if pending["rng"] is not None:
-            if rng is None:
-                raise StateMismatchError("the state holds an rng, this flow has none", [type(flow).__name__])
-            set_rng_state(rng, pending["rng"])
-        flow._bf_epoch_start = (pending["rng"], pending["children"])
-        skip = pending["pos"]
-    else:
-        flow._bf_epoch_start = (_try(rng_state, rng), [_try(child_state, c) for c in flow.children()])
-    flow._bf_pos = 0
-    it = original(flow)
-    for i in range(skip):
-        try:
-            next(it)
-        except StopIteration:
-            raise StateMismatchError(
-                f"resuming replays the epoch up to datapoint {skip}, but it ended after {i}: the flow's "
-                "__iter__ does not depend only on its children and self.rng (the default state); give it "
-                "state_dict() and load_state_dict()", [type(flow).__name__]) from None
-    flow._bf_pos = skip
-    return it
+    def __iter__(self) -> Iterator[Datapoint]:
+        owner = moved_caller(self, "_iter_epoch")
+        if owner is not None:  # super().__iter__() in a tensorpack-style __iter__: the parent's epoch
+            return self.__parent_epoch(owner)
+        if not self.__reset_done:
+            log.debug("%s iterated before reset_state(); resetting it now", type(self).__name__)
+            self.reset_state()
+        if self.__consumer is not None:
+            raise _reentrant(self)
+        self.__read_ahead = None  # a new reader: the last one's view of the position is over
+        resume, self.__loaded = self.__loaded, None
+        gen = self.__guard(self._begin_epoch(resume))
+        self.__epoch = weakref.ref(gen)
+        return gen
 
+    get_data = __iter__  # tensorpack's older spelling of iter(df)
 
-def _try(fn: Any, arg: Any) -> Any:
-    """``fn(arg)``, or the StateError it raised (a state taken at every epoch start must not stop the
-    iteration of a flow nobody saves; the error is raised when a state is asked for)."""
-    try:
-        return fn(arg)
-    except StateError as exc:
-        return exc
+    def reset_state(self) -> None:
+        """Prepare to iterate in this process: seed RNGs, open files, start workers. Called once."""
+        owner = moved_caller(self, "_on_reset")
+        if owner is not None:  # super().reset_state() in a tensorpack-style reset_state
+            super(owner, self)._on_reset()
+            return
+        self._on_reset()
+        self.__reset_done = True
 
-
-def _raise_if_error(value: Any) -> Any:
-    if isinstance(value, StateError):
-        raise type(value)(value.reason, value.path)
-    return value
-
-
-def _wrap_state_dict(original):
-    @functools.wraps(original)
     def state_dict(self) -> dict:
-        if type(self).state_dict is not state_dict:  # a super() call: the outermost wrapper adds the header
-            return original(self)
-        reader = self._bf_reader() if self._bf_reader is not None else None
+        """Where this flow is, as plain data: its next ``iter()`` after ``load_state_dict`` continues here.
+
+        Take it between two datapoints the consumer received, in the thread that iterates (it is cheap:
+        small dicts of integers, one per flow). Restored with ``load_state_dict`` on a
+        freshly built flow of the same structure, before its first ``iter()`` (before or after
+        ``reset_state()``), the flow yields exactly what this one would have yielded next, random
+        choices included: the rest of the epoch in progress, then the following epochs. A state taken
+        after an epoch's last datapoint resumes with that epoch's (empty) rest, so a loop
+        ``for epoch in range(saved_epoch, n): for dp in df: ...`` sees the same epochs as without the
+        interruption. Between epochs (an iteration ended or was dropped), the state starts the next one.
+
+        The default, for a subclass that writes only ``__iter__`` (``_iter_epoch``), counts the datapoints
+        handed out this epoch and saves it with ``self.rng``'s state (for ``RNGDataFlow``) and the states
+        of ``children()`` as they were when the epoch began; resuming restores those and skips that many
+        datapoints. It is exact when the epoch depends only on them (not on other attributes that change
+        between epochs), and it costs one replay of the epoch so far. Write ``state_dict`` and
+        ``load_state_dict`` (``_own_state`` and ``_take_state``) for anything else, or declare
+        ``class F(DataFlow, resumable=False)``.
+        """
+        owner = moved_caller(self, "_own_state")
+        if owner is not None:
+            return super(owner, self)._own_state()
+        reader = self.__read_ahead() if self.__read_ahead is not None else None
         if reader is not None:  # a reader holds datapoints ahead of its consumer: its position is the consumer's
             out = reader.delivered_state(self)
             if out is not None:
                 return out
         try:
-            out = original(self)
+            reason = self._why_not_resumable()
+            if reason:
+                raise NotResumableError(reason)
+            out = copy.deepcopy(self.__loaded) if self.__loaded is not None else self._own_state()
         except StateError as exc:
             raise exc.within(type(self).__name__) from None
         if not isinstance(out, dict):
@@ -223,134 +186,39 @@ def _wrap_state_dict(original):
         out["version"] = type(self).state_version
         return out
 
-    state_dict._bf_wrapped = True
-    return state_dict
-
-
-def _wrap_load_state_dict(original):
-    @functools.wraps(original)
     def load_state_dict(self, state: dict) -> None:
-        if type(self).load_state_dict is not load_state_dict:
-            return original(self, state)
-        self._bf_reader = None
+        """Take a state saved by :meth:`state_dict` of a flow of the same structure; its next ``iter()``
+        continues from there. A state of another structure raises ``StateMismatchError`` (a ValueError)
+        naming the flow and what differs."""
+        owner = moved_caller(self, "_take_state")
+        if owner is not None:
+            super(owner, self)._take_state(state)
+            return
+        self.__read_ahead = None
         try:
             check_header(self, state, type(self).state_version)
-            original(self, state)
+            reason = self._why_not_resumable()
+            if reason:
+                raise NotResumableError(reason)
+            self._take_state(state)
         except StateError as exc:
             raise exc.within(type(self).__name__) from None
+        self.__loaded = state
 
-    load_state_dict._bf_wrapped = True
-    return load_state_dict
+    def attach_read_ahead(self, reader: ReadAhead) -> None:
+        """Let ``reader``, which takes this flow's datapoints ahead of its own consumer, answer
+        ``state_dict()`` until the next ``iter()`` or ``load_state_dict()`` (see :class:`ReadAhead`).
+        Held by a weak reference."""
+        self.__read_ahead = weakref.ref(reader)
 
-
-def _state_mode(cls: type) -> str:
-    """How ``cls`` saves its position: ``own`` (its state_dict fits its __iter__), ``count`` (the default:
-    count and skip), ``unsupported`` (a bridgeflow flow without state) or ``off`` (``resumable=False``)."""
-    mro = cls.__mro__
-    iter_owner = next(c for c in mro if "__iter__" in c.__dict__)
-    state_owner = next((c for c in mro if c.__dict__.get("state_dict") not in (None, DataFlow.state_dict)), DataFlow)
-    explicit = iter_owner.__dict__.get("_bf_state_mode")
-    if explicit is not None and mro.index(iter_owner) <= mro.index(state_owner):
-        return explicit
-    if state_owner is not DataFlow and mro.index(state_owner) <= mro.index(iter_owner):
-        return "own"
-    return "unsupported" if iter_owner.__module__.split(".")[0] == "bridgeflow" else "count"
-
-
-def _adapt_old_style(cls: type) -> None:
-    """tensorpack's older protocol: a class that defines ``get_data()`` but not ``__iter__`` iterates with it,
-    one that defines ``size()`` but not ``__len__`` has it as its length (as tensorpack maps them).
-
-    ``get_data`` then becomes the guarded ``__iter__`` (auto-reset, one consumer at a time, the default
-    state's count), and calling ``df.get_data()`` goes through it too; a subclass's ``super().get_data()``
-    still reaches the parent's own generator.
-    """
-    ns = cls.__dict__
-    get_data = ns.get("get_data")
-    if "__iter__" not in ns and callable(get_data) and not getattr(get_data, "_bf_old_style", False):
-        cls.__iter__ = get_data  # wrapped by the guard next, like any __iter__
-        cls.get_data = _old_style_get_data(get_data)
-    size = ns.get("size")
-    if "__len__" not in ns and callable(size):
-        cls.__len__ = size
-
-
-def _old_style_get_data(original):
-    @functools.wraps(original)
-    def get_data(self):
-        cls = type(self)
-        if cls.get_data is get_data and getattr(cls.__iter__, "__wrapped__", None) is original:
-            return iter(self)  # the guarded __iter__ made of this very get_data
-        return original(self)  # a super() call, or a subclass iterating with its own __iter__
-
-    get_data._bf_old_style = True
-    return get_data
-
-
-def _mark_reset(original):
-    @functools.wraps(original)
-    def reset_state(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        self._bf_reset_done = True
-        return result
-
-    reset_state._bf_marks_reset = True
-    return reset_state
-
-
-class DataFlow:
-    """Base class of every flow. Subclasses implement ``__iter__`` and, when they can, ``__len__``.
-
-    tensorpack's older protocol works too: a subclass defining ``get_data()`` and ``size()`` instead is
-    iterated with them (with the same guard and default state as an ``__iter__``).
-
-    ``class MyFlow(DataFlow, resumable=False)`` declares a flow whose position cannot be saved (its
-    ``state_dict()`` raises :class:`~bridgeflow.state.NotResumableError`); see :meth:`state_dict`.
-    """
-
-    _bf_reset_done = False
-    _bf_iterating: object | None = None  # the token of the running guarded iterator, if any
-    # A weak reference to a reader that takes datapoints ahead of its consumer in another thread (e.g. a
-    # CUDA prefetcher): ``reader.delivered_state(flow)`` gives the state as of what its consumer received
-    # (None: compute it here). Set by the reader after its ``iter()``; a new ``iter()`` clears it.
-    _bf_reader: Any = None
-    _bf_state_mode = "count"
-    _bf_pos = 0
-    state_version: int = 1
-    """The format version of this class's states; raise it when the fields change meaning."""
-
-    def __init_subclass__(cls, resumable: bool | None = None, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        _adapt_old_style(cls)
-        it = cls.__dict__.get("__iter__")
-        if it is not None and not getattr(it, "_bf_guarded", False):
-            cls.__iter__ = _guard_iter(it)
-        rs = cls.__dict__.get("reset_state")
-        if rs is not None and not getattr(rs, "_bf_marks_reset", False):
-            cls.reset_state = _mark_reset(rs)
-        for name, wrap in (("state_dict", _wrap_state_dict), ("load_state_dict", _wrap_load_state_dict)):
-            fn = cls.__dict__.get(name)
-            if fn is not None and not getattr(fn, "_bf_wrapped", False):
-                setattr(cls, name, wrap(fn))
-        if resumable is not None:
-            cls._bf_resumable = bool(resumable)
-        if "_bf_state_mode" not in cls.__dict__:
-            off = not getattr(cls, "_bf_resumable", True) and "state_dict" not in cls.__dict__
-            cls._bf_state_mode = "off" if off else _state_mode(cls)
-        if cls._bf_state_mode != "own" and "state_dict" not in cls.__dict__:
-            # an inherited state_dict was written for another __iter__: take the default (or its refusal)
-            cls.state_dict = DataFlow.state_dict
-            cls.load_state_dict = DataFlow.load_state_dict
-
-    def __iter__(self) -> Iterator[Datapoint]:
-        raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
-
-    def __len__(self) -> int:
-        raise LengthUnknownError(f"{type(self).__name__} has no known length; iterate it to count")
-
-    def reset_state(self) -> None:
-        """Prepare to iterate in this process: seed RNGs, open files, start workers. Called once."""
-        self._bf_reset_done = True
+    def stats(self) -> dict[str, dict[str, float]]:
+        """The counters of every stage in the pipeline under this flow (this one included) that keeps
+        them, by path: ``{"BatchData/MultiProcessMapData": {"buffer_fill": 0.9, ...}}``. See
+        :func:`bridgeflow.pipeline.bottleneck` for what they say."""
+        owner = moved_caller(self, "_own_stats")
+        if owner is not None:  # super().stats() in a stats() written for an earlier bridgeflow
+            return super(owner, self)._own_stats()
+        return pipeline_stats(self)
 
     def close(self) -> None:
         """Release threads, processes, shared memory and files. Idempotent; recursive through children."""
@@ -364,8 +232,8 @@ class DataFlow:
                 close()
 
     def children(self) -> list[DataFlow]:
-        """The flows this one reads from (used by ``close()``, ``stats``, ``PrintData`` and the default
-        ``state_dict()``)."""
+        """The flows this one reads from (used by ``close()``, ``stats()``, ``PrintData`` and the default
+        state)."""
         return []
 
     def set_epoch(self, epoch: int) -> None:
@@ -384,69 +252,8 @@ class DataFlow:
                 if method is not None:
                     method(epoch)
 
-    def state_dict(self) -> dict:
-        """Where this flow is, as plain data: its next ``iter()`` after ``load_state_dict`` continues here.
-
-        Take it between two datapoints the consumer received, in the thread that iterates (it is cheap:
-        small dicts of integers, one per flow). Restored with ``load_state_dict`` on a
-        freshly built flow of the same structure, before its first ``iter()`` (before or after
-        ``reset_state()``), the flow yields exactly what this one would have yielded next, random
-        choices included: the rest of the epoch in progress, then the following epochs. A state taken
-        after an epoch's last datapoint resumes with that epoch's (empty) rest, so a loop
-        ``for epoch in range(saved_epoch, n): for dp in df: ...`` sees the same epochs as without the
-        interruption. Between epochs (an iteration ended or was dropped), the state starts the next one.
-
-        The default, for a subclass that writes only ``__iter__``, counts the datapoints handed out
-        this epoch and saves it with ``self.rng``'s state (for ``RNGDataFlow``) and the states of
-        ``children()`` as they were when the epoch began; resuming restores those and skips that many
-        datapoints. It is exact when ``__iter__`` depends only on them (not on other attributes that
-        change between epochs), and it costs one replay of the epoch so far. Override ``state_dict`` and
-        ``load_state_dict`` for anything else, or declare ``class F(DataFlow, resumable=False)``.
-        """
-        reason = self._bf_not_resumable()
-        if reason:
-            raise NotResumableError(reason)
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            return dict(pending)
-        if epoch_live(self):
-            rng, children = self._bf_epoch_start
-            return {"rng": _raise_if_error(rng), "children": [_raise_if_error(c) for c in children],
-                    "pos": self._bf_pos}
-        children = self.children()
-        return {"rng": rng_state(getattr(self, "rng", None)), "pos": 0,
-                "children": [child_state(c, i if len(children) > 1 else None) for i, c in enumerate(children)]}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Take a state saved by :meth:`state_dict` of a flow of the same structure; its next ``iter()``
-        continues from there. A state of another structure raises ``StateMismatchError`` (a ValueError)
-        naming the flow and what differs."""
-        reason = self._bf_not_resumable()
-        if reason:
-            raise NotResumableError(reason)
-        rng = check_rng_field(state)
-        children = field(state, "children", list)
-        pos = check_count(state, "pos")
-        load_children(self.children(), children)
-        self._bf_pending = {"rng": rng, "children": children, "pos": pos}
-
-    def _bf_not_resumable(self) -> str | None:
-        """Why this flow cannot be resumed (a reason naming what to do), or None."""
-        mode = self._bf_state_mode
-        if mode == "off":
-            return "declared resumable=False: its position cannot be saved"
-        if mode == "unsupported":
-            return (f"{type(self).__module__}.{type(self).__qualname__} cannot save its position (it has no "
-                    "state_dict())")
-        return None
-
-    def stats(self) -> dict[str, float]:
-        """Counters that help find the bottleneck (queue fill, wait times). Empty for plain flows."""
-        return {}
-
-    def get_data(self) -> Iterator[Datapoint]:
-        """tensorpack's older spelling of ``iter(df)``."""
-        return iter(self)
+    def __len__(self) -> int:
+        raise LengthUnknownError(f"{type(self).__name__} has no known length; iterate it to count")
 
     def size(self) -> int:
         """tensorpack's older spelling of ``len(df)``."""
@@ -459,130 +266,163 @@ class DataFlow:
         self.close()
 
     def __getstate__(self) -> dict:
-        # A copy (sent to a worker) starts fresh: not reset, not being iterated.
+        # A copy (sent to a worker) starts fresh: not reset, not being iterated, read by nobody.
         state = self.__dict__.copy()
-        state.pop("_bf_reset_done", None)
-        state.pop("_bf_iterating", None)
-        state.pop("_bf_reader", None)
-        state.pop("_bf_gen", None)
+        for name in ("__reset_done", "__consumer", "__read_ahead", "__epoch"):
+            state.pop("_DataFlow" + name, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
 
+    # --- hooks ------------------------------------------------------------------------------------
 
-DataFlow.state_dict = _wrap_state_dict(DataFlow.state_dict)
-DataFlow.load_state_dict = _wrap_load_state_dict(DataFlow.load_state_dict)
+    def _iter_epoch(self) -> Iterator[Datapoint]:
+        """Yield one epoch's datapoints (a hook: a tensorpack-style ``__iter__`` or ``get_data`` becomes it)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement __iter__")
+
+    def _begin_epoch(self, resume: dict | None) -> Iterator[Datapoint]:
+        """Begin an epoch, from ``resume`` (the state ``load_state_dict`` took) or afresh (a hook).
+
+        The default runs ``_iter_epoch()``; with the default state it counts the datapoints handed out and,
+        to resume, restores the epoch's start (``self.rng`` and the children's states, loaded already)
+        and skips the datapoints delivered before the state was saved. It runs at ``iter()`` time, so an
+        iterator dropped before its first datapoint still ends the epoch.
+        """
+        if type(self)._own_state is not DataFlow._own_state or not type(self)._resumable:
+            return self._iter_epoch()
+        rng = getattr(self, "rng", None)
+        skip = 0
+        if resume is not None:
+            if resume["rng"] is not None:
+                if rng is None:
+                    raise StateMismatchError("the state holds an rng, this flow has none", [type(self).__name__])
+                set_rng_state(rng, resume["rng"])
+            self.__epoch_start = (resume["rng"], resume["children"])
+            skip = resume["pos"]
+        else:
+            self.__epoch_start = (state_or_error(rng_state, rng),
+                                  [state_or_error(child_state, c) for c in self.children()])
+        self.__pos = 0
+        it = self._iter_epoch()
+        for i in range(skip):
+            try:
+                next(it)
+            except StopIteration:
+                raise StateMismatchError(
+                    f"resuming replays the epoch up to datapoint {skip}, but it ended after {i}: the flow's "
+                    "__iter__ does not depend only on its children and self.rng (the default state); give it "
+                    "state_dict() and load_state_dict()", [type(self).__name__]) from None
+        self.__pos = skip
+        return self.__counted(it)
+
+    def _on_reset(self) -> None:
+        """Prepare this flow in this process (a hook; a tensorpack-style ``reset_state`` becomes it). End
+        with ``super()._on_reset()``."""
+
+    def _own_state(self) -> dict:
+        """This flow's own fields between two datapoints (a hook; see :meth:`state_dict` for the default)."""
+        if type(self)._begin_epoch is not DataFlow._begin_epoch:
+            raise NotResumableError(f"{type(self).__module__}.{type(self).__qualname__} cannot save its position "
+                                    "(it begins its epochs itself but has no state_dict())")
+        if self._in_epoch():
+            rng, children = self.__epoch_start
+            return {"rng": unless_error(rng), "children": [unless_error(c) for c in children], "pos": self.__pos}
+        children = self.children()
+        return {"rng": rng_state(getattr(self, "rng", None)), "pos": 0,
+                "children": [child_state(c, i if len(children) > 1 else None) for i, c in enumerate(children)]}
+
+    def _take_state(self, state: dict) -> None:
+        """Check a state's fields against this flow and load the children's states (a hook); what
+        ``_begin_epoch`` needs of it comes back as its ``resume``."""
+        check_rng_field(state)
+        field(state, "children", list)
+        check_count(state, "pos")
+        load_children(self.children(), state["children"])
+
+    def _why_not_resumable(self) -> str | None:
+        """Why this flow cannot save its position (a reason naming what to do), or None (a hook)."""
+        if not type(self)._resumable:
+            return "declared resumable=False: its position cannot be saved"
+        return None
+
+    def _own_stats(self) -> dict[str, float]:
+        """This flow's own counters, for :meth:`stats` (a hook; empty for plain flows)."""
+        return {}
+
+    # --- the base's own machinery -----------------------------------------------------------------
+
+    def _in_epoch(self) -> bool:
+        ref = self.__epoch
+        gen = ref() if ref is not None else None
+        return gen is not None and gen.gi_frame is not None
+
+    def _reset_done(self) -> bool:
+        return self.__reset_done
+
+    def _pending_state(self) -> dict | None:
+        return self.__loaded
+
+    def __guard(self, it: Iterator) -> Iterator:
+        # The flow counts as iterated from this iterator's first next() until it ends, is closed or is
+        # collected. The check is repeated here because two iterators may both be created before either
+        # starts: the second to start is refused. A never-started iterator holds nothing (its finally
+        # would never run), so it cannot block the flow forever.
+        token = object()
+        try:
+            with _claim_lock:  # check-and-set as one step (free-threaded Python switches anywhere)
+                if self.__consumer is not None:
+                    raise _reentrant(self)
+                self.__consumer = token
+            yield from it
+        finally:
+            if self.__consumer is token:
+                self.__consumer = None
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+    def __counted(self, it: Iterator) -> Iterator:
+        try:
+            for dp in it:
+                self.__pos += 1
+                yield dp
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+    def __parent_epoch(self, owner: type) -> Iterator:
+        parent = super(owner, self)
+        if parent._begin_epoch.__func__ is DataFlow._begin_epoch:  # the parent's epoch is its _iter_epoch()
+            return parent._iter_epoch()
+        return parent._begin_epoch(None)
 
 
-def as_dataflow(ds: Any, who: str = "DataFlow") -> DataFlow:
-    """``ds`` itself if it is a flow (a DataFlow, or any object with ``__iter__`` and ``reset_state``);
-    a plain iterable (a list, a generator) wrapped in ``DataFromIterable``; else a ``TypeError``."""
-    if isinstance(ds, DataFlow) or (hasattr(ds, "__iter__") and hasattr(ds, "reset_state")):
-        return ds
-    if not hasattr(ds, "__iter__"):
-        raise TypeError(f"{who} wraps a DataFlow or iterable, got {type(ds).__name__}")
-    from .sources import DataFromIterable  # sources imports this module
-
-    return DataFromIterable(ds)
+def _reentrant(flow: DataFlow) -> DataFlowReentrantError:
+    return DataFlowReentrantError(
+        f"{type(flow).__name__} is already being iterated by another consumer; finish, close() or "
+        "drop the first iterator before starting a second one (wrap the flow twice to read it twice)"
+    )
 
 
-class ProxyDataFlow(DataFlow):
-    """A flow that wraps one other flow, ``self.ds``; by default it forwards everything to it."""
+def epoch_live(flow: DataFlow) -> bool:
+    """Whether ``flow`` is inside an epoch: the iterator of its last ``iter()`` exists and has not ended.
 
-    _bf_state_mode = "own"
-
-    def __init__(self, ds: DataFlow) -> None:
-        self.ds = as_dataflow(ds, type(self).__name__)
-
-    def reset_state(self) -> None:
-        self.ds.reset_state()
-
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def __iter__(self) -> Iterator[Datapoint]:
-        return iter(self.ds)
-
-    def children(self) -> list[DataFlow]:
-        return [self.ds]
-
-    def state_dict(self) -> dict:
-        """The wrapped flow's state under ``"child"``: a flow that holds nothing between two datapoints
-        (a map, a filter) is wherever its child is."""
-        return {"child": child_state(self.ds)}
-
-    def load_state_dict(self, state: dict) -> None:
-        load_child(self.ds, field(state, "child", dict))
-
-
-# --- random number generators -------------------------------------------------------------------
-
-_seed_local = threading.local()
-
-
-class worker_seed_scope:
-    """Within this scope, ``get_rng`` derives generators from ``seed`` (used by parallel workers).
-
-    Parallel stages enter it in each worker, with a distinct seed, around ``reset_state()`` of the
-    worker's copy of the flow, so two workers never draw the same random stream.
+    A state taken then continues that epoch; otherwise it starts the next one. An iterator that was
+    closed, exhausted or dropped (even before its first datapoint) ends its epoch.
     """
-
-    def __init__(self, seed: int) -> None:
-        self.seed = int(seed)
-
-    def __enter__(self) -> worker_seed_scope:
-        self._prev = getattr(_seed_local, "seed", None)
-        _seed_local.seed = self.seed
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        _seed_local.seed = self._prev
+    return flow._in_epoch()
 
 
-def get_rng(obj: object = None, seed: int | None = None) -> np.random.RandomState:
-    """A ``RandomState`` for ``obj``: reproducible when ``seed`` is given, distinct per worker.
-
-    With ``seed=None`` outside a worker the generator is seeded from OS entropy. Inside a worker scope
-    the worker's seed is mixed in, so copies of one flow in different workers draw different streams
-    while staying reproducible for a fixed ``seed``.
-    """
-    worker = getattr(_seed_local, "seed", None)
-    if seed is None and worker is None:
-        return np.random.RandomState(int(np.random.SeedSequence().generate_state(1)[0]))
-    entropy = 0 if seed is None else int(seed) & 0xFFFFFFFFFFFFFFFF
-    # The worker goes into the spawn key, not the entropy list: SeedSequence pads entropy with zeros,
-    # so [seed, 0] would equal [seed] and worker 0 would repeat the consumer's stream.
-    spawn_key = () if worker is None else (int(worker) & 0xFFFFFFFFFFFFFFFF, int(seed is None))
-    state = np.random.SeedSequence(entropy, spawn_key=spawn_key).generate_state(1)[0]
-    return np.random.RandomState(int(state))
+def pending_state(flow: DataFlow) -> dict | None:
+    """The state ``load_state_dict`` gave ``flow`` that no ``iter()`` has begun from yet (a parallel stage
+    that starts its workers in ``reset_state`` starts them from it)."""
+    return flow._pending_state()
 
 
-class RNGDataFlow(DataFlow):
-    """A flow with ``self.rng``, a ``numpy.random.RandomState`` seeded in ``reset_state()``.
-
-    Set ``self.seed`` (subclasses take a ``seed=`` argument) for reproducible output.
-    """
-
-    seed: int | None = None
-    rng: np.random.RandomState
-
-    def reset_state(self) -> None:
-        self.rng = get_rng(self, self.seed)
-
-
-def iter_flows(df: DataFlow, prefix: str = "") -> Iterator[tuple[str, DataFlow]]:
-    """Walk a pipeline depth-first, yielding ``(path, flow)``; the path reads like ``Batch/Map/List``."""
-    seen: set[int] = set()
-
-    def walk(node: Any, path: str) -> Iterator[tuple[str, DataFlow]]:
-        if id(node) in seen:
-            return
-        seen.add(id(node))
-        name = f"{path}/{type(node).__name__}" if path else type(node).__name__
-        yield name, node
-        children = node.children() if isinstance(node, DataFlow) else []
-        for child in children:
-            yield from walk(child, name)
-
-    yield from walk(df, prefix)
+def reset_once(df: Any) -> None:
+    """``df.reset_state()`` unless ``df`` is a DataFlow that was reset already (a duck-typed flow, which
+    cannot say, is reset)."""
+    if not (isinstance(df, DataFlow) and df._reset_done()):
+        df.reset_state()

@@ -18,16 +18,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Collection, Hashable, Iterator, Sequence
 from numbers import Number
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .base import DataFlow, ProxyDataFlow, epoch_live, take_pending
+from .base import DataFlow, epoch_live
 from .errors import BatchError, DatapointError, LengthUnknownError
-from .state import StateMismatchError, check_count, child_state, field, load_child
-from .transforms import _raise_stored, _state_or_error, check_datapoint, get_component
+from .proxy import ProxyDataFlow
+from .state import StateMismatchError, check_count, child_state, field, load_child, state_or_error, unless_error
+from .transforms import check_datapoint, get_component
 
-__all__ = ["BatchData", "BatchDataByShape", "UnbatchData", "batch_datapoints"]
+__all__ = ["BatchData", "BatchDataByShape", "BatchesInWorkers", "UnbatchData", "batch_datapoints"]
 
 _NUMERIC_KINDS = frozenset("biufc")
 Allocator = Callable[[tuple, Any], np.ndarray]
@@ -162,12 +163,22 @@ def _check_batch_size(batch_size: Any, who: str) -> int:
     return int(batch_size)
 
 
+@runtime_checkable
+class BatchesInWorkers(Protocol):
+    """A flow whose workers can make ``BatchData``'s batches (the parallel map stages): ``batched(...)``
+    returns the flow of those batches, which ``BatchData`` then reads."""
+
+    def batched(self, batch_size: int, remainder: bool, use_list: Any, pad_value: Any) -> DataFlow: ...
+
+
 class BatchData(ProxyDataFlow):
     """Group ``batch_size`` consecutive datapoints into one batch (see :func:`batch_datapoints`).
 
-    When the wrapped flow is a parallel map stage (``MultiProcessMapData``, ``MultiThreadMapData``), its
-    workers stack the batches themselves (the stage's ``iter_batched``), so the arrays are copied once,
-    in parallel, instead of once per worker and again here. The batches are the same.
+    When the wrapped flow is a parallel map stage (``MultiProcessMapData``, ``MultiThreadMapData``; see
+    :class:`BatchesInWorkers`), its workers stack the batches themselves, so the arrays are copied once,
+    in parallel, instead of once per worker and again here: this flow reads the stage's
+    :class:`~bridgeflow.parallel.fused.WorkerBatching`, which its ``children()`` shows. The batches are
+    the same, and so is the state.
 
     Args:
         remainder: also yield the last, smaller batch of an epoch.
@@ -183,34 +194,34 @@ class BatchData(ProxyDataFlow):
         self.use_list = use_list
         self.pad_value = pad_value
         self._child_done = False
+        self._fused = self.ds.batched(self.batch_size, remainder, use_list, pad_value) \
+            if isinstance(self.ds, BatchesInWorkers) else None
 
     def __len__(self) -> int:
         n = len(self.ds)
         return -(-n // self.batch_size) if self.remainder else n // self.batch_size
 
-    def __iter__(self) -> Iterator:
-        fused = getattr(self.ds, "iter_batched", None)
-        if fused is not None:
-            # A parallel stage that can batch in its workers: same batches, no copy in this process.
-            return fused(self.batch_size, self.remainder, self.use_list, self.pad_value)
-        pending = take_pending(self)
+    def children(self) -> list[DataFlow]:
+        return [self.ds if self._fused is None else self._fused]
+
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        if self._fused is not None:  # the stage's batches: its state was loaded into it already
+            return iter(self._fused)
         self._child_done = False
-        if pending is not None and pending["child_done"]:
+        if resume is not None and resume["child_done"]:
             return iter(())  # the state was taken at the last, partial batch: this epoch has nothing left
         return self._batch(iter(self.ds))
 
-    def state_dict(self) -> dict:
-        pending = self.__dict__.get("_bf_pending")
-        done = pending["child_done"] if pending is not None else self._child_done and epoch_live(self)
+    def _own_state(self) -> dict:
+        done = self._child_done and epoch_live(self)
         return {"batch_size": self.batch_size, "child_done": done, "child": child_state(self.ds)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         if field(state, "batch_size", int) != self.batch_size:
             raise StateMismatchError(f"the state is for batches of {state['batch_size']}, this flow makes "
                                      f"batches of {self.batch_size}")
-        done = field(state, "child_done", bool)
+        field(state, "child_done", bool)
         load_child(self.ds, field(state, "child", dict))
-        self._bf_pending = {"child_done": done}
 
     def _batch(self, source: Iterator) -> Iterator:
         bs, use_list, pad = self.batch_size, self.use_list, self.pad_value
@@ -233,8 +244,6 @@ class BatchDataByShape(ProxyDataFlow):
     batch (the buckets' datapoints are not part of the state).
     """
 
-    _bf_state_mode = "count"
-
     def __init__(self, ds: DataFlow, batch_size: int, idx: Hashable, remainder: bool = False,
                  use_list: bool | Collection[Hashable] = False) -> None:
         super().__init__(ds)
@@ -246,7 +255,7 @@ class BatchDataByShape(ProxyDataFlow):
     def __len__(self) -> int:
         raise LengthUnknownError("BatchDataByShape's number of batches depends on the shapes it sees")
 
-    def __iter__(self) -> Iterator:
+    def _iter_epoch(self) -> Iterator:
         buckets: dict[tuple, list] = {}
         for dp in self.ds:
             shape = np.shape(get_component(dp, self.idx, "BatchDataByShape"))
@@ -287,24 +296,19 @@ class UnbatchData(ProxyDataFlow):
         self._before: Any = None
         self._index = 0
 
-    def __iter__(self) -> Iterator:
-        pending = take_pending(self)
-        self._index = pending["index"] if pending is not None else 0
-        self._before = _state_or_error(self.ds)  # before iter(): the loaded state, if any
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        self._index = resume["index"] if resume is not None else 0
+        self._before = state_or_error(child_state, self.ds)  # before iter(): the loaded state, if any
         return self._unbatch(iter(self.ds), self._index)
 
-    def state_dict(self) -> dict:
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            return {"index": pending["index"], "child": child_state(self.ds)}
+    def _own_state(self) -> dict:
         if epoch_live(self):
-            return {"index": self._index, "child": _raise_stored(self._before)}
+            return {"index": self._index, "child": unless_error(self._before)}
         return {"index": 0, "child": child_state(self.ds)}
 
-    def load_state_dict(self, state: dict) -> None:
-        index = check_count(state, "index")
+    def _take_state(self, state: dict) -> None:
+        check_count(state, "index")
         load_child(self.ds, field(state, "child", dict))
-        self._bf_pending = {"index": index}
 
     def _unbatch(self, source: Iterator, skip: int) -> Iterator:
         first = True
@@ -328,7 +332,7 @@ class UnbatchData(ProxyDataFlow):
                     self._index = i + 1
                     yield cls(batch[k][i] for k in keys)
             skip = 0
-            self._before = _state_or_error(self.ds)  # before the next batch is read
+            self._before = state_or_error(child_state, self.ds)  # before the next batch is read
 
     def __len__(self) -> int:
         raise LengthUnknownError("UnbatchData's length depends on the sizes of the batches it reads")

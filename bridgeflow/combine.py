@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, RNGDataFlow, as_dataflow, epoch_live, take_pending
+from .base import DataFlow, epoch_live
 from .errors import DatapointError, LengthUnknownError
+from .iterables import as_dataflow
 from .local_shuffle import LocallyShuffleData
 from .order import iterator_position
+from .rng import RNGDataFlow
 from .state import (
     StateMismatchError,
     check_count,
@@ -45,9 +47,10 @@ class _MultiFlow(DataFlow):
 
     df_lists: list[DataFlow]
 
-    def reset_state(self) -> None:
+    def _on_reset(self) -> None:
         for df in self.df_lists:
             df.reset_state()
+        super()._on_reset()
 
     def children(self) -> list[DataFlow]:
         return list(self.df_lists)
@@ -75,9 +78,8 @@ class ConcatData(_MultiFlow):
     def __len__(self) -> int:
         return sum(len(df) for df in self.df_lists)
 
-    def __iter__(self) -> Iterator:
-        pending = take_pending(self)
-        self._index = pending["index"] if pending is not None else 0
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        self._index = min(resume["index"], len(self.df_lists)) if resume is not None else 0
         first = iter(self.df_lists[self._index]) if self._index < len(self.df_lists) else None
         return self._concat(first)
 
@@ -88,15 +90,12 @@ class ConcatData(_MultiFlow):
             it = None
             self._index += 1
 
-    def state_dict(self) -> dict:
-        pending = self.__dict__.get("_bf_pending")
-        index = pending["index"] if pending is not None else self._index if epoch_live(self) else 0
-        return {"index": index, "children": self._children_state()}
+    def _own_state(self) -> dict:
+        return {"index": self._index if epoch_live(self) else 0, "children": self._children_state()}
 
-    def load_state_dict(self, state: dict) -> None:
-        index = check_count(state, "index")
+    def _take_state(self, state: dict) -> None:
+        check_count(state, "index")
         load_children(self.df_lists, field(state, "children", list))
-        self._bf_pending = {"index": min(index, len(self.df_lists))}
 
 
 class JoinData(_MultiFlow):
@@ -120,13 +119,13 @@ class JoinData(_MultiFlow):
     def __len__(self) -> int:
         return min(len(df) for df in self.df_lists)
 
-    def __iter__(self) -> Iterator:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         return self._join([iter(df) for df in self.df_lists])
 
-    def state_dict(self) -> dict:
+    def _own_state(self) -> dict:
         return {"children": self._children_state()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         load_children(self.df_lists, field(state, "children", list))
 
     def _join(self, itrs: list) -> Iterator:
@@ -177,17 +176,12 @@ class RandomChooseData(_MultiFlow, RNGDataFlow):
         self.probs = p / p.sum()
         self.seed = seed
 
-    def reset_state(self) -> None:
-        _MultiFlow.reset_state(self)
-        RNGDataFlow.reset_state(self)
-
     def __len__(self) -> int:
         raise LengthUnknownError("RandomChooseData stops when its first flow runs out; its length is random")
 
-    def __iter__(self) -> Iterator:
-        pending = take_pending(self)
-        if pending is not None and pending["rng"] is not None:
-            set_rng_state(self.rng, pending["rng"])
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        if resume is not None and resume["rng"] is not None:
+            set_rng_state(self.rng, resume["rng"])
         return self._choose([iter(df) for df in self.df_lists])
 
     def _choose(self, itrs: list) -> Iterator:
@@ -201,15 +195,12 @@ class RandomChooseData(_MultiFlow, RNGDataFlow):
         finally:
             _close_all(itrs)
 
-    def state_dict(self) -> dict:
-        pending = self.__dict__.get("_bf_pending")
-        rng = pending["rng"] if pending is not None else self._rng_now()
-        return {"rng": rng, "children": self._children_state()}
+    def _own_state(self) -> dict:
+        return {"rng": self._rng_now(), "children": self._children_state()}
 
-    def load_state_dict(self, state: dict) -> None:
-        rng = check_rng_field(state)
+    def _take_state(self, state: dict) -> None:
+        check_rng_field(state)
         load_children(self.df_lists, field(state, "children", list))
-        self._bf_pending = {"rng": rng}
 
 
 class RandomMixData(_MultiFlow, RNGDataFlow):
@@ -219,20 +210,15 @@ class RandomMixData(_MultiFlow, RNGDataFlow):
         self.df_lists = _flows(df_lists, "RandomMixData")
         self.seed = seed
 
-    def reset_state(self) -> None:
-        _MultiFlow.reset_state(self)
-        RNGDataFlow.reset_state(self)
-
     def __len__(self) -> int:
         return sum(len(df) for df in self.df_lists)
 
-    def __iter__(self) -> Iterator:
-        pending = take_pending(self)
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         pos = 0
-        if pending is not None:
-            if pending["rng"] is not None:
-                set_rng_state(self.rng, pending["rng"])
-            pos = pending["pos"]
+        if resume is not None:
+            if resume["rng"] is not None:
+                set_rng_state(self.rng, resume["rng"])
+            pos = resume["pos"]
         self._epoch_rng = rng_state(self.rng)  # the order of this epoch is drawn from here
         sizes = [len(df) for df in self.df_lists]
         order = np.repeat(np.arange(len(sizes)), sizes)
@@ -258,18 +244,14 @@ class RandomMixData(_MultiFlow, RNGDataFlow):
         finally:
             _close_all(itrs)
 
-    def state_dict(self) -> dict:
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            own = dict(pending)
-        elif epoch_live(self):
+    def _own_state(self) -> dict:
+        if epoch_live(self):
             own = {"rng": self._epoch_rng, "pos": iterator_position(self._it, len(self._order))}
         else:
             own = {"rng": self._rng_now(), "pos": 0}
         return {**own, "children": self._children_state()}
 
-    def load_state_dict(self, state: dict) -> None:
-        rng = check_rng_field(state)
-        pos = check_count(state, "pos")
+    def _take_state(self, state: dict) -> None:
+        check_rng_field(state)
+        check_count(state, "pos")
         load_children(self.df_lists, field(state, "children", list))
-        self._bf_pending = {"rng": rng, "pos": pos}

@@ -21,8 +21,8 @@ import numpy as np
 from .batch import BatchData
 from .combine import JoinData
 from .parallel import MultiProcessMapData
+from .pipeline import bottleneck, format_stats
 from .sources import DataFromList, FakeData
-from .speed import collect_stats, format_stats
 from .transforms import MapData
 
 __all__ = ["demo_source", "run_demo"]
@@ -100,9 +100,12 @@ def run_demo(size: int = 2048, workdir: str | None = None, batch_size: int = 64)
             parallel.reset_state()
             _rate(parallel, n_batches)  # the first epoch starts the workers
             two_workers = _rate(parallel, n_batches) * batch_size
-            stats = collect_stats(parallel)
+            stats = parallel.stats()
         print(f"3. read + crop/flip/normalize + batch: {in_process:,.0f} images/s in this process, "
               f"{two_workers:,.0f} images/s with 2 worker processes ({two_workers / in_process:.2f}x)")
         print("   stage statistics (buffer_fill near 0: the workers are the slow side; near 1: the consumer):")
         print(format_stats(stats))
+        verdict = bottleneck(stats)
+        if verdict:
+            print(f"   bottleneck: {verdict}")
     return 0

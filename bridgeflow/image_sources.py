@@ -37,7 +37,12 @@ class ImageFromFile(IndexedSource):
     epoch (see :mod:`bridgeflow.shard`); its state is the epoch and the position in it.
 
     Example:
-        >>> df = ImageFromFile(sorted(glob.glob("photos/*.jpg")), resize=(224, 224))  # doctest: +SKIP
+        >>> import cv2
+        >>> cv2.imwrite("photo.png", np.zeros((480, 640, 3), np.uint8))
+        True
+        >>> df = ImageFromFile(["photo.png"], resize=(224, 224))
+        >>> df.reset_state(); next(iter(df))[0].shape
+        (224, 224, 3)
     """
 
     def __init__(self, files: Sequence[str], channel: int = 3, resize: Any = None, shuffle: bool = False,

@@ -30,8 +30,10 @@ from typing import Any
 import numpy as np
 
 from ._renamed import renamed_keywords
-from .base import DataFlow, ProxyDataFlow, RNGDataFlow, epoch_live, take_pending
+from .base import DataFlow, epoch_live
 from .errors import DatapointError, LengthUnknownError
+from .proxy import ProxyDataFlow
+from .rng import RNGDataFlow
 from .state import (
     StateError,
     StateMismatchError,
@@ -230,9 +232,8 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
         self._stream: _Stream | None = None
         self._epoch_start = 0  # the stream's yields when the epoch in progress began
 
-    def reset_state(self) -> None:
-        ProxyDataFlow.reset_state(self)
-        RNGDataFlow.reset_state(self)
+    def _on_reset(self) -> None:
+        super()._on_reset()
         self._drop_stream()
 
     def __len__(self) -> int:
@@ -244,22 +245,21 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
         except LengthUnknownError:
             return None
 
-    def __iter__(self) -> Iterator:
-        pending = take_pending(self)
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         taken = 0
-        if pending is not None:
+        if resume is not None:
             self._drop_stream()
-            if pending["rng"] is not None:
-                set_rng_state(self.rng, pending["rng"])
-            stream = self._stream = _Stream(self, pending["count"], pending["fill"], resumed=True)
-            replay = pending["replay"]
+            if resume["rng"] is not None:
+                set_rng_state(self.rng, resume["rng"])
+            stream = self._stream = _Stream(self, resume["count"], resume["fill"], resumed=True)
+            replay = resume["replay"]
             for i in range(replay):
                 if next(stream.gen, _HOLE) is _HOLE:
                     raise StateMismatchError(f"resuming replays {replay} datapoints of the buffer, but the stream "
                                              f"ended after {i}: the source yields less than when the state was "
                                              "saved", [type(self).__name__])
             stream.check_rebuilt(type(self).__name__)
-            taken = pending["taken"]
+            taken = resume["taken"]
         elif self.one_pass or self._stream is None or self._stream.gen.gi_frame is None:
             self._drop_stream()
             stream = self._stream = _Stream(self, 0, 0, resumed=False)
@@ -287,12 +287,9 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
         return {"buffer_size": self.buffer_size, "num_reuse": self.num_reuse,
                 "shuffle_interval": self.shuffle_interval, "one_pass": self.one_pass}
 
-    def state_dict(self) -> dict:
+    def _own_state(self) -> dict:
         """A snapshot of the source, the random generator and the buffer's fill from before the oldest
         datapoint in the buffer was read, the datapoints handed out since, and the place in the epoch."""
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            return {**self._settings(), **pending}
         live = epoch_live(self)
         stream = self._stream
         if stream is not None and (live or not self.one_pass) and stream.gen.gi_frame is not None:
@@ -303,7 +300,7 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
                    "fill": 0, "replay": 0, "taken": 0}
         return {**self._settings(), **own}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         for key, have in self._settings().items():
             saved = field(state, key, (bool, int))
             if saved != have:
@@ -316,12 +313,10 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
         if fill > self.buffer_size:
             raise StateMismatchError(f"the state's buffer holds {fill} datapoints, more than buffer_size="
                                      f"{self.buffer_size}")
-        replay, taken = check_count(state, "replay"), check_count(state, "taken")
-        rng = check_rng_field(state)
-        source = field(state, "source", dict)
-        load_child(self.ds, source)
-        self._bf_pending = {"source": source, "rng": rng, "count": count, "fill": fill, "replay": replay,
-                            "taken": taken}
+        check_count(state, "replay")
+        check_count(state, "taken")
+        check_rng_field(state)
+        load_child(self.ds, field(state, "source", dict))
 
     def close(self) -> None:
         self._drop_stream()

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import RNGDataFlow, epoch_live
+from .base import epoch_live
+from .rng import RNGDataFlow
 from .shard import check_same_on_every_rank, resolve_shard
 from .state import StateMismatchError, check_count, expect_field, field
 
@@ -40,21 +41,22 @@ def iterator_position(it: Any, run_length: int) -> int:
 class EpochOrder:
     """Indices to read per epoch for a source of ``n`` datapoints, and the position in the current epoch.
 
-    The source calls :meth:`begin` when an iteration starts (in ``__iter__``, not in its generator, so an
-    iterator dropped before its first datapoint still ends the epoch) and reads the indices of
-    :meth:`iters`; :meth:`state` and :meth:`load` save and restore the position.
+    The source calls :meth:`begin` when an iteration starts (in ``_begin_epoch``, not in its generator, so
+    an iterator dropped before its first datapoint still ends the epoch) and reads the indices of
+    :meth:`iters`; :meth:`state` saves the position, :meth:`check` checks a saved one, and ``begin(state)``
+    starts from it.
     """
 
     def __init__(self, n: int, shuffle: bool, shard: tuple[int, int, bool] | None, who: str) -> None:
         self.n = int(n)
         self.shuffle = bool(shuffle)
         self.shard = shard
+        self.part: tuple[int, int] | None = None  # (k, n): read piece k of n of every epoch (see split)
         self.who = who
         self.base: int | None = None  # entropy of the permutations, drawn in reset()
         self.epoch = 0  # the epoch of the last iteration begun
         self.next_epoch = 0  # the epoch the next iteration reads
         self._asked: int | None = None  # the last epoch given to set_epoch
-        self._pending: dict | None = None
         self._it: Any = None  # the index iterator of the current run
         self._done = 0  # indices of the epoch in runs before the current one
         self._run_len = 0
@@ -63,8 +65,10 @@ class EpochOrder:
 
     def reset(self, rng: np.random.RandomState) -> None:
         """Draw the permutations' entropy from the flow's generator (seeded in ``reset_state``) and start
-        again from epoch 0, or from the epoch last given to ``set_epoch`` (a loaded state overrides both)."""
-        self.base = int(rng.randint(0, 2**62, dtype=np.int64)) if self.shuffle else None
+        again from epoch 0, or from the epoch last given to ``set_epoch`` (a loaded state overrides both).
+        A split order keeps the entropy it has: its pieces must come from the permutations of the others."""
+        if self.part is None or self.base is None:
+            self.base = int(rng.randint(0, 2**62, dtype=np.int64)) if self.shuffle else None
         self.next_epoch = self._asked if self._asked is not None else 0
 
     def set_epoch(self, epoch: int, live: bool) -> None:
@@ -77,12 +81,39 @@ class EpochOrder:
             return
         self.next_epoch = epoch
 
-    def length(self) -> int:
-        """Datapoints per epoch: all of them, or the shard's."""
+    def _shard_length(self) -> int:
         if self.shard is None:
             return self.n
         _, world, drop_last = self.shard
         return self.n // world if drop_last else -(-self.n // world)
+
+    def length(self) -> int:
+        """Datapoints per epoch: all of them, or the shard's (or its piece's, see :meth:`split`)."""
+        m = self._shard_length()
+        if self.part is not None:
+            k, parts = self.part
+            return m * (k + 1) // parts - m * k // parts
+        return m
+
+    def split(self, k: int, parts: int) -> None:
+        """Read only piece ``k`` of ``parts`` contiguous pieces of each epoch's order (of this rank's shard):
+        the pieces of one epoch, read by ``parts`` copies of the source with the same permutations (the same
+        ``base``), hold every datapoint once. A DataLoader reads a length-free flow in its workers so."""
+        if not 0 <= k < parts:
+            raise ValueError(f"{self.who}: split needs 0 <= k < parts, got k={k}, parts={parts}")
+        self.part = (k, parts)
+
+    def _piece(self, runs: list[Run]) -> list[Run]:
+        k, parts = self.part
+        total = sum(len(r) for r in runs)
+        lo, hi = total * k // parts, total * (k + 1) // parts
+        out, at = [], 0
+        for run in runs:
+            a, b = max(lo - at, 0), min(hi - at, len(run))
+            if a < b:
+                out.append(run[a:b])
+            at += len(run)
+        return out
 
     def permutation(self, epoch: int) -> list[int]:
         if self.base is None:
@@ -90,12 +121,17 @@ class EpochOrder:
         return np.random.default_rng([self.base, epoch]).permutation(self.n).tolist()
 
     def runs(self, epoch: int) -> list[Run]:
-        """The indices of ``epoch`` for this flow (this rank's block when sharded), as one or more runs."""
+        """The indices of ``epoch`` for this flow (this rank's block when sharded, its piece when split), as
+        one or more runs."""
+        runs = self._runs(epoch)
+        return runs if self.part is None else self._piece(runs)
+
+    def _runs(self, epoch: int) -> list[Run]:
         n = self.n
         if self.shard is None:
             return [self.permutation(epoch) if self.shuffle else range(n)]
         rank, _, _ = self.shard
-        m = self.length()
+        m = self._shard_length()
         lo, hi = rank * m, (rank + 1) * m
         if n == 0 or m == 0:
             return []
@@ -116,15 +152,15 @@ class EpochOrder:
         if self.shard is None:
             return i
         rank, _, _ = self.shard
-        return (rank * self.length() + i) % self.n
+        return (rank * self._shard_length() + i) % self.n
 
-    def begin(self) -> tuple[list[Run], int]:
-        """Start an iteration: the runs of its epoch and the position to start from (a loaded state's)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            if pending["base"] is not None:
-                self.base = pending["base"]
-            epoch, pos = pending["epoch"], pending["pos"]
+    def begin(self, resume: dict | None = None) -> tuple[list[Run], int]:
+        """Start an iteration: the runs of its epoch and the position to start from (``resume``'s, a state
+        :meth:`check` accepted)."""
+        if resume is not None:
+            if resume["base"] is not None:
+                self.base = resume["base"]
+            epoch, pos = resume["epoch"], resume["pos"]
         else:
             epoch, pos = self.next_epoch, 0
         self.epoch, self.next_epoch = epoch, epoch + 1
@@ -151,7 +187,11 @@ class EpochOrder:
 
     def items(self, seq: Sequence, pos: int) -> Iterator:
         """The iterator of a list or tuple itself, from ``pos``, for an unsharded sequential epoch: the
-        fastest way through it, and it knows its position like the index iterators do."""
+        fastest way through it, and it knows its position like the index iterators do (a split order:
+        through its piece)."""
+        if self.part is not None:
+            piece = self._piece([range(len(seq))])
+            seq = seq[piece[0].start:piece[0].stop] if piece else seq[:0]
         it = iter(seq)
         if pos:
             it.__setstate__(pos)
@@ -165,8 +205,6 @@ class EpochOrder:
     # --- state ------------------------------------------------------------------------------------
 
     def state(self, live: bool) -> dict:
-        if self._pending is not None:
-            return dict(self._pending)
         if live:
             epoch, pos = self.epoch, self.position()
         else:
@@ -174,17 +212,17 @@ class EpochOrder:
         return {"n": self.n, "shuffle": self.shuffle, "shard": None if self.shard is None else list(self.shard),
                 "base": self.base, "epoch": epoch, "pos": pos}
 
-    def load(self, state: dict) -> None:
+    def check(self, state: dict) -> None:
+        """Refuse a state saved from another order (length, shuffle, shard) or past the epoch's end."""
         expect_field(state, "n", self.n, "a dataset of length")
         expect_field(state, "shuffle", self.shuffle, "shuffle=")
         expect_field(state, "shard", None if self.shard is None else list(self.shard), "shard (rank, world, "
                                                                                           "drop_last)")
-        base = field(state, "base", (int, type(None)))
-        epoch, pos = check_count(state, "epoch"), check_count(state, "pos")
+        field(state, "base", (int, type(None)))
+        check_count(state, "epoch")
+        pos = check_count(state, "pos")
         if pos > self.length():
             raise StateMismatchError(f"the state's position {pos} is past the epoch's {self.length()} datapoints")
-        self._pending = {"n": self.n, "shuffle": self.shuffle, "shard": state["shard"], "base": base,
-                         "epoch": epoch, "pos": pos}
 
 
 class IndexedSource(RNGDataFlow):
@@ -206,13 +244,13 @@ class IndexedSource(RNGDataFlow):
     def __len__(self) -> int:
         return self._order.length()
 
-    def reset_state(self) -> None:
-        super().reset_state()
+    def _on_reset(self) -> None:
+        super()._on_reset()
         self._order.reset(self.rng)
 
-    def __iter__(self) -> Iterator:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         self._sync_length()
-        return self._read(*self._order.begin())
+        return self._read(*self._order.begin(resume))
 
     def _read(self, runs: list[Run], pos: int) -> Iterator:
         raise NotImplementedError
@@ -224,20 +262,26 @@ class IndexedSource(RNGDataFlow):
         """What tells this source's data from another's of the same length (e.g. a file's size)."""
         return None
 
+    def split(self, k: int, parts: int) -> None:
+        """Read only piece ``k`` of ``parts`` of every epoch (of this rank's shard): ``parts`` copies of this
+        source, made after its ``reset_state()`` (so with its permutations), read each datapoint once per
+        epoch between them. A DataLoader reads a length-free flow over this source so, one piece per worker."""
+        self._order.split(k, parts)
+
     def set_epoch(self, epoch: int) -> None:
         """The next iteration reads epoch ``epoch``'s order (the same on every rank for one seed), unless
         the iteration in progress reads that epoch already."""
         self._order.set_epoch(epoch, epoch_live(self))
 
-    def state_dict(self) -> dict:
+    def _own_state(self) -> dict:
         """The epoch, the position in it and the entropy of the shuffle: a few integers."""
         out = self._order.state(epoch_live(self))
         out["data"] = self._identity()
         return out
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         have = self._identity()
         saved = field(state, "data", (dict, type(None)))
         if have is not None and saved is not None and saved != have:
             raise StateMismatchError(f"the state was saved reading {saved}, this flow reads {have}: another file")
-        self._order.load(state)
+        self._order.check(state)

@@ -58,7 +58,7 @@ class DataFromQueue(DataFlow):
         self.end = end
         self.timeout = timeout
 
-    def _bf_not_resumable(self) -> str:
+    def _why_not_resumable(self) -> str:
         return ("DataFromQueue cannot save its position: the items it took from the queue are gone; resume "
                 "whatever fills the queue instead")
 
@@ -70,7 +70,7 @@ class DataFromQueue(DataFlow):
             return True
         return type(end) in _EQUAL_TYPES and type(item) is type(end) and item == end
 
-    def __iter__(self) -> Iterator[Any]:
+    def _iter_epoch(self) -> Iterator[Any]:
         get, timeout = self.queue.get, self.timeout
         while True:
             if timeout is None:
@@ -91,5 +91,9 @@ class MultiThreadPrefetchData(MultiThreadRunner):
     :class:`~bridgeflow.MultiThreadRunner`, which takes the same arguments in the same order.
 
     Example:
-        >>> df = MultiThreadPrefetchData(lambda: DataFromList(items), 16, 4)  # doctest: +SKIP
+        >>> from bridgeflow import DataFromList
+        >>> df = MultiThreadPrefetchData(lambda: DataFromList([[i] for i in range(3)]), 16, 4)
+        >>> with df:
+        ...     len(list(df))  # len(ds) datapoints per epoch, drawn from the four threads' copies
+        3
     """

@@ -15,8 +15,9 @@ the same seeds, so that shuffles agree; ``df.set_epoch(n)`` (on any flow: it rea
 agree on a new order per epoch.
 
 Example:
-    >>> df = ShardData(DataFromList(list(range(10)), shuffle=True, seed=0), rank=1, world=4)  # doctest: +SKIP
-    >>> len(df)                                                                                 # doctest: +SKIP
+    >>> from bridgeflow import DataFromList
+    >>> df = ShardData(DataFromList([[i] for i in range(10)], shuffle=True, seed=0), rank=1, world=4)
+    >>> len(df)  # ceil(10 / 4): a short rank repeats a datapoint
     3
 """
 
@@ -29,8 +30,11 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .base import DataFlow, ProxyDataFlow, RNGDataFlow, epoch_live, iter_flows, take_pending
+from .base import DataFlow, epoch_live
 from .errors import LengthUnknownError
+from .pipeline import iter_flows
+from .proxy import ProxyDataFlow
+from .rng import RNGDataFlow
 from .state import check_count, child_state, expect_field, field, load_child
 
 __all__ = ["ShardData", "UnshardedWarning", "rank_and_world", "resolve_shard", "warn_if_unsharded"]
@@ -142,8 +146,8 @@ class ShardData(ProxyDataFlow):
     then ``RANK``/``WORLD_SIZE``). Random flows inside ``ds`` need a seed (the same on every rank).
 
     Example:
-        >>> parts = [list(ShardData(DataFromList([[i] for i in range(5)], shuffle=False), r, 2))
-        ...          for r in range(2)]  # doctest: +SKIP
+        >>> from bridgeflow import DataFromList
+        >>> [list(ShardData(DataFromList([[i] for i in range(5)], shuffle=False), r, 2)) for r in range(2)]
         [[[0], [2], [4]], [[1], [3], [4]]]
     """
 
@@ -172,7 +176,7 @@ class ShardData(ProxyDataFlow):
         except LengthUnknownError:
             raise LengthUnknownError(f"ShardData over a {type(self.ds).__name__}, which has no length") from None
 
-    def __iter__(self) -> Iterator:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         try:
             n = len(self.ds)
         except LengthUnknownError:
@@ -180,9 +184,8 @@ class ShardData(ProxyDataFlow):
                 f"ShardData needs len() of the {type(self.ds).__name__} it wraps, so that every rank yields as "
                 "many datapoints; shard before the flow that loses the length (a filter), or give it one"
             ) from None
-        pending = take_pending(self)
-        self._seen, self._yielded = (pending["seen"], pending["yielded"]) if pending is not None else (0, 0)
-        self._child_done = pending is not None and pending["child_done"]
+        self._seen, self._yielded = (resume["seen"], resume["yielded"]) if resume is not None else (0, 0)
+        self._child_done = resume is not None and resume["child_done"]
         if self._child_done:  # saved after the child's epoch ended: this one has nothing left either
             return iter(())
         return self._shard(iter(self.ds), self._per_rank(n))
@@ -205,22 +208,19 @@ class ShardData(ProxyDataFlow):
             self._yielded += 1
             yield last
 
-    def state_dict(self) -> dict:
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            own = dict(pending)
-        elif epoch_live(self):
+    def _own_state(self) -> dict:
+        if epoch_live(self):
             own = {"seen": self._seen, "yielded": self._yielded, "child_done": self._child_done}
         else:
             own = {"seen": 0, "yielded": 0, "child_done": False}
         return {"rank": self.rank, "world": self.world, "drop_last": self.drop_last, **own,
                 "child": child_state(self.ds)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         expect_field(state, "rank", self.rank, "rank")
         expect_field(state, "world", self.world, "world")
         expect_field(state, "drop_last", self.drop_last, "drop_last")
-        seen, yielded = check_count(state, "seen"), check_count(state, "yielded")
-        done = field(state, "child_done", bool)
+        check_count(state, "seen")
+        check_count(state, "yielded")
+        field(state, "child_done", bool)
         load_child(self.ds, field(state, "child", dict))
-        self._bf_pending = {"seen": seen, "yielded": yielded, "child_done": done}

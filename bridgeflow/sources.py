@@ -2,22 +2,24 @@
 
 All of them can save their position (``state_dict()``): a list by its epoch and position (its shuffle
 is rebuilt from two integers), fake data by its random generator, a generator function or a
-re-iterable by counting and skipping. A generator *object* or a one-shot iterator cannot be replayed:
-their ``state_dict()`` raises :class:`~bridgeflow.state.NotResumableError` saying what to pass instead.
+re-iterable by counting and skipping (those two live in :mod:`bridgeflow.iterables`, with
+``as_dataflow``). A generator *object* or a one-shot iterator cannot be replayed: their ``state_dict()``
+raises :class:`~bridgeflow.state.NotResumableError` saying what to pass instead.
 """
 
 from __future__ import annotations
 
-import inspect
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, RNGDataFlow, epoch_live, take_pending
+from .base import epoch_live
 from .errors import LengthUnknownError
+from .iterables import DataFromGenerator, DataFromIterable
 from .order import IndexedSource, iterator_position
+from .rng import RNGDataFlow
 from .state import StateMismatchError, check_count, check_rng_field, field, rng_state, set_rng_state
 
 __all__ = ["DataFromGenerator", "DataFromIterable", "DataFromList", "FakeData"]
@@ -68,77 +70,6 @@ class DataFromList(IndexedSource):
         get = lst.__getitem__
         for it, _, _ in self._order.iters(runs, pos):
             yield from map(get, it)
-
-
-class DataFromGenerator(DataFlow):
-    """Datapoints from a generator function, called anew for every epoch.
-
-    A generator *object* can be passed too, but it can be iterated only once (a second epoch raises) and
-    cannot be resumed. ``size`` gives ``len()`` when the generator's length is known. Resuming calls the
-    function again and skips the datapoints already delivered, so the function must give the same
-    datapoints each call.
-    """
-
-    _bf_state_mode = "count"
-
-    def __init__(self, gen: Callable[[], Iterable] | Iterator, size: int | None = None) -> None:
-        if not callable(gen) and not inspect.isgenerator(gen) and not hasattr(gen, "__next__"):
-            raise TypeError(f"DataFromGenerator needs a generator function or generator, got {gen!r}")
-        self._gen = gen
-        self._size = size
-        self._used = False
-
-    def __len__(self) -> int:
-        if self._size is None:
-            raise LengthUnknownError("DataFromGenerator has no known length; pass size= to give one")
-        return self._size
-
-    def __iter__(self) -> Iterator:
-        if callable(self._gen):
-            yield from self._gen()
-            return
-        if self._used:
-            raise RuntimeError("DataFromGenerator got a generator object, which can be iterated only once; "
-                               "pass the generator function instead to iterate several epochs")
-        self._used = True
-        yield from self._gen
-
-    def _bf_not_resumable(self) -> str | None:
-        if not callable(self._gen):
-            return ("it was given a generator object, which cannot be rewound to a saved position; pass the "
-                    "generator function instead (DataFromGenerator(make) rather than DataFromGenerator(make()))")
-        return super()._bf_not_resumable()
-
-
-class DataFromIterable(DataFlow):
-    """Datapoints from any iterable; ``len()`` is the iterable's when it has one.
-
-    Resuming iterates it again and skips the datapoints already delivered: an iterable that gives the
-    same items each time (a list, a range) resumes exactly; a one-shot iterator cannot be resumed.
-    """
-
-    _bf_state_mode = "count"
-
-    def __init__(self, iterable: Iterable) -> None:
-        if not hasattr(iterable, "__iter__"):
-            raise TypeError(f"DataFromIterable needs an iterable, got {type(iterable).__name__}")
-        self._itr = iterable
-
-    def __len__(self) -> int:
-        try:
-            return len(self._itr)  # type: ignore[arg-type]
-        except TypeError:
-            raise LengthUnknownError(
-                f"the {type(self._itr).__name__} given to DataFromIterable has no len()") from None
-
-    def __iter__(self) -> Iterator:
-        yield from self._itr
-
-    def _bf_not_resumable(self) -> str | None:
-        if hasattr(self._itr, "__next__"):
-            return (f"it wraps a {type(self._itr).__name__}, a one-shot iterator that cannot be rewound to a "
-                    "saved position; pass a list, or a DataFromGenerator of a function that makes the iterator")
-        return super()._bf_not_resumable()
 
 
 def _as_dtypes(dtype: Any, n: int) -> list[np.dtype]:
@@ -197,8 +128,8 @@ class FakeData(RNGDataFlow):
         low, high = self.domain or (0.0, 1.0)
         return self.rng.uniform(low, high, size=shape).astype(dtype, copy=False)
 
-    def reset_state(self) -> None:
-        super().reset_state()
+    def _on_reset(self) -> None:
+        super()._on_reset()
         self._fixed_rng = rng_state(self.rng) if not self.random else None
         self._make_fixed()
 
@@ -208,17 +139,16 @@ class FakeData(RNGDataFlow):
             for a in self._fixed:
                 a.flags.writeable = False
 
-    def __iter__(self) -> Iterator[list[np.ndarray]]:
-        pending = take_pending(self)
+    def _begin_epoch(self, resume: dict | None) -> Iterator[list[np.ndarray]]:
         start = 0
-        if pending is not None:
-            if pending["fixed"] is not None:  # the same fixed arrays as the run that saved the state
-                set_rng_state(self.rng, pending["fixed"])
-                self._fixed_rng = pending["fixed"]
+        if resume is not None:
+            if resume["fixed"] is not None:  # the same fixed arrays as the run that saved the state
+                set_rng_state(self.rng, resume["fixed"])
+                self._fixed_rng = resume["fixed"]
                 self._make_fixed()
-            if pending["rng"] is not None:
-                set_rng_state(self.rng, pending["rng"])
-            start = pending["pos"]
+            if resume["rng"] is not None:
+                set_rng_state(self.rng, resume["rng"])
+            start = resume["pos"]
         it = iter(range(start, self.size if self.size is not None else sys.maxsize))
         self._it, self._start = it, start
         return self._produce(it)
@@ -233,17 +163,15 @@ class FakeData(RNGDataFlow):
         for _ in it:
             yield [make(s, d) for s, d in specs]
 
-    def state_dict(self) -> dict:
+    def _own_state(self) -> dict:
         """The random generator's state now and the position in the epoch (datapoints are not replayed)."""
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            return dict(pending)
         pos = self._start + iterator_position(self._it, 0) if epoch_live(self) else 0
         return {"size": self.size, "rng": rng_state(getattr(self, "rng", None)),
                 "fixed": self.__dict__.get("_fixed_rng"), "pos": pos}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         if field(state, "size", (int, type(None))) != self.size:
             raise StateMismatchError(f"the state is for size={state['size']}, this flow has size={self.size}")
-        rng, fixed = check_rng_field(state, "rng"), check_rng_field(state, "fixed")
-        self._bf_pending = {"size": self.size, "rng": rng, "fixed": fixed, "pos": check_count(state, "pos")}
+        check_rng_field(state, "rng")
+        check_rng_field(state, "fixed")
+        check_count(state, "pos")

@@ -1,4 +1,4 @@
-"""Measure how fast a flow produces datapoints, and show which stage is the slow side."""
+"""Measure how fast a flow produces datapoints, and say which stage is the slow side."""
 
 from __future__ import annotations
 
@@ -8,27 +8,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._progress import progress_bar
-from .base import DataFlow, ProxyDataFlow, iter_flows
+from .base import DataFlow, reset_once
+from .pipeline import bottleneck, format_stats, pipeline_stats
+from .proxy import ProxyDataFlow
 
 __all__ = ["TestDataSpeed", "collect_stats", "format_stats"]
 
 
-def collect_stats(df: DataFlow) -> dict[str, dict[str, float]]:
-    """``{path: stats}`` for every flow in the pipeline whose ``stats()`` is not empty."""
-    out = {}
-    for path, flow in iter_flows(df):
-        stats = flow.stats() if isinstance(flow, DataFlow) else {}
-        if stats:
-            out[path] = dict(stats)
-    return out
-
-
-def format_stats(stats: dict[str, dict[str, float]]) -> str:
-    lines = []
-    for path, values in stats.items():
-        parts = [f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()]
-        lines.append(f"  {path}: " + " ".join(parts))
-    return "\n".join(lines)
+collect_stats = pipeline_stats  # ``df.stats()``, also for a duck-typed flow at the top
 
 
 class TestDataSpeed(ProxyDataFlow):
@@ -36,12 +23,14 @@ class TestDataSpeed(ProxyDataFlow):
 
     ``start()`` runs the test and returns the rate; the first ``warmup`` datapoints are not timed (worker
     start-up, caches). If the flow runs out before ``size`` it is iterated again. Afterwards the
-    statistics of every stage that keeps them (queue fill, consumer wait) are printed, so the slow side
-    shows: an output buffer that is nearly always empty means the producer is the bottleneck.
+    statistics of every stage that keeps them (buffer fill, consumer wait, workers busy) are printed with
+    a verdict on the slow side (see :func:`bridgeflow.pipeline.bottleneck`): an output buffer that is
+    nearly always empty while the workers are busy means the workers are the bottleneck.
 
     Example:
         >>> from bridgeflow import FakeData
-        >>> rate = TestDataSpeed(FakeData([[4]], size=100), size=50).start()  # doctest: +SKIP
+        >>> rate = TestDataSpeed(FakeData([[4]], size=100), size=50, progress=False).start()
+        50 datapoints in ...
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -68,8 +57,7 @@ class TestDataSpeed(ProxyDataFlow):
 
     def start(self) -> float:
         """Run the test; returns datapoints per second and prints a summary."""
-        if not self._bf_reset_done:
-            self.reset_state()
+        reset_once(self)
         out = self.file or sys.stdout
         stream = self._stream()
         try:
@@ -85,13 +73,19 @@ class TestDataSpeed(ProxyDataFlow):
             stream.close()
         self.rate = self.test_size / max(elapsed, 1e-9)
         print(f"{self.test_size} datapoints in {elapsed:.3f}s: {self.rate:.1f} datapoints/s", file=out)
-        stats = collect_stats(self.ds)
+        stats = pipeline_stats(self.ds)
         if stats:
             print("stage statistics:\n" + format_stats(stats), file=out)
+            verdict = bottleneck(stats)
+            if verdict:
+                print(f"bottleneck: {verdict}", file=out)
         return self.rate
 
     start_test = start  # tensorpack's older name
 
-    def __iter__(self) -> Iterator:
+    def _why_not_resumable(self) -> str:
+        return "TestDataSpeed cannot save its position: it is a timer, iterated once; save the flow it times"
+
+    def _iter_epoch(self) -> Iterator:
         self.start()
         yield from self.ds

@@ -42,6 +42,8 @@ __all__ = [
     "rng_from_state",
     "rng_state",
     "set_rng_state",
+    "state_or_error",
+    "unless_error",
 ]
 
 RESERVED = ("class", "version")
@@ -159,6 +161,23 @@ def child_state(child: Any, index: int | None = None) -> dict:
         if index is not None and exc.path:
             raise exc.renamed_first(f"{exc.path[0]}[{index}]") from None
         raise
+
+
+def state_or_error(get: Any, arg: Any) -> Any:
+    """``get(arg)`` (e.g. ``child_state(flow)``), or the StateError it raised, kept to be raised by
+    :func:`unless_error` if a state is asked for: a flow iterated without ever being saved must not
+    fail because a part of it cannot be saved."""
+    try:
+        return get(arg)
+    except StateError as exc:
+        return exc
+
+
+def unless_error(value: Any) -> Any:
+    """``value`` as :func:`state_or_error` kept it: the state, or its StateError raised now."""
+    if isinstance(value, StateError):
+        raise type(value)(value.reason, value.path)
+    return value
 
 
 # --- random generators as plain data ------------------------------------------------------------

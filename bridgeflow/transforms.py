@@ -5,7 +5,7 @@ Every transform accepts list/tuple datapoints (components addressed by position)
 
 State: a transform that holds nothing between two datapoints (map, filter, select, print) saves only
 its child's state; the others add their own position (repeats done, datapoints into the epoch, the
-cache's epoch). Each ``__iter__`` opens its child's iterator at once, so a loaded state is taken up by
+cache's epoch). Each ``_begin_epoch`` opens its child's iterator at once, so a loaded state is taken up by
 the ``iter()`` call itself, even if the iterator is dropped before its first datapoint.
 """
 
@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, ProxyDataFlow, RNGDataFlow, epoch_live, take_pending
+from .base import DataFlow, epoch_live
 from .errors import DatapointError, LengthUnknownError
 from .order import EpochOrder
+from .proxy import ProxyDataFlow
+from .rng import RNGDataFlow
 from .state import (
-    StateError,
     StateMismatchError,
     check_count,
     check_rng_field,
@@ -30,6 +31,8 @@ from .state import (
     load_child,
     rng_state,
     set_rng_state,
+    state_or_error,
+    unless_error,
 )
 
 __all__ = [
@@ -96,9 +99,8 @@ class MapData(ProxyDataFlow):
     """Apply ``func`` to every datapoint; a ``None`` result drops the datapoint.
 
     ``len()`` is the wrapped flow's, which overcounts when ``func`` drops datapoints (as in tensorpack).
+    Over a random-access flow, ``df[i]`` is ``func(ds[i])`` (None when it drops it).
     """
-
-    _bf_state_mode = "own"  # its child's state: nothing is held between two datapoints
 
     def __init__(self, ds: DataFlow, func: Callable[[Any], Any]) -> None:
         super().__init__(ds)
@@ -106,8 +108,11 @@ class MapData(ProxyDataFlow):
             raise TypeError(f"MapData needs a callable, got {func!r}")
         self.func = func
 
-    def __iter__(self) -> Iterator:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         return self._map(iter(self.ds))
+
+    def __getitem__(self, index: int) -> Any:
+        return next(self._map(iter((self.ds[index],))), None)
 
     def _map(self, source: Iterator) -> Iterator:
         func = self.func
@@ -124,8 +129,6 @@ class MapData(ProxyDataFlow):
 class MapDataComponent(ProxyDataFlow):
     """Apply ``func`` to one component (a position, or a key of dict datapoints); ``None`` drops it."""
 
-    _bf_state_mode = "own"
-
     def __init__(self, ds: DataFlow, func: Callable[[Any], Any], index: Hashable = 0) -> None:
         super().__init__(ds)
         if not callable(func):
@@ -133,8 +136,12 @@ class MapDataComponent(ProxyDataFlow):
         self.func = func
         self.index = index
 
-    def __iter__(self) -> Iterator:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         return self._map(iter(self.ds))
+
+    def __getitem__(self, index: int) -> Any:
+        """``ds[index]`` mapped, over a random-access flow (None when ``func`` drops it)."""
+        return next(self._map(iter((self.ds[index],))), None)
 
     def _map(self, source: Iterator) -> Iterator:
         func, index = self.func, self.index
@@ -148,8 +155,6 @@ class MapDataComponent(ProxyDataFlow):
 class FilterData(ProxyDataFlow):
     """Keep the datapoints for which ``predicate(dp)`` is true. Its length is unknown."""
 
-    _bf_state_mode = "own"
-
     def __init__(self, ds: DataFlow, predicate: Callable[[Any], bool]) -> None:
         super().__init__(ds)
         self.predicate = predicate
@@ -157,7 +162,7 @@ class FilterData(ProxyDataFlow):
     def __len__(self) -> int:
         raise LengthUnknownError("FilterData cannot know how many datapoints pass its predicate")
 
-    def __iter__(self) -> Iterator:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         return self._filter(iter(self.ds))
 
     def _filter(self, source: Iterator) -> Iterator:
@@ -176,9 +181,7 @@ class SelectComponent(ProxyDataFlow):
             raise TypeError(f"SelectComponent needs a sequence of indices or keys, got {idxs!r}")
         self.idxs = list(idxs)
 
-    _bf_state_mode = "own"
-
-    def __iter__(self) -> Iterator:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         return self._select(iter(self.ds))
 
     def _select(self, source: Iterator) -> Iterator:
@@ -212,11 +215,10 @@ class RepeatedData(ProxyDataFlow):
             raise LengthUnknownError("RepeatedData(num=-1) repeats forever")
         return len(self.ds) * self.num
 
-    def __iter__(self) -> Iterator:
-        pending = take_pending(self)
-        self._done = pending["done"] if pending is not None else 0
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        self._done = resume["done"] if resume is not None else 0
         first = iter(self.ds) if self.num == -1 or self._done < self.num else None
-        return self._repeat(first, pending is not None)
+        return self._repeat(first, resume is not None)
 
     def _repeat(self, it: Iterator | None, resumed: bool) -> Iterator:
         while self.num == -1 or self._done < self.num:
@@ -230,17 +232,14 @@ class RepeatedData(ProxyDataFlow):
             resumed = False
             self._done += 1
 
-    def state_dict(self) -> dict:
-        pending = self.__dict__.get("_bf_pending")
-        done = pending["done"] if pending is not None else self._done if epoch_live(self) else 0
-        return {"num": self.num, "done": done, "child": child_state(self.ds)}
+    def _own_state(self) -> dict:
+        return {"num": self.num, "done": self._done if epoch_live(self) else 0, "child": child_state(self.ds)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         if field(state, "num", int) != self.num:
             raise StateMismatchError(f"the state is for num={state['num']}, this flow repeats num={self.num}")
-        done = check_count(state, "done")
+        check_count(state, "done")
         load_child(self.ds, field(state, "child", dict))
-        self._bf_pending = {"done": done}
 
 
 class RepeatedDataPoint(ProxyDataFlow):
@@ -261,10 +260,9 @@ class RepeatedDataPoint(ProxyDataFlow):
     def __len__(self) -> int:
         return len(self.ds) * self.num
 
-    def __iter__(self) -> Iterator:
-        pending = take_pending(self)
-        self._rep = pending["rep"] if pending is not None else 0
-        self._before = _state_or_error(self.ds)  # before iter(): the loaded state, if any
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        self._rep = resume["rep"] if resume is not None else 0
+        self._before = state_or_error(child_state, self.ds)  # before iter(): the loaded state, if any
         return self._repeat(iter(self.ds), self._rep)
 
     def _repeat(self, source: Iterator, skip: int) -> Iterator:
@@ -272,7 +270,7 @@ class RepeatedDataPoint(ProxyDataFlow):
         first = True
         while True:
             if not first:
-                self._before = _state_or_error(ds)
+                self._before = state_or_error(child_state, ds)
                 self._rep = 0
             first = False
             try:
@@ -284,35 +282,16 @@ class RepeatedDataPoint(ProxyDataFlow):
                 yield dp
             skip = 0
 
-    def state_dict(self) -> dict:
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            return {"num": self.num, "rep": pending["rep"], "child": child_state(self.ds)}
+    def _own_state(self) -> dict:
         if epoch_live(self):
-            return {"num": self.num, "rep": self._rep, "child": _raise_stored(self._before)}
+            return {"num": self.num, "rep": self._rep, "child": unless_error(self._before)}
         return {"num": self.num, "rep": 0, "child": child_state(self.ds)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         if field(state, "num", int) != self.num:
             raise StateMismatchError(f"the state is for num={state['num']}, this flow repeats num={self.num}")
-        rep = check_count(state, "rep")
+        check_count(state, "rep")
         load_child(self.ds, field(state, "child", dict))
-        self._bf_pending = {"rep": rep}
-
-
-def _state_or_error(flow: Any) -> Any:
-    """``flow``'s state now, or the StateError saying why there is none (raised only if a state is asked
-    for: iterating a flow nobody saves must not fail)."""
-    try:
-        return child_state(flow)
-    except StateError as exc:
-        return exc
-
-
-def _raise_stored(value: Any) -> Any:
-    if isinstance(value, StateError):
-        raise type(value)(value.reason, value.path)
-    return value
 
 
 class FixedSizeData(ProxyDataFlow):
@@ -333,10 +312,9 @@ class FixedSizeData(ProxyDataFlow):
     def __len__(self) -> int:
         return self._size
 
-    def __iter__(self) -> Iterator:
-        pending = take_pending(self)
-        self._n = pending["pos"] if pending is not None else 0
-        if pending is not None or self._itr is None or not self.keep_state:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        self._n = resume["pos"] if resume is not None else 0
+        if resume is not None or self._itr is None or not self.keep_state:
             old, self._itr = self._itr, None
             if old is not None and hasattr(old, "close"):  # an epoch left before its end: let the child go
                 old.close()
@@ -362,24 +340,19 @@ class FixedSizeData(ProxyDataFlow):
                 if itr is not None and hasattr(itr, "close"):
                     itr.close()
 
-    def state_dict(self) -> dict:
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            own = dict(pending)
-        else:
-            live = epoch_live(self)
-            # between epochs the child's iteration is carried only with keep_state
-            own = {"pos": self._n if live else 0,
-                   "carried": self._itr is not None and (live or self.keep_state) and _alive(self._itr)}
-        return {"size": self._size, "keep_state": self.keep_state, **own, "child": child_state(self.ds)}
+    def _own_state(self) -> dict:
+        live = epoch_live(self)
+        # between epochs the child's iteration is carried only with keep_state
+        carried = self._itr is not None and (live or self.keep_state) and _alive(self._itr)
+        return {"size": self._size, "keep_state": self.keep_state, "pos": self._n if live else 0,
+                "carried": carried, "child": child_state(self.ds)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         if field(state, "size", int) != self._size:
             raise StateMismatchError(f"the state is for size={state['size']}, this flow has size={self._size}")
-        pos = check_count(state, "pos")
-        carried = field(state, "carried", bool)
+        check_count(state, "pos")
+        field(state, "carried", bool)
         load_child(self.ds, field(state, "child", dict))
-        self._bf_pending = {"pos": pos, "carried": carried}
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
@@ -416,32 +389,27 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
         self._start: Any = None  # the child's state when the (filling) epoch began
         self._order: EpochOrder | None = None
 
-    def reset_state(self) -> None:
-        ProxyDataFlow.reset_state(self)
-        RNGDataFlow.reset_state(self)
-
     def __len__(self) -> int:
         if self._cache is not None:
             return len(self._cache)
         return len(self.ds)
 
-    def __iter__(self) -> Iterator:
-        pending = take_pending(self)
-        if pending is not None:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        if resume is not None:
             self._cache = None
-            self._start = pending["child"]
-            if pending["rng"] is not None:
-                set_rng_state(self.rng, pending["rng"])
-            if pending["filled"]:  # rebuild the cache from the child's saved epoch, then resume in it
+            self._start = resume["child"]
+            if resume["rng"] is not None:
+                set_rng_state(self.rng, resume["rng"])
+            if resume["filled"]:  # rebuild the cache from the child's saved epoch, then resume in it
                 self._fill_silently(iter(self.ds), None)
-                self._order.load(pending["order"])
-                return self._replay(*self._order.begin())
+                self._order.check(resume["order"])
+                return self._replay(*self._order.begin(resume["order"]))
             source = iter(self.ds)
-            self._buffer = self._fill_silently(source, pending["pos"])
+            self._buffer = self._fill_silently(source, resume["pos"])
             return self._fill(source, self._buffer)
         if self._cache is not None:
             return self._replay(*self._order.begin())
-        self._start = _state_or_error(self.ds)
+        self._start = state_or_error(child_state, self.ds)
         self._buffer = []
         return self._fill(iter(self.ds), self._buffer)
 
@@ -477,30 +445,26 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
         for it, _, _ in self._order.iters(runs, pos):
             yield from map(cache.__getitem__, it)
 
-    def state_dict(self) -> dict:
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            return dict(pending)
+    def _own_state(self) -> dict:
         live = epoch_live(self)
         if self._cache is not None:
-            return {"filled": True, "child": _raise_stored(self._start), "pos": 0,
+            return {"filled": True, "child": unless_error(self._start), "pos": 0,
                     "order": self._order.state(live), "rng": None}
         rng = rng_state(getattr(self, "rng", None))  # the cache's shuffle will be drawn from it
         if live:  # filling: the child's epoch from its start, of which len(buffer) datapoints were read
-            return {"filled": False, "child": _raise_stored(self._start), "pos": len(self._buffer), "order": None,
+            return {"filled": False, "child": unless_error(self._start), "pos": len(self._buffer), "order": None,
                     "rng": rng}
         return {"filled": False, "child": child_state(self.ds), "pos": 0, "order": None, "rng": rng}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         filled = field(state, "filled", bool)
-        pos = check_count(state, "pos")
+        check_count(state, "pos")
         child = field(state, "child", dict)
         order = field(state, "order", (dict, type(None)))
         if filled and order is None:
             raise StateMismatchError("the state says the cache was filled but holds no cache order")
-        rng = check_rng_field(state)
+        check_rng_field(state)
         load_child(self.ds, child)
-        self._bf_pending = {"filled": filled, "child": child, "pos": pos, "order": order, "rng": rng}
 
 
 def describe_datapoint(dp: Any, max_depth: int = 3, max_list: int = 3, _depth: int = 0) -> str:
@@ -535,9 +499,7 @@ class PrintData(ProxyDataFlow):
         self.max_list = max_list
         self.level = level
 
-    _bf_state_mode = "own"  # its child's state (after a resume it logs the first datapoints it yields)
-
-    def __iter__(self) -> Iterator:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         return self._print(iter(self.ds))
 
     def _print(self, source: Iterator) -> Iterator:

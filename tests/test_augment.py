@@ -99,7 +99,7 @@ def test_catch_exceptions_drops_and_logs(caplog):
     with caplog.at_level(logging.ERROR, logger="bridgeflow.augment"):
         got = run(df)
     assert [dp[1] for dp in got] == [0, 1, 3, 4]
-    assert df.stats()["augment_errors"] == 1
+    assert df.stats() == {"AugmentImageComponent": {"augment_errors": 1.0}}  # by path: the stage itself
     assert "augmentation failed" in caplog.text and f"starting with {bad}" in caplog.text
 
 

@@ -24,7 +24,7 @@ from bridgeflow import (
     iter_flows,
     worker_seed_scope,
 )
-from bridgeflow.base import as_dataflow
+from bridgeflow.iterables import as_dataflow
 from bridgeflow.testing import check_dataflow
 
 
@@ -252,10 +252,7 @@ def test_pickled_copy_starts_fresh():
     df = Counting()
     it = iter(df)
     next(it)
-    assert df._bf_reset_done
     copy = pickle.loads(pickle.dumps(df))
-    assert not copy._bf_reset_done
-    assert copy._bf_iterating is None
     resets = copy.resets
     assert list(copy) == [[0], [1], [2]]  # not refused: the original's iteration does not travel
     assert copy.resets == resets + 1  # and it resets itself on first use
@@ -438,7 +435,7 @@ def test_old_style_random_flow_is_reproducible_and_resumable():
     a.reset_state()
     b.reset_state()
     assert list(a) == list(b) and list(a) != list(OldNoise(seed=4))
-    assert type(a)._bf_state_mode == "count"  # the default state: count and skip
+    assert type(a)._own_state is DataFlow._own_state  # the default state: count and skip
     check_resumable(lambda: OldNoise(8, seed=1), epochs=3)
     check_resumable(lambda: BatchData(OldDouble(OldOffset(7)), 2, remainder=True), positions=range(5))
 
@@ -472,3 +469,169 @@ def test_what_is_not_the_old_protocol_is_left_alone():
         len(SizeAttribute())
     with pytest.raises(NotImplementedError, match="must implement __iter__"):
         list(type("Empty", (DataFlow,), {"size": lambda self: 1})())
+
+
+# --- the template: public methods on the base, hooks in the subclasses -------------------------------
+
+
+def test_tensorpack_names_parent_calls_reach_each_parent():
+    """tensorpack's own LocallyShuffleData idiom: a reset_state that names its two parents."""
+
+    class Shuffled(ProxyDataFlow, RNGDataFlow):
+        def __init__(self, ds, seed):
+            ProxyDataFlow.__init__(self, ds)
+            self.seed = seed
+
+        def reset_state(self):
+            ProxyDataFlow.reset_state(self)
+            RNGDataFlow.reset_state(self)
+            self.ready = True
+
+        def __iter__(self):
+            dps = list(self.ds)
+            self.rng.shuffle(dps)
+            yield from dps
+
+    src = Counting(6)
+    df = Shuffled(src, seed=1)
+    got = list(df)
+    assert df.ready and src.resets >= 1 and sorted(dp[0] for dp in got) == list(range(6))
+    assert got == list(Shuffled(Counting(6), seed=1))  # seeded through RNGDataFlow's reset
+    check_dataflow(Shuffled(Counting(6), seed=2))
+
+
+def test_super_state_dict_in_a_moved_state_dict_gets_the_header():
+    class Positioned(DataFlow):
+        def __init__(self):
+            self.pos = 0
+
+        def __iter__(self):
+            while self.pos < 4:
+                self.pos += 1
+                yield [self.pos - 1]
+
+        def state_dict(self):
+            return {"pos": self.pos}
+
+        def load_state_dict(self, state):
+            self.pos = state["pos"]
+
+    class Recorded(Positioned):
+        calls = 0
+
+        def state_dict(self):
+            type(self).calls += 1
+            return dict(super().state_dict(), seen=True)
+
+    df = Recorded()
+    it = iter(df)
+    next(it)
+    state = df.state_dict()
+    assert state == {"pos": 1, "seen": True, "class": "Recorded", "version": 1} and Recorded.calls == 1
+    other = Recorded()
+    other.load_state_dict(state)
+    assert other.state_dict()["pos"] == 1  # a loaded state not begun from yet is the state
+    assert list(other) == [[1], [2], [3]]
+    with pytest.raises(ValueError, match="saved by a Recorded, this flow is a Positioned"):
+        Positioned().load_state_dict(state)
+
+
+def test_a_moved_method_iterating_a_flow_of_its_own_class_is_not_a_super_call():
+    class Plus(ProxyDataFlow):
+        def __iter__(self):
+            for dp in self.ds:  # self.ds is a Plus too: its own public __iter__, guarded
+                yield [dp[0] + 1]
+
+    inner = Plus(Counting(3))
+    df = Plus(inner)
+    it = iter(df)
+    assert next(it) == [2]
+    with pytest.raises(DataFlowReentrantError):
+        iter(inner).__next__()
+    it.close()
+    assert list(df) == [[2], [3], [4]]
+
+
+def test_a_class_may_not_write_a_public_method_and_its_hook():
+    with pytest.raises(TypeError, match="defines both __iter__ and _iter_epoch"):
+        class Both(DataFlow):
+            def __iter__(self):
+                yield [1]
+
+            def _iter_epoch(self):
+                yield [2]
+
+
+def test_bridgeflow_flows_fill_hooks_and_are_never_renamed():
+    import importlib
+    import pkgutil
+
+    import bridgeflow
+    from bridgeflow import tensorpack_style
+
+    for info in pkgutil.walk_packages(bridgeflow.__path__, "bridgeflow."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+    renamed = {cls.__module__ for cls, _ in tensorpack_style._moved_code.values()}
+    assert not {m for m in renamed if m.startswith("bridgeflow.")}
+
+
+def test_a_read_ahead_answers_state_dict_until_the_next_iter():
+    class Reader:
+        def delivered_state(self, source):
+            return {"delivered": type(source).__name__}
+
+    df = DataFromList([[i] for i in range(3)], shuffle=False)
+    reader = Reader()
+    it = iter(df)
+    next(it)
+    df.attach_read_ahead(reader)
+    assert df.state_dict() == {"delivered": "DataFromList"}
+    it.close()
+    iter(df)  # a new reader: the last one's view is over
+    assert df.state_dict()["pos"] == 0
+    df.attach_read_ahead(reader)
+    del reader
+    gc.collect()
+    assert "pos" in df.state_dict()  # held weakly
+
+
+def test_a_decorated_tensorpack_method_reaches_its_parent():
+    import functools
+
+    calls = []
+
+    def logged(fn):
+        @functools.wraps(fn)
+        def wrapper(self, *args):
+            calls.append(fn.__name__)
+            return fn(self, *args)
+        return wrapper
+
+    class Seeded(RNGDataFlow):
+        seed = 5
+
+        @logged
+        def reset_state(self):
+            super().reset_state()  # from inside the wrapped function: RNGDataFlow's reset
+            self.first = int(self.rng.randint(1 << 30))
+
+        def __iter__(self):
+            yield [self.first]
+
+    assert list(Seeded()) == list(Seeded()) and calls == ["reset_state", "reset_state"]
+
+
+def test_a_moved_method_calling_another_public_method_gets_this_flows_own():
+    class Restarting(DataFlow):
+        resets = 0
+
+        def reset_state(self):
+            type(self).resets += 1
+
+        def __iter__(self):
+            self.reset_state()  # its own reset_state, not a parent's
+            yield [type(self).resets]
+
+    df = Restarting()
+    assert list(df) == [[2]] and list(df) == [[3]]

@@ -9,12 +9,12 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import wait_for
 
 import bridgeflow as bf
 from bridgeflow.errors import WorkerError
 from bridgeflow.parallel import MultiProcessMapData, WorkerPool
 from bridgeflow.parallel import shm as shm_mod
+from conftest import wait_for
 
 
 def megabyte_init(ctx):
@@ -198,7 +198,7 @@ def test_a_stage_keeps_its_hooks_across_worker_restarts(leak_check):
             df.reset_state()
         batches = list(df)
         assert [int(b[1][0]) for b in batches] == list(range(0, 64, 4))
-        pools.append(stage._pool._res.prefix)
+        pools.append(stage._pool._channel.prefix)
         del batches
     df.close()
     assert len(set(pools)) == 3

@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 import pytest
-from conftest import InterruptAfterRead, shm_entries
 
 from bridgeflow.errors import BridgeflowError, WorkerError
 from bridgeflow.parallel import EXHAUSTED, WorkerContext, WorkerPool
 from bridgeflow.parallel import shm as shm_mod
+from conftest import InterruptAfterRead, shm_entries
 
 
 def scale_init(factor, ctx):
@@ -292,7 +292,7 @@ def test_segments_of_dead_processes_are_swept_by_the_next_pool(leak_check):
 def test_a_receive_cut_short_fails_later_gets_instead_of_hanging(leak_check):
     with WorkerPool(functools.partial(scale_init, 10), 1) as pool:
         pool.start()
-        pool._readers[0] = InterruptAfterRead(pool._readers[0])
+        pool._channel.readers[0] = InterruptAfterRead(pool._channel.readers[0])
         pool.put(1, flush=True)
         pool.put(2, flush=True)
         with pytest.raises(KeyboardInterrupt):
@@ -353,4 +353,4 @@ def test_slabs_held_once_go_back_to_the_system_within_the_window(workers, leak_c
         assert returned_after is not None, "unused slabs were not unlinked and unmapped"
         per_worker = max(shm_mod.MIN_TRIM_WINDOW, shm_mod.TRIM_WINDOW // workers)
         assert returned_after <= per_worker * workers + 2 * workers, returned_after
-        assert sum(r.mapped for r in pool._readers) <= 4 * workers
+        assert sum(r.mapped for r in pool._channel.readers) <= 4 * workers

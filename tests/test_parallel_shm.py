@@ -14,11 +14,11 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import shm_entries, wait_for
 
 from bridgeflow.errors import WorkerError
 from bridgeflow.parallel import WorkerPool, segments
 from bridgeflow.parallel import shm as shm_mod
+from conftest import shm_entries, wait_for
 
 FORK = mp.get_context("fork")
 
@@ -197,7 +197,7 @@ _NAMESPACED = textwrap.dedent("""
 
     pool = WorkerPool(init, 2)
     pool.start()
-    print(json.dumps({"pid": os.getpid(), "prefix": pool._res.prefix}), flush=True)
+    print(json.dumps({"pid": os.getpid(), "prefix": pool._channel.prefix}), flush=True)
     n, held, bad = 0, [], 0
     deadline = time.monotonic() + float(sys.argv[1])
     while time.monotonic() < deadline:
@@ -286,8 +286,8 @@ def test_a_result_whose_segment_vanished_is_an_error_that_says_so(leak_check):
     with WorkerPool(quarter_mb_init, 1, name="Stage") as pool:
         pool.start()
         pool.put(1, flush=True)
-        assert pool._res.result_conns[0].poll(10)  # the result waits in the pipe, its slab in /dev/shm
-        prefix = pool._res.prefix + "r0_"
+        assert pool._channel.result_conns[0].poll(10)  # the result waits in the pipe, its slab in /dev/shm
+        prefix = pool._channel.prefix + "r0_"
         for name in shm_entries():
             if name.startswith(prefix):
                 os.unlink(os.path.join(shm_mod.SHM_DIR, name))
@@ -309,7 +309,7 @@ def test_a_task_whose_segment_vanished_stops_the_worker_saying_so(leak_check):
         os.kill(pid, signal.SIGSTOP)
         try:
             pool.put(np.ones(100_000), flush=True)  # 800 KB: the task travels in a slab
-            prefix = pool._res.prefix + "t0_"
+            prefix = pool._channel.prefix + "t0_"
             gone = [n for n in shm_entries() if n.startswith(prefix)]
             assert gone
             for name in gone:
@@ -319,6 +319,70 @@ def test_a_task_whose_segment_vanished_stops_the_worker_saying_so(leak_check):
         with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) of Stage stopped: the shared-memory segment "
                                               r".*t0_.* vanished"):
             pool.get(timeout=10)
-        pool._res.procs[0].join(5)
+        pool._channel.procs[0].join(5)
         # the worker left the rest of the pool's shared memory to the pool, which is alive
-        assert os.path.exists(os.path.join(shm_mod.SHM_DIR, pool._res.prefix + "ctl"))
+        assert os.path.exists(os.path.join(shm_mod.SHM_DIR, pool._channel.prefix + "ctl"))
+
+
+# --- arrays of any layout ---------------------------------------------------------------------------
+
+def _in_shm(array: np.ndarray) -> bool:
+    """Whether the array's memory lies in a bridgeflow shared-memory mapping of this process."""
+    address = array.__array_interface__["data"][0]
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if f"/dev/shm/bf{os.getpid()}_" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if lo <= address < hi:
+                    return True
+    return False
+
+
+LAYOUTS = {
+    "transposed (HWC viewed as CHW)": lambda a: a.reshape(64, 64, 12).transpose(2, 0, 1),
+    "channels-last 4D": lambda a: a.reshape(2, 64, 64, 6).transpose(0, 3, 1, 2),
+    "every other row": lambda a: a.reshape(128, 384)[::2],
+    "flipped": lambda a: a.reshape(256, 192)[::-1],
+}
+
+
+def layout_init(ctx):
+    base = np.arange(64 * 64 * 12, dtype=np.float32)
+    return lambda name: LAYOUTS[name](base)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_arrays_of_any_layout_travel_in_shared_memory_and_arrive_contiguous(layout, leak_check):
+    """A view that is not C- or Fortran-contiguous is made contiguous in the slab it travels in: numpy
+    below 2.3 would otherwise pickle its bytes into the message (through the pipe, and copied again here)."""
+    want = LAYOUTS[layout](np.arange(64 * 64 * 12, dtype=np.float32))
+    assert not (want.flags.c_contiguous or want.flags.f_contiguous) and want.nbytes >= shm_mod.INBAND_LIMIT
+    with WorkerPool(layout_init, 1, start_method="fork") as pool:
+        pool.start()
+        pool.put(layout)
+        _, got = pool.get()
+        assert np.array_equal(got, want) and got.dtype == want.dtype and got.flags.c_contiguous
+        assert _in_shm(got)
+        del got
+
+
+def test_a_message_built_in_its_slab_is_not_copied(leak_check):
+    """reserve() then alloc(): arrays built in place travel as offsets, the message holds no array bytes."""
+    flags = memoryview(bytearray(8))
+    writer = shm_mod.SlabWriter(f"bf{os.getpid()}_t_", flags, 8)
+    reader = shm_mod.SlabReader(flags)
+    try:
+        writer.reserve(3 << 20)
+        built = writer.alloc((1 << 20,), np.uint16)
+        built[:] = 7
+        view = writer.alloc((512, 512, 3), np.uint8)
+        view[:] = 3
+        message = writer.dumps({"a": built, "chw": view.transpose(2, 0, 1)})  # made contiguous in the slab
+        assert len(message) < 2048
+        got = reader.loads(message)
+        assert (got["a"] == 7).all() and got["chw"].shape == (3, 512, 512) and (got["chw"] == 3).all()
+        assert _in_shm(got["a"]) and _in_shm(got["chw"])
+        del got
+    finally:
+        reader.close()
+        writer.close()

@@ -14,7 +14,6 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import InterruptAfterRead, child_pids, shm_entries, wait_for
 
 import bridgeflow as bf
 from bridgeflow.errors import DataFlowTerminated, DatapointError, WorkerError
@@ -25,7 +24,9 @@ from bridgeflow.parallel import (
     MultiThreadRunner,
     RemoteError,
 )
+from bridgeflow.parallel.common import usable_cpus
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
+from conftest import InterruptAfterRead, child_pids, shm_entries, wait_for
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 
@@ -598,14 +599,40 @@ def test_a_started_stage_copied_into_a_runner_keeps_working_here(leak_check):
 
 # --- statistics ------------------------------------------------------------------------------------
 
-def test_stats_show_the_slow_side(leak_check, capsys):
-    with MultiProcessMapData(source(400), 2, image_of, buffer_size=40, start_method="fork") as df:
+def slow_image_of(i):
+    time.sleep(0.002)
+    return image_of(i)
+
+
+@pytest.mark.parametrize("stage", [MultiProcessMapData, MultiThreadMapData])
+def test_stats_show_the_slow_side(stage, leak_check, capsys):
+    with stage(source(400), 2, image_of, buffer_size=40) as df:
         rate = bf.TestDataSpeed(df, size=300, progress=False).start()
-        stats = df.stats()
+        stats = df.stats()[stage.__name__]
     assert rate > 0
     assert stats["datapoints"] >= 300 and stats["workers"] == 2
-    assert 0.0 <= stats["buffer_fill"] <= 1.0 and 0.0 <= stats["consumer_wait_frac"] <= 1.0
-    assert "MultiProcessMapData" in capsys.readouterr().out
+    for key in ("buffer_fill", "consumer_wait_frac", "workers_busy"):
+        assert 0.0 <= stats[key] <= 1.0, key
+    out = capsys.readouterr().out
+    assert f"  {stage.__name__}: datapoints=" in out and "\nbottleneck: " in out
+
+
+def test_stats_of_a_pipeline_name_every_stage_under_it(leak_check, capsys):
+    """BatchData over a map stage reports the stage (through the flow that batches in its workers), and so does
+    any flow above it; the verdict names a stage by its path."""
+    inner = MultiThreadMapData(source(200), 2, slow_image_of, buffer_size=16)
+    df = bf.MapData(bf.BatchData(inner, 8), lambda b: b)
+    with df:
+        bf.TestDataSpeed(df, size=20, progress=False).start()
+        stats = df.stats()
+        own = inner.stats()  # the stage alone, by its own name
+    path = "MapData/BatchData/WorkerBatching/MultiThreadMapData"
+    assert list(stats) == [path] and stats[path]["datapoints"] >= 160
+    assert stats[path]["workers_busy"] > 0
+    assert list(own) == ["MultiThreadMapData"] and own["MultiThreadMapData"]["datapoints"] == stats[path]["datapoints"]
+    assert [p for p, _ in bf.iter_flows(df)] == ["MapData", "MapData/BatchData", "MapData/BatchData/WorkerBatching",
+                                                 path, path + "/DataFromList"]
+    assert "bottleneck: " in capsys.readouterr().out
 
 
 def test_argument_validation():
@@ -657,7 +684,7 @@ def test_an_iteration_interrupted_mid_receive_restarts_the_workers(batched, leak
         first_pids = set(df._pool.pids)
         it = iter(flow)
         next(it)
-        df._pool._readers[1] = InterruptAfterRead(df._pool._readers[1])
+        df._pool._channel.readers[1] = InterruptAfterRead(df._pool._channel.readers[1])
         with pytest.raises(KeyboardInterrupt):
             for _ in it:
                 pass
@@ -718,14 +745,15 @@ def test_runner_order_change_is_loud(caplog):
     with pytest.warns(UserWarning, match=r"MultiThreadRunner\(get_df, 1, 4\) starts 4 threads"):
         MultiThreadRunner(Shard, 1, 4).close()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.filterwarnings("error", message=".*the positional order")  # (3 processes may be too many here)
         MultiProcessRunner(Shard(), num_prefetch=2, num_proc=3).close()
         MultiProcessRunner(Shard(), 4, 2).close()  # tensorpack's usual shape: more prefetched than processes
         bf.MultiProcessRunnerZMQ(Shard(), 3, 2).close()
-    cpus = os.cpu_count() or 1
-    with caplog.at_level("WARNING", logger="bridgeflow"):
+    cpus = usable_cpus()
+    many = rf"MultiProcessRunner starts {2 * cpus + 1} processes on {cpus} CPUs .*pass num_proc=\d+ or fewer"
+    with pytest.warns(bf.OversubscribedWarning, match=many + r" \(num_prefetch=.*tensorpack's order") as record:
         MultiProcessRunner(Shard(), 2 * cpus + 8, 2 * cpus + 1).close()
-    assert f"starts {2 * cpus + 1} processes on {cpus} CPUs" in caplog.text
+    assert record[0].filename == __file__  # the line that asked for them
 
 
 DEPRECATED = [  # (class, the older keyword, the keyword it stands for, the other arguments)
@@ -815,3 +843,50 @@ def test_reset_state_again_releases_the_source(batched, leak_check):
         assert len(list(df)) == len(df)
         df.reset_state()
         assert len(list(df)) == len(df)
+
+
+# --- what a newcomer runs into ----------------------------------------------------------------------
+
+
+UNGUARDED = """
+import bridgeflow as bf
+
+def double(dp):
+    return [dp[0] * 2]
+
+df = bf.MultiProcessMapData(bf.DataFromList([[i] for i in range(8)], shuffle=False), 2, double,
+                            start_method="spawn")
+print(sum(dp[0] for dp in df))
+"""
+
+
+def test_a_spawned_pipeline_without_the_main_guard_says_so(tmp_path):
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=str(tmp_path))
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("bridgeflow.errors.WorkerError: worker ") and "exited with code 1" in last
+    assert f"re-running your script {script}" in last and 'no `if __name__ == "__main__":` guard' in last
+    # and each worker says why it stopped, instead of multiprocessing's bootstrapping essay
+    assert "while this process is itself starting as a worker, re-running your main module" in out.stderr
+
+    guarded = tmp_path / "guarded.py"
+    head, run = UNGUARDED.split("df = bf.")
+    guarded.write_text(head + 'if __name__ == "__main__":\n' + textwrap.indent("df = bf." + run, "    "))
+    ok = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == "56"
+
+
+def test_more_worker_processes_than_cpus_warn_once_per_request():
+    cpus = usable_cpus()
+    many = rf"MultiProcessMapData starts {cpus + 1} processes on {cpus} CPUs .*pass num_proc={cpus} or fewer"
+    with pytest.warns(bf.OversubscribedWarning, match=many) as record:
+        MultiProcessMapData(source(), cpus + 1, image_of).close()
+    assert record[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MultiProcessMapData(source(), cpus, image_of).close()
+        MultiThreadMapData(source(), cpus + 4, image_of).close()  # threads: no word

@@ -62,7 +62,7 @@ def test_unordered_with_dropped_datapoints(ray):
     with RayMapData(source(), drop_odd, num_workers=2, ordered=False, batch_size=3, max_in_flight=3) as df:
         df.reset_state()
         got = list(df)
-        stats = df.stats()
+        stats = df.stats()["RayMapData"]
     assert_same_datapoints(got, list(MapData(source(), drop_odd)), ordered=False)
     assert stats["datapoints"] == 30 and stats["workers"] == 2 and 0 < stats["buffer_fill"] <= 1
 

@@ -146,7 +146,7 @@ def test_with_keys_the_stream_arrives_whole_and_encrypted(leak_check, producer, 
     with RemoteDataZMQ(addr, keys=keys, timeout=20, bind=bind, producers=1 if bind else None) as df:
         df.reset_state()
         assert labels(df) == list(range(N))
-        assert df.stats()["peers_refused"] == 0
+        assert df.stats()["RemoteDataZMQ"]["peers_refused"] == 0
 
 
 def test_with_keys_a_rogue_producer_cannot_inject_or_end_the_stream(leak_check, producer, keys, rogue, tmp_path):
@@ -168,7 +168,7 @@ def test_with_keys_a_rogue_producer_cannot_inject_or_end_the_stream(leak_check, 
         time.sleep(0.5)  # the rogues' handshakes are refused meanwhile
         producer(addr, keys, bind=False, delay=0.01)
         assert labels(df) == list(range(N))
-        stats = df.stats()
+        stats = df.stats()["RemoteDataZMQ"]
         assert stats["messages_dropped"] == 0  # never even reached the flow
         assert stats["peers_refused"] >= 1  # the one with keys of its own was refused by key
 
@@ -204,7 +204,7 @@ def test_with_keys_a_consumer_hears_nothing_from_a_producer_without_them(leak_ch
             df.reset_state()
             with pytest.raises(ProducerLostError, match="sent nothing"):
                 list(df)
-            assert df.stats()["datapoints"] == 0
+            assert df.stats()["RemoteDataZMQ"]["datapoints"] == 0
 
 
 # --- without keys: strangers' messages are dropped and counted ---------------------------------------
@@ -222,7 +222,7 @@ def test_without_keys_one_stray_or_spoofed_message_cannot_end_or_corrupt_the_str
                              "error": tag + [P.ERROR + b"spoofed"], "hello-then-silence": tag + [P.HELLO]}[stray])
         producer(addr, None, bind=False, delay=0.08)  # 4 s of data: longer than the timeout
         assert labels(df) == list(range(N))
-        assert df.stats()["messages_dropped"] == 1
+        assert df.stats()["RemoteDataZMQ"]["messages_dropped"] == 1
 
 
 def test_the_bytes_buffered_are_bounded_across_producers(leak_check, rogue):
@@ -247,4 +247,4 @@ def test_the_bytes_buffered_are_bounded_across_producers(leak_check, rogue):
                                                        r"are being received: over max_buffered_bytes=419,430,400"):
             next(iter(df))
         assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: no 300 MiB touched
-        assert df.stats()["producers_lost"] == 1
+        assert df.stats()["RemoteDataZMQ"]["producers_lost"] == 1

@@ -14,7 +14,6 @@ import time
 
 import numpy as np
 import pytest
-from conftest import wait_for
 
 from bridgeflow import DataFromGenerator, DataFromList
 from bridgeflow.remote import (
@@ -29,6 +28,7 @@ from bridgeflow.remote.zmq_flow import _QUEUE_DEPTH
 from bridgeflow.serialize.codec import encode_frames
 from bridgeflow.serialize.errors import PickleNotAllowedError
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
+from conftest import wait_for
 
 FORK = mp.get_context("fork")
 
@@ -115,7 +115,7 @@ def test_ipc_and_tcp_several_producers_epochs_do_not_mix(leak_check, producers, 
             assert got[0][0].flags.writeable
         assert wait_for(lambda: all(p.exitcode == 0 for p in procs), timeout=10)  # each said goodbye
         assert list(df) == []  # no producer left: an empty iteration
-        assert df.stats()["datapoints"] == 2 * len(want)
+        assert df.stats()["RemoteDataZMQ"]["datapoints"] == 2 * len(want)
 
 
 def test_killed_producer_is_named_within_timeout_and_the_others_go_on(leak_check, producers):
@@ -136,7 +136,7 @@ def test_killed_producer_is_named_within_timeout_and_the_others_go_on(leak_check
     assert info.value.addr == a and a in str(info.value) and b not in str(info.value).split("sent nothing")[0]
     more = [dp[1] for _, dp in zip(range(30), df)]  # iterating again goes on with the survivor
     assert len(more) == 30 and all(x >= 500_000 for x in more)
-    assert df.stats()["producers_lost"] == 1 and df.stats()["producers"] == 1
+    assert df.stats()["RemoteDataZMQ"]["producers_lost"] == 1 and df.stats()["RemoteDataZMQ"]["producers"] == 1
     df.close()
 
 
@@ -487,7 +487,7 @@ def test_a_datapoint_over_max_message_bytes_is_refused_before_it_arrives(leak_ch
             with pytest.raises(MessageTooLargeError) as info:
                 next(it)
             assert time.monotonic() - t0 < 1.5
-            assert df.stats()["producers_lost"] == 1
+            assert df.stats()["RemoteDataZMQ"]["producers_lost"] == 1
         err = info.value
         assert err.addr == proxy.addr and err.nbytes > 3_000_000 and err.limit == 1_000_000
         assert proxy.addr in str(err) and "max_message_bytes=1,000,000" in str(err)

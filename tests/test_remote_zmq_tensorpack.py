@@ -89,7 +89,7 @@ def test_two_address_form_binds_both_and_reads_every_producer(leak_check, produc
         got = list(df)  # ends when the three said their last pass
         by = labels_by_producer(got, [0, 1000, 2000], 40)
         assert all(v == sorted(v) for v in by.values())  # each producer's order is kept
-        assert df.stats()["producers"] == 0 and df.stats()["datapoints"] == 120
+        assert df.stats()["RemoteDataZMQ"]["producers"] == 0 and df.stats()["RemoteDataZMQ"]["datapoints"] == 120
 
 
 def test_large_datapoints_of_producers_sharing_an_address_are_not_mixed(leak_check, producers, tmp_path):

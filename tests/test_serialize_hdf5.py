@@ -12,7 +12,6 @@ import zlib
 import h5py
 import numpy as np
 import pytest
-from conftest import results_of_forked_children
 
 from bridgeflow import DataFromGenerator, DataFromList
 from bridgeflow.errors import DatapointError
@@ -24,6 +23,7 @@ from bridgeflow.serialize.errors import (
 )
 from bridgeflow.serialize.hdf5_format import HDF5Data, HDF5Serializer
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
+from conftest import results_of_forked_children
 
 
 def every_kind(n=30):

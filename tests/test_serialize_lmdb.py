@@ -10,7 +10,6 @@ import sys
 import lmdb
 import numpy as np
 import pytest
-from conftest import results_of_forked_children
 
 from bridgeflow import DataFromGenerator, DataFromList, FakeData
 from bridgeflow.serialize import lmdb_format
@@ -23,6 +22,7 @@ from bridgeflow.serialize.errors import (
 )
 from bridgeflow.serialize.lmdb_format import LMDBDataset, LMDBSerializer, read_lmdb_meta
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
+from conftest import results_of_forked_children
 
 
 def mixed(n=40):

@@ -15,7 +15,6 @@ import lmdb
 import msgpack
 import numpy as np
 import pytest
-from conftest import results_of_forked_children
 from tensorpack_reference import DATA
 
 from bridgeflow import LMDBData, LMDBDataPoint, LMDBDataset, LMDBSerializer, load_dataset
@@ -27,6 +26,7 @@ from bridgeflow.serialize.errors import (
     UnsupportedFormatError,
 )
 from bridgeflow.sources import DataFromList
+from conftest import results_of_forked_children
 
 MSGPACK = os.path.join(DATA, "tensorpack_msgpack.lmdb")
 PICKLE_DIR = os.path.join(DATA, "tensorpack_pickle.lmdb")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import bridgeflow as bf
-from bridgeflow.base import DataFlow, ProxyDataFlow, RNGDataFlow
+from bridgeflow import DataFlow, ProxyDataFlow, RNGDataFlow
 from bridgeflow.state import NotResumableError, StateMismatchError
 from bridgeflow.testing import assert_same_datapoints, check_resumable
 
@@ -442,9 +442,10 @@ def test_every_exported_flow_saves_its_state_or_says_it_cannot():
         if not (isinstance(cls, type) and issubclass(cls, DataFlow)) or cls in (DataFlow, ProxyDataFlow, RNGDataFlow):
             continue
         if name in refusing:
-            assert cls._bf_state_mode == "unsupported", name
-        else:
-            assert cls._bf_state_mode in ("own", "count"), f"{name} has no state ({cls._bf_state_mode})"
+            assert cls._why_not_resumable is not DataFlow._why_not_resumable, name
+        else:  # its own state, or the default (count and replay) with the default beginning of an epoch
+            own = cls._own_state is not DataFlow._own_state
+            assert own or cls._begin_epoch is DataFlow._begin_epoch, f"{name} has no state"
 
 
 def test_fixed_size_fresh_epochs_after_one_left_early():

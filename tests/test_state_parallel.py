@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import bridgeflow as bf
-from bridgeflow.base import RNGDataFlow, worker_seed_scope
+from bridgeflow import RNGDataFlow, worker_seed_scope
 from bridgeflow.parallel import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData, MultiThreadRunner
 from bridgeflow.state import NotResumableError, StateMismatchError
 from bridgeflow.testing import check_resumable

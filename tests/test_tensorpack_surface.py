@@ -105,7 +105,8 @@ def test_a_call_takes_the_same_counts(case, tp, bf):
     if "num_prefetch" in theirs:
         assert ours["num_prefetch"] == theirs["num_prefetch"]
     assert theirs["warnings"] == []
-    assert ours["warnings"] == (["UserWarning"] if case in LOOKS_SWAPPED else [])
+    ours_here = [w for w in ours["warnings"] if w != "OversubscribedWarning"]  # more processes than this box's CPUs
+    assert ours_here == (["UserWarning"] if case in LOOKS_SWAPPED else [])
 
 
 @pytest.mark.parametrize("case", sorted(script.NR_KEYWORDS))

@@ -253,7 +253,7 @@ def test_early_break_and_close_leave_no_thread(leak_check, nr_stage):
     with si:
         for _ in si:  # the staging thread is waiting for room in the area, the producer for room in the queue
             break
-    assert not si._thread.is_alive()
+    assert not si._thread.alive
 
 
 def test_graph_session_closed_before_the_input(leak_check):
@@ -266,4 +266,4 @@ def test_graph_session_closed_before_the_input(leak_check):
         assert len(sess.run(ids)) == BATCH
         sess.close()  # the staging thread is blocked in a put on this session
         si.close()
-    assert not si._thread.is_alive()
+    assert not si._thread.alive

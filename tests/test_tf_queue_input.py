@@ -149,10 +149,10 @@ def test_close_with_the_producer_blocked_on_a_full_queue(leak_check):
     # the producer fills the queue again and then blocks in enqueue
     assert qi.wait_for_item(2, timeout=10)
     time.sleep(0.05)
-    assert qi._thread.is_alive()
+    assert qi._thread.alive
     t0 = time.monotonic()
     qi.close()
-    assert not qi._thread.is_alive(), "the blocked producer was not woken by close()"
+    assert not qi._thread.alive, "the blocked producer was not woken by close()"
     assert time.monotonic() - t0 < qi.join_timeout_s
     qi.close()  # idempotent
     with pytest.raises(InputSourceError, match="closed"):
@@ -291,10 +291,10 @@ def test_graph_close_with_the_producer_blocked_and_the_session_open(leak_check):
             assert sess.run(x).shape == (16,)
             assert qi.wait_for_item(3, timeout=10)  # queue full again: the producer blocks in enqueue
             time.sleep(0.05)
-            assert qi._thread.is_alive()
+            assert qi._thread.alive
             t0 = time.monotonic()
             qi.close()
-            assert time.monotonic() - t0 < 5 and not qi._thread.is_alive()
+            assert time.monotonic() - t0 < 5 and not qi._thread.alive
             drained = 0
             with pytest.raises(tf.errors.OutOfRangeError):
                 while True:

@@ -9,10 +9,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import wait_for
 
 from bridgeflow import DataFlow, DataFromList, FakeData
 from bridgeflow.adapters.tensorflow import InputSourceError, QueueInput, StagingInput
+from conftest import wait_for
 
 
 def points(n: int) -> list:
@@ -78,7 +78,7 @@ def test_endless_input_with_max_steps_then_close(leak_check):
         assert si.run_until_end(step, max_steps=7) == 7
         assert wait_for(lambda: si.stats()["staged"] == 2)  # the thread refills the area behind the steps
         assert si.stats()["steps"] == 7 and si.stats()["items"] >= 9
-    assert not qi._thread.is_alive() and not si._thread.is_alive()
+    assert not qi._thread.alive and not si._thread.alive
 
 
 def test_misuse_is_explained():

@@ -524,9 +524,12 @@ def test_close_ends_persistent_workers_now(leak_check):
     loader.close()
 
 
-def test_dataflow_rejects_sampling_options():
-    with pytest.raises(ValueError, match="DataLoader with DataFlow: expected unspecified shuffle"):
-        DataLoader(_flow(), shuffle=True)
+def test_a_stream_dataflow_rejects_shuffle_saying_how_to_shuffle_it():
+    with pytest.raises(ValueError, match="expected unspecified shuffle.*shuffle it in the flow instead"):
+        DataLoader(bridgeflow.FilterData(_flow(), bool), shuffle=True)
+    shuffled = bridgeflow.LocallyShuffleData(bridgeflow.FilterData(_flow(), bool), 4)
+    with pytest.raises(ValueError, match="it shuffles itself, so leave shuffle unset"):
+        DataLoader(shuffled, shuffle=True)
 
 
 # --- transport packing -----------------------------------------------------------------------------

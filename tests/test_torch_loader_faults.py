@@ -116,7 +116,7 @@ def test_sigkilled_worker_becomes_an_error_naming_it(leak_check):
     loader = DataLoader(SleepyDataset(), batch_size=1, num_workers=2)
     it = iter(loader)
     assert int(next(it)) == 0
-    pid = it._pool.pids[1]
+    pid = it._source._pool.pids[1]
     os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(bridgeflow.WorkerError) as info:
@@ -141,7 +141,7 @@ def test_a_worker_found_dead_when_its_next_task_is_sent_says_so_in_torchs_words(
     it = iter(loader)
     assert int(next(it)) == 0
     time.sleep(0.5)  # every task sent so far is done: its result waits in a pipe
-    pool = (it._engine if pinned else it)._pool
+    pool = (it._source._source if pinned else it._source)._pool
     pid = pool.pids[1]
     os.kill(pid, signal.SIGKILL)
     time.sleep(0.2)

@@ -70,14 +70,15 @@ def test_recreated_from_its_attributes_with_a_new_sampler(leak_check):
     assert [int(x) for b in again for x in b[1]] == [1, 3, 5, 7, 9, 11]
 
 
-def test_a_dataflow_refuses_an_injected_sampler_saying_what_to_do():
-    """Lightning under DDP re-creates loaders with a DistributedSampler; a DataFlow cannot be indexed."""
-    flow = bridgeflow.DataFromList([[i] for i in range(8)], shuffle=False)
+def test_a_stream_dataflow_refuses_an_injected_sampler_saying_what_to_do():
+    """Lightning under DDP re-creates loaders with a DistributedSampler; a length-free DataFlow cannot be
+    indexed (a random-access one takes it: test_torch_flows)."""
+    flow = bridgeflow.FilterData(bridgeflow.DataFromList([[i] for i in range(8)], shuffle=False), bool)
     loader = DataLoader(flow, batch_size=2)
     again = type(loader)(flow, batch_size=2, sampler=loader.sampler)  # its own placeholder sampler: fine
     assert [b[0].tolist() for b in again] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     with pytest.raises(ValueError, match="shard the flow per rank.*use_distributed_sampler=False"):
-        DataLoader(flow, batch_size=2, sampler=tud.DistributedSampler(flow, num_replicas=2, rank=0))
+        DataLoader(flow, batch_size=2, sampler=tud.DistributedSampler(range(8), num_replicas=2, rank=0))
     flow.close()
 
 
@@ -233,7 +234,7 @@ def test_iterator_workers_are_process_handles_that_exit_cleanly(iterable, persis
 
 def test_failed_iterator_start_prints_nothing_from_a_destructor(capfd):
     """An iterator whose construction failed is collected without an error printed (the previous
-    SingleLoaderIter.__del__ printed an AttributeError about '_fetcher')."""
+    the in-process iterator's __del__ printed an AttributeError about '_fetcher')."""
 
     class BadIterable(tud.IterableDataset):
         def __iter__(self):
@@ -255,8 +256,9 @@ def _flow(n: int = 7):
 @pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
 def test_new_iterator_over_a_dataflow_abandons_the_held_one(num_workers, persistent, leak_check):
     """Lightning starts each epoch with iter() while the previous iterator may still be held (a sized
-    epoch ends without StopIteration): a DataFlow has one reader, so the old epoch ends there."""
-    flow = _flow()
+    epoch ends without StopIteration): a DataFlow read as a stream has one reader, so the old epoch ends
+    there (a random-access one is read by index, its iterators side by side as a map-style dataset's)."""
+    flow = bridgeflow.FilterData(_flow(), bool)
     with DataLoader(flow, batch_size=3, num_workers=num_workers, persistent_workers=persistent) as loader:
         first = iter(loader)
         assert next(first)[0].tolist() == [0, 1, 2]

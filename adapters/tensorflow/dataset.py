@@ -8,8 +8,12 @@ overlap (two ``iter(ds)`` alive at once, or ``ds.concatenate(ds)`` with prefetch
 the data twice at the same time.
 
 Example:
-    >>> ds = to_tf_dataset(BatchData(df, 32, remainder=True), dynamic_batch=True)  # doctest: +SKIP
-    >>> model.fit(ds, epochs=3)  # doctest: +SKIP
+    >>> import numpy as np
+    >>> from bridgeflow import BatchData, DataFromList
+    >>> df = DataFromList([[np.full(2, i, np.float32), i] for i in range(5)], shuffle=False)
+    >>> ds = to_tf_dataset(BatchData(df, 2, remainder=True))  # then model.fit(ds, epochs=3)
+    >>> [tuple(x.shape) for x, y in ds]  # the last, short batch fits: the batch dimension is None
+    [(2, 2), (2, 2), (1, 2)]
 """
 
 from __future__ import annotations

@@ -29,8 +29,15 @@ class FeedInput(InputSource):
     Eager: ``run_until_end(step)`` calls ``step(batch)`` with the datapoint as tensors (a tuple or dict).
 
     Example:
-        >>> fi = FeedInput(BatchData(df, 64))  # doctest: +SKIP
-        >>> fi.run_until_end(train_step)  # train_step(batch) is a tf.function  # doctest: +SKIP
+        >>> import numpy as np
+        >>> from bridgeflow import BatchData, DataFromList
+        >>> df = DataFromList([[np.full(2, i, np.float32), i] for i in range(5)], shuffle=False)
+        >>> sizes = []
+        >>> fi = FeedInput(BatchData(df, 2, remainder=True))
+        >>> fi.run_until_end(lambda batch: sizes.append(int(batch[1].shape[0])))  # usually a tf.function
+        3
+        >>> sizes
+        [2, 2, 1]
     """
 
     def __init__(self, df: Any, signature: Any = None, *, dynamic_batch: bool | None = None) -> None:
@@ -130,7 +137,9 @@ class DummyConstantInput(InputSource):
             values, integer and bool ones zeros.
 
     Example:
-        >>> dummy = DummyConstantInput([[256, 1024], [256, 1]], ["float32", "int32"])  # doctest: +SKIP
+        >>> dummy = DummyConstantInput([[256, 1024], [256, 1]], ["float32", "int32"])
+        >>> [(tuple(t.shape), t.dtype.name) for t in dummy.dequeue()]
+        [((256, 1024), 'float32'), ((256, 1), 'int32')]
     """
 
     def __init__(self, shapes: Sequence[Sequence[int]], dtypes: Any = "float32", seed: int = 0) -> None:

@@ -36,6 +36,7 @@ producer logs it as a warning when it happens.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -45,6 +46,7 @@ from typing import Any
 import tensorflow as tf
 
 from bridgeflow.errors import DatapointError
+from bridgeflow.parallel.background import Producer
 
 from ._flow import END, close_iterator, dynamic_batch_for, reset_once
 from .signature import Signature
@@ -89,10 +91,9 @@ class QueueInput(InputSource):
         self.join_timeout_s = join_timeout_s
         self._sig: Signature | None = None if signature is None else Signature.from_structure(signature)
         self._cv = threading.Condition()
-        self._stop = threading.Event()
         self._go = threading.Event()
         self._sig_ready = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: Producer | None = None  # the producer thread, once started
         self._error: BaseException | None = None
         self._error_reported = False  # raised to the consumer at least once
         self._finished = False
@@ -130,9 +131,7 @@ class QueueInput(InputSource):
         if self._thread is None:
             if self._sig is not None:
                 self._sig_ready.set()
-            self._thread = threading.Thread(target=_producer_loop, args=(self,), name=f"bf-{self.name}",
-                                            daemon=True)
-            self._thread.start()
+            self._thread = Producer(functools.partial(_producer_loop, self), depth=0, name=f"bf-{self.name}")
 
     def _build(self, want_graph: bool) -> None:
         self._ensure_thread()
@@ -265,13 +264,13 @@ class QueueInput(InputSource):
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
+        if self._thread is not None:
+            self._thread.stop.set()
         self._cancel_queue()
         with self._cv:
             self._cv.notify_all()
         if self._thread is not None:
-            self._thread.join(self.join_timeout_s)
-            if self._thread.is_alive():
+            if not self._thread.close(self.join_timeout_s):
                 log.warning("%s: the producer thread did not stop within %.1fs (stuck in the flow's next()?)",
                             self.name, self.join_timeout_s)
         close = getattr(self.df, "close", None)
@@ -342,8 +341,9 @@ def _epochs(qi: QueueInput) -> Iterator[tuple[Any, float]]:
         epoch += 1
 
 
-def _producer_loop(qi: QueueInput) -> None:
+def _producer_loop(qi: QueueInput, thread: Any) -> None:
     """Infer the signature, wait for start, then enqueue every datapoint; close the queue at the end."""
+    stop = thread.stop
     stream = _epochs(qi)
     try:
         first = next(stream, None)
@@ -351,16 +351,16 @@ def _producer_loop(qi: QueueInput) -> None:
             qi._sig = Signature.from_datapoint(first[0], qi.dynamic_batch, who=f"{qi.name}: first datapoint")
         qi._sig_ready.set()
         while not qi._go.wait(0.1):
-            if qi._stop.is_set():
+            if stop.is_set():
                 return
         pending = [first] if first is not None else []
         for dp, read_s in _chain(pending, stream):
-            if qi._stop.is_set():
+            if stop.is_set():
                 return
             _enqueue(qi, dp, read_s)
         log.info("%s: end of data after %d datapoints", qi.name, qi._enqueued)
     except BaseException as exc:
-        if qi._stop.is_set():
+        if stop.is_set():
             log.debug("%s: producer stopped: %r", qi.name, exc)
         elif isinstance(exc, _ConsumerGone):
             log.debug("%s: the consumer's Session or queue went away: %s", qi.name, exc.__cause__)

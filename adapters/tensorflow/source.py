@@ -87,8 +87,17 @@ class InputSource:
         the flow is re-raised here with its original type and message.
 
         Example:
-            >>> with QueueInput(df) as qi:  # doctest: +SKIP
-            ...     n = qi.run_until_end(train_step)
+            >>> import numpy as np
+            >>> from bridgeflow import BatchData, DataFromList
+            >>> from bridgeflow.adapters.tensorflow import QueueInput
+            >>> df = BatchData(DataFromList([[np.float32(i), i] for i in range(4)], shuffle=False), 2)
+            >>> labels = []
+            >>> with QueueInput(df) as qi:
+            ...     train_step = tf.function(lambda: tf.reduce_sum(qi.dequeue()[1]), autograph=False)
+            ...     qi.run_until_end(train_step, callback=lambda total: labels.append(int(total)))
+            2
+            >>> labels  # 0 + 1, 2 + 3
+            [1, 5]
         """
         if max_steps is not None and max_steps < 0:
             raise ValueError(f"max_steps must be >= 0 or None, got {max_steps}")

@@ -35,6 +35,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from bridgeflow.parallel.background import Producer
+
 from ._compat import default_device, staging_area_class
 from .signature import Signature
 from .source import InputSource, InputSourceError, graph_mode
@@ -90,11 +92,10 @@ class StagingInput(InputSource):
         self._mode: str | None = None
         self._started = False
         self._sess: Any = None
-        self._stop = threading.Event()
         self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._thread: Producer | None = None  # the staging thread, once started
         self._data_puts = 0  # batches staged so far
-        self._marker_puts = 0  # end-of-data markers staged so far
+        self._marker_puts = 0  # end-of-data markers staged (or being staged) so far
         self._ended = False  # the input has no more data
         self._end_queue: Any = None  # a closed, empty queue: dequeuing it raises OutOfRangeError
         self._ended_var: Any = None  # True once the thread has staged its last batch
@@ -194,9 +195,10 @@ class StagingInput(InputSource):
             self._graph_out = self._take()
 
     # --- the staging thread ---------------------------------------------------------------------
-    def _stage_loop(self) -> None:
+    def _stage_loop(self, thread: Any) -> None:
         """Move batches into the area (each put waits while it is full); at the end of the data raise
         the flag, then stage the marker (it wakes a step waiting in get)."""
+        stop = thread.stop
         try:
             if self._mode == "graph":
                 sess, ops = self._sess, self._graph_ops
@@ -211,7 +213,7 @@ class StagingInput(InputSource):
                     delay = 0.0001
                     while free <= 0:
                         free = self.nr_stage - int(sess.run(ops["size"]))
-                        if free <= 0 and self._stop.wait(delay):
+                        if free <= 0 and stop.wait(delay):
                             raise _Stopped
                         delay = min(2 * delay, 0.002)
                     free -= 1
@@ -242,7 +244,7 @@ class StagingInput(InputSource):
                 def set_ended() -> None:
                     ended_var.assign(True)
 
-            while not self._stop.is_set():
+            while not stop.is_set():
                 try:
                     put_data()
                 except tf.errors.OutOfRangeError:  # the input's data ended (or its flow failed)
@@ -250,16 +252,16 @@ class StagingInput(InputSource):
                 with self._cv:
                     self._data_puts += 1
                     self._cv.notify_all()
-            if not self._stop.is_set():
+            if not stop.is_set():
                 set_ended()
                 with self._cv:
                     self._ended = True
                     self._cv.notify_all()
-                put_marker()
-                with self._cv:
+                with self._cv:  # counted before the put, so stats() never finds an uncounted marker staged
                     self._marker_puts += 1
+                put_marker()
         except Exception as exc:  # the input was closed, its Session went away, or the input itself failed
-            if self._stop.is_set():
+            if stop.is_set():
                 log.debug("%s: staging thread stopped: %r", self.name, exc)
             else:
                 log.warning("%s: staging thread ended with %s: %s", self.name, type(exc).__name__, exc)
@@ -293,8 +295,7 @@ class StagingInput(InputSource):
             with tf.init_scope():
                 self._new_flags()
                 self._end_queue.close()
-        self._thread = threading.Thread(target=self._stage_loop, name=f"bf-{self.name}", daemon=True)
-        self._thread.start()
+        self._thread = Producer(self._stage_loop, depth=0, name=f"bf-{self.name}")
         self._started = True
         with self._cv:
             while self._data_puts < self.nr_stage and not self._ended:
@@ -341,12 +342,12 @@ class StagingInput(InputSource):
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
+        if self._thread is not None:
+            self._thread.stop.set()
         self._clear()  # wakes a put waiting for room
         self.input.close()  # wakes a dequeue waiting for data
         if self._thread is not None:
-            self._thread.join(self.join_timeout_s)
-            if self._thread.is_alive():
+            if not self._thread.close(self.join_timeout_s):
                 log.warning("%s: the staging thread did not stop within %.1fs", self.name, self.join_timeout_s)
         self._clear()  # what it put before it saw the stop
 

@@ -8,9 +8,11 @@ Example:
     [[1, 2], [3]]
 """
 
-from .iterators import LoaderStateError
+from .epoch import LoaderStateError
+from .flows import UnsplitFlowWarning
 from .loader import DataLoader
 from .prefetcher import CUDAPrefetcher, DeviceUnavailableError
 from .state import ResumeStateError
 
-__all__ = ["CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "LoaderStateError", "ResumeStateError"]
+__all__ = ["CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "LoaderStateError", "ResumeStateError",
+           "UnsplitFlowWarning"]

@@ -10,6 +10,7 @@ If a torch release moves these internals, the canary tests fail first and point 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "set_worker_info",
     "seed_group",
     "share_seed",
+    "TorchIteratorNames",
     "torch_generate_state",
     "worker_info_suspended",
 ]
@@ -60,6 +62,32 @@ get_worker_info = tud.get_worker_info
 BaseLoaderIter = tud.dataloader._BaseDataLoaderIter
 InfiniteConstantSampler = tud.dataloader._InfiniteConstantSampler
 DatasetKind = tud.dataloader._DatasetKind
+
+
+
+class TorchIteratorNames(BaseLoaderIter):
+    """torch's private names for what a DataLoader iterator does, mapped onto bridgeflow's public ones (code
+    written for torch's iterators calls them): ``_reset`` is ``reset``, ``_shutdown_workers`` is
+    ``shutdown``, ``_workers`` are the worker processes, ``_num_yielded`` the batches handed out. Like
+    torch's, an iterator refuses to be pickled. None of torch's iterator code runs."""
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self.reset(loader)
+
+    def _shutdown_workers(self) -> None:
+        self.shutdown()
+
+    @property
+    def _workers(self) -> list:
+        return self.worker_processes
+
+    @property
+    def _num_yielded(self) -> int:
+        return self.yielded
+
+    def __getstate__(self):
+        raise TypeError(f"{type(self).__name__} holds an epoch in progress and cannot be pickled")
+
 
 IterDataPipe = tud.IterDataPipe
 MapDataPipe = tud.MapDataPipe
@@ -145,8 +173,10 @@ COLLATE_MODULE = tud._utils.collate
 _NUMERIC_KINDS = frozenset("biufc")
 
 
-def _stack_numpy(arrays: list[np.ndarray]) -> Any:
-    """``np.stack`` then ``torch.from_numpy``; None when torch's own path must decide (mixed input)."""
+def _stack_numpy(arrays: list[np.ndarray], alloc: Any = None) -> Any:
+    """``np.stack`` into a contiguous array (``alloc(shape, dtype)``'s, e.g. in shared memory) then
+    ``torch.from_numpy``, contiguous whatever the inputs' layout (as ``torch.stack``); None when torch's own
+    path must decide (mixed input)."""
     first = arrays[0]
     dtype, shape = first.dtype, first.shape
     if dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
@@ -155,18 +185,20 @@ def _stack_numpy(arrays: list[np.ndarray]) -> Any:
         if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape:
             return None
     try:
-        return torch.from_numpy(np.stack(arrays))
+        out = torch.from_numpy((alloc or np.empty)((len(arrays), *shape), dtype))
     except TypeError:  # a numpy dtype torch has no type for
         return None
+    np.stack(arrays, out=out.numpy())
+    return out
 
 
-def _fast_tensor_fn(batch: list, *, collate_fn_map: dict | None = None) -> Any:
+def _fast_tensor_fn(batch: list, *, collate_fn_map: dict | None = None, alloc: Any = None) -> Any:
     first = batch[0]
     if all(type(t) is torch.Tensor and not t.is_nested and t.device.type == "cpu" and t.layout == torch.strided
            and not t.requires_grad and not t.is_conj() and not t.is_neg() and t.dtype == first.dtype
            for t in batch):
         try:
-            out = _stack_numpy([t.numpy() for t in batch])
+            out = _stack_numpy([t.numpy() for t in batch], alloc)
         except TypeError:  # bfloat16 and other dtypes numpy lacks
             out = None
         if out is not None:
@@ -174,27 +206,28 @@ def _fast_tensor_fn(batch: list, *, collate_fn_map: dict | None = None) -> Any:
     return COLLATE_MODULE.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
 
 
-def _fast_numpy_fn(batch: list, *, collate_fn_map: dict | None = None) -> Any:
-    out = _stack_numpy(batch)
+def _fast_numpy_fn(batch: list, *, collate_fn_map: dict | None = None, alloc: Any = None) -> Any:
+    out = _stack_numpy(batch, alloc)
     if out is not None:
         return out
     return COLLATE_MODULE.collate_numpy_array_fn(batch, collate_fn_map=collate_fn_map)
 
 
-def fast_default_collate(batch: Any) -> Any:
-    """``default_collate`` with the same output, stacking tensors and arrays through numpy.
+def fast_default_collate(batch: Any, alloc: Any = None) -> Any:
+    """``default_collate`` with the same output, stacking tensors and arrays through numpy, into
+    ``alloc(shape, dtype)``'s arrays when given (a worker's shared-memory slab).
 
     ``torch.stack`` into a fresh tensor pays a page fault per 4 KiB of the new batch (about 3 ms for a
-    64x3x224x224 uint8 batch, 5x the copy itself); ``np.stack`` gets recycled memory from the C heap. Only
-    uniform batches of plain CPU tensors or numeric arrays take this path, and only while torch's own
-    handlers are registered (a user's entry in ``default_collate_fn_map`` is respected).
+    64x3x224x224 uint8 batch, 5x the copy itself); ``np.empty`` gets recycled memory from the C heap, and a
+    slab is reused. Only uniform batches of plain CPU tensors or numeric arrays take this path, and only
+    while torch's own handlers are registered (a user's entry in ``default_collate_fn_map`` is respected).
     """
     table = COLLATE_MODULE.default_collate_fn_map
     fast = dict(table)
     if table.get(torch.Tensor) is COLLATE_MODULE.collate_tensor_fn:
-        fast[torch.Tensor] = _fast_tensor_fn
+        fast[torch.Tensor] = functools.partial(_fast_tensor_fn, alloc=alloc)
     if table.get(np.ndarray) is COLLATE_MODULE.collate_numpy_array_fn:
-        fast[np.ndarray] = _fast_numpy_fn
+        fast[np.ndarray] = functools.partial(_fast_numpy_fn, alloc=alloc)
     return COLLATE_MODULE.collate(batch, collate_fn_map=fast)
 
 

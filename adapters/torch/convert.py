@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import pickle
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from ._compat import torch
 
-__all__ = ["TensorBox", "map_structure", "pack", "unpack"]
+__all__ = ["TensorBox", "map_structure", "pack", "slab_bytes", "unpack", "unsendable"]
 
 # Integer dtypes of each width, used to carry dtypes numpy has no type for.
 _CARRIER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
@@ -144,3 +145,42 @@ def pack(obj: Any) -> Any:
 def unpack(obj: Any) -> Any:
     """Consumer side: turn every :class:`TensorBox` inside ``obj`` back into a tensor (zero copy)."""
     return map_structure(obj, unbox_tensor, (TensorBox,))
+
+
+_ALIGN = 64  # as the slab writer aligns each array
+_SENDABLE = (TensorBox, torch.Tensor, str, bytes, bytearray, int, float, complex, bool, type(None), np.generic)
+
+
+def _leaves(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from _leaves(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _leaves(v)
+    else:
+        yield obj
+
+
+def slab_bytes(obj: Any) -> int:
+    """Bytes the arrays and tensors inside ``obj`` take in a slab, each aligned: room for its batch."""
+    total = 0
+    for leaf in _leaves(obj):
+        if isinstance(leaf, np.ndarray):
+            total += leaf.nbytes + _ALIGN
+        elif isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu":
+            total += leaf.numel() * leaf.element_size() + _ALIGN
+    return total
+
+
+def unsendable(obj: Any) -> tuple[Any, Exception] | None:
+    """The first value inside ``obj`` that cannot be pickled, with the reason (values of the usual types
+    are taken as sendable without trying), or None."""
+    for leaf in _leaves(obj):
+        if isinstance(leaf, _SENDABLE) or (isinstance(leaf, np.ndarray) and not leaf.dtype.hasobject):
+            continue
+        try:
+            pickle.dumps(leaf, protocol=5)
+        except Exception as exc:
+            return leaf, exc
+    return None

@@ -28,9 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from bridgeflow.parallel.shm import INBAND_LIMIT
+
 from . import _compat
 from ._compat import torch
-from .convert import pack
+from .convert import pack, slab_bytes, unsendable
 from .state import is_stateful
 
 __all__ = [
@@ -44,6 +46,8 @@ __all__ = [
     "StreamEnded",
     "WithState",
     "WorkerSpec",
+    "WorkerTask",
+    "close_source",
     "init_worker",
     "make_fetcher",
     "resolve_collate",
@@ -76,13 +80,15 @@ class Fetcher:
                 "iter": it.state_dict() if it is not None and is_stateful(it) else None, "ended": self.ended}
 
     def fetch(self, task: Any) -> Any:
+        return self.collate_fn(self.read(task))
+
+    def read(self, task: Any) -> Any:
+        """The task's samples, not yet collated."""
         if self.kind == MAP:
-            data = self._read_map(task)
-        elif self.kind == ITERABLE:
-            data = self._read_iterable(task)
-        else:
-            data = task
-        return self.collate_fn(data)
+            return self._read_map(task)
+        if self.kind == ITERABLE:
+            return self._read_iterable(task)
+        return task
 
     def _read_map(self, task: Any) -> Any:
         if not self.auto_collation:
@@ -107,6 +113,13 @@ class Fetcher:
         if not samples or (self.drop_last and len(samples) < len(task)):
             raise StopIteration
         return samples
+
+
+def close_source(fetcher: Fetcher | None) -> None:
+    """End the iteration a fetcher holds (a DataFlow's generator releases the flow for its next reader)."""
+    close = getattr(getattr(fetcher, "iterator", None), "close", None)
+    if close is not None:
+        close()
 
 
 def make_fetcher(kind: str, dataset: Any, auto_collation: bool, collate_fn: Callable, drop_last: bool,
@@ -193,24 +206,25 @@ class StopFromDataset:
 class FastCollate:
     """torch's ``default_collate``, same output, faster (see ``_compat.fast_default_collate``).
 
-    In a worker it also runs with the worker info hidden: there torch's collate would stack into a fresh
-    torch shared-memory segment per batch, while bridgeflow's transport already moves the batch through
-    reused shared memory.
+    In a worker it stacks into ``alloc(shape, dtype)``: the shared-memory slab the batch is sent in (see
+    :meth:`~bridgeflow.parallel.shm.SlabWriter.alloc`), as torch's workers stack into shared memory. It
+    runs with the worker info hidden, or torch's collate would make a shared-memory segment of its own.
     """
 
-    def __init__(self, in_worker: bool) -> None:
+    def __init__(self, in_worker: bool, alloc: Callable | None = None) -> None:
         self.in_worker = in_worker
+        self.alloc = alloc
 
     def __call__(self, data: Any) -> Any:
         if not self.in_worker:
             return _compat.fast_default_collate(data)
         with _compat.worker_info_suspended():
-            return _compat.fast_default_collate(data)
+            return _compat.fast_default_collate(data, self.alloc)
 
 
-def resolve_collate(fn: Callable, in_worker: bool) -> Callable:
+def resolve_collate(fn: Callable, in_worker: bool, alloc: Callable | None = None) -> Callable:
     """The function that really collates: :class:`FastCollate` stands in for torch's default collate."""
-    return FastCollate(in_worker) if fn is _compat.default_collate else fn
+    return FastCollate(in_worker, alloc) if fn is _compat.default_collate else fn
 
 
 def _state_of(fetcher: Fetcher) -> Any:
@@ -220,23 +234,31 @@ def _state_of(fetcher: Fetcher) -> Any:
         return exc
 
 
-class _WorkerTask:
-    """The task function of one worker: holds its fetcher and a pending start-up error."""
+class WorkerTask:
+    """The task function of one worker (``in_worker``), or of the in-process reader of ``num_workers=0``
+    (no ``worker_init_fn``, collation as outside workers, batches returned as they are): holds its fetcher
+    and a pending start-up error."""
 
-    def __init__(self, spec: WorkerSpec, worker_id: int, dataset: Any) -> None:
+    def __init__(self, spec: WorkerSpec, worker_id: int, dataset: Any, in_worker: bool = True,
+                 writer: Any = None) -> None:
         self.spec = spec
         self.worker_id = worker_id
         self.dataset = dataset
+        self.in_worker = in_worker
+        self.writer = writer  # the worker's result writer: batches are built in the slab they are sent in
         self.error: BaseException | None = None
         self.fetcher: Fetcher | None = None
         self.failed: BaseException | None = None  # the start-up error, once reported
-        self.collate_fn = resolve_collate(spec.collate_fn, in_worker=True)
+        self.collate_fn = resolve_collate(spec.collate_fn, in_worker, None if writer is None else writer.alloc)
+        # default collation: each sample is checked for what cannot be sent (and named by its index)
+        self._check_samples = spec.kind == MAP and (isinstance(self.collate_fn, FastCollate)
+                                                    or not spec.auto_collation)
         try:
             if isinstance(dataset, (_compat.IterDataPipe, _compat.MapDataPipe)):
                 # torch shards a DataPipe over every worker of every rank before worker_init_fn runs
                 _compat.apply_sharding(dataset, spec.num_workers * spec.world_size,
                                        worker_id * spec.world_size + spec.rank)
-            if spec.worker_init_fn is not None:
+            if spec.worker_init_fn is not None and in_worker:
                 spec.worker_init_fn(worker_id)
             self.fetcher = self._new_fetcher(None if spec.saved is None else spec.saved[worker_id])
         except Exception as exc:
@@ -268,7 +290,7 @@ class _WorkerTask:
                 f"DataLoader worker {self.worker_id} cannot load data: its start-up failed earlier with "
                 f"{self.failed!r} (raised with its first batch)") from self.failed
         try:
-            data = self.fetcher.fetch(task)
+            data = self._fetch(task) if self.in_worker else self.fetcher.fetch(task)
         except StopIteration:
             if self.spec.kind == ITERABLE:
                 if self.fetcher.stateful:
@@ -276,8 +298,36 @@ class _WorkerTask:
                 raise
             return StopFromDataset()
         if self.fetcher.stateful:
-            return WithState(pack(data), _state_of(self.fetcher))
-        return pack(data)
+            return WithState(data, _state_of(self.fetcher))
+        return data
+
+    def _fetch(self, task: Any) -> Any:
+        """In a worker: read the samples, reserve a slab for their bytes, collate into it, box the tensors."""
+        fetcher = self.fetcher
+        samples = fetcher.read(task)
+        if self._check_samples:
+            for i, sample in zip(task, samples) if self.spec.auto_collation else [(task, samples)]:
+                _check_sendable(sample, self.worker_id, f"the sample at index {i!r}")
+        if self.writer is not None:
+            nbytes = slab_bytes(samples)
+            if nbytes >= INBAND_LIMIT:  # smaller ones travel inside the message
+                self.writer.reserve(nbytes)
+        data = pack(fetcher.collate_fn(samples))
+        if not self._check_samples:
+            what = f"the batch of indices {task!r}" if self.spec.kind == MAP else "a batch of its stream"
+            _check_sendable(data, self.worker_id, what)
+        return data
+
+
+def _check_sendable(obj: Any, worker_id: int, what: str) -> None:
+    """A clear error, naming the value's type and where it came from, for what cannot leave the worker
+    (an open file, a lock): without it the pickling of the whole result would fail, nameless."""
+    found = unsendable(obj)
+    if found is not None:
+        value, exc = found
+        raise TypeError(f"DataLoader worker {worker_id}: {what} holds a {type(value).__module__}."
+                        f"{type(value).__qualname__} ({exc}), which cannot be sent to the main process; return "
+                        "tensors, arrays, numbers, strings or containers of them from the dataset")
 
 
 def _generator(seed: int) -> Any:
@@ -308,4 +358,4 @@ def init_worker(spec: WorkerSpec, ctx: Any) -> Callable[[Any], Any]:
     if spec.shared_seed is not None and isinstance(dataset, _compat.IterDataPipe):
         dataset = _compat.apply_random_seed(dataset, _generator(spec.shared_seed))
     _compat.set_worker_info(ctx.worker_id, spec.num_workers, seed, dataset)
-    return _WorkerTask(spec, ctx.worker_id, dataset)
+    return WorkerTask(spec, ctx.worker_id, dataset, writer=ctx.writer)

@@ -15,10 +15,13 @@ epoch exactly (see :mod:`bridgeflow.adapters.torch.state`).
 
 Differences, on purpose:
 
-- a bridgeflow :class:`~bridgeflow.DataFlow` is accepted as ``dataset``: it is length-free, iterated once
-  per epoch in this process, and with ``num_workers > 0`` only ``collate_fn`` runs in the workers (put
-  parallel stages inside the flow to parallelise the flow itself). A flow has one reader at a time: a new
-  ``iter(loader)`` ends the previous iterator's epoch (persistent workers restart it, as torch's do);
+- a bridgeflow :class:`~bridgeflow.DataFlow` is accepted as ``dataset`` (see :mod:`.flows`): a random-access
+  one (``len()`` and ``flow[i]``) is read as a map-style dataset, each worker reading and mapping its own
+  indices; a length-free one made of datapoint transforms over a random-access source is split across the
+  workers, each reading its piece of every epoch; any other is iterated once per epoch in this process, and
+  with ``num_workers > 0`` only ``collate_fn`` runs in the workers (said once,
+  :class:`~.flows.UnsplitFlowWarning`). A length-free flow has one reader at a time: a new ``iter(loader)``
+  ends the previous iterator's epoch (persistent workers restart it, as torch's do);
 - ``in_order=False`` hands out map-style batches as they are ready, as torch does; iterable datasets and
   DataFlows keep their order (torch allows, never promises, reordering);
 - a tensor that a worker returns without collation (``batch_size=None``, a custom ``collate_fn``) arrives
@@ -47,11 +50,22 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from bridgeflow.base import DataFlow
+from bridgeflow.pipeline import iter_flows
 from bridgeflow.shard import warn_if_unsharded
 
 from . import _compat
 from ._compat import torch
+from .epoch import EpochIterator
 from .fetch import COLLATE, ITERABLE, MAP
+from .flows import (
+    FlowItems,
+    FlowShards,
+    indexable,
+    refuse_double_shuffle,
+    shuffles_itself,
+    split_source,
+    warn_unsplit,
+)
 from .state import EpochRecord, apply_generators, check_state, export_state
 
 __all__ = ["DataLoader"]
@@ -60,10 +74,14 @@ _tud = torch.utils.data
 T_co = TypeVar("T_co", covariant=True)
 
 
-def _check_flow_args(shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
-    """A DataFlow is a stream: like an IterableDataset it takes no shuffle or sampler (torch's messages)."""
+def _check_flow_args(flow: DataFlow, shuffle: Any, sampler: Any, batch_sampler: Any) -> None:
+    """A length-free DataFlow is a stream: like an IterableDataset it takes no shuffle or sampler."""
     if shuffle not in {False, None}:
-        raise ValueError(f"DataLoader with DataFlow: expected unspecified shuffle option, but got shuffle={shuffle}")
+        how = ("it shuffles itself, so leave shuffle unset" if shuffles_itself(flow) else
+               "shuffle it in the flow instead (its source's shuffle=True, or LocallyShuffleData)")
+        raise ValueError(f"DataLoader with DataFlow: expected unspecified shuffle option, but got shuffle={shuffle}: "
+                         f"{type(flow).__name__} has no len() and flow[i], so it is read as a stream in its own "
+                         f"order; {how}")
     if sampler is not None and not isinstance(sampler, _compat.InfiniteConstantSampler):
         hint = ""
         if isinstance(sampler, _tud.distributed.DistributedSampler):
@@ -106,15 +124,24 @@ class DataLoader(_tud.DataLoader[T_co]):
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True) -> None:
         is_flow = isinstance(dataset, DataFlow)
-        if is_flow:
-            _check_flow_args(shuffle, sampler, batch_sampler)
+        by_index = is_flow and indexable(dataset)  # read as a map-style dataset (see .flows)
+        if by_index and sampler is None and batch_sampler is None and shuffles_itself(dataset):
+            if shuffle:
+                refuse_double_shuffle(dataset)
+            if shuffle is None:  # the flow's own shuffle, drawn from the loader's generator
+                shuffle = True
+        elif is_flow and not by_index:
+            _check_flow_args(dataset, shuffle, sampler, batch_sampler)
             shuffle, sampler = None, _compat.InfiniteConstantSampler()
+        split = is_flow and not by_index and split_source(dataset) is not None
         super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
                          pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
-        if is_flow:
-            self._bf_kind = COLLATE
+        self._bf_view = FlowItems(dataset) if by_index else FlowShards(dataset) if split else None
+        self._bf_stream = is_flow and not by_index  # a flow with one reader at a time
+        if is_flow and not by_index:
+            self._bf_kind = ITERABLE if split else COLLATE
             self._dataset_kind = _compat.DatasetKind.Iterable
         else:
             self._bf_kind = ITERABLE if self._dataset_kind == _compat.DatasetKind.Iterable else MAP
@@ -136,19 +163,15 @@ class DataLoader(_tud.DataLoader[T_co]):
 
     # --- iteration ----------------------------------------------------------------------------------
 
+    def _bf_items(self) -> Any:
+        """The dataset as the epoch iterator reads it (a random-access DataFlow: by index)."""
+        view = self.__dict__.get("_bf_view")
+        return self.dataset if view is None else view
+
     def _bf_new_iterator(self, record: EpochRecord, resume: dict | None) -> Any:
-        if self.num_workers == 0:
-            from .iterators import SingleLoaderIter
-
-            it = SingleLoaderIter(self, record, resume)
-        else:
-            from .iterators import pins
-            from .pool_iter import PoolLoaderIter
-            from .reader import PinningLoaderIter
-
+        if self.num_workers > 0:
             self.check_worker_number_rationality()
-            # pin_memory with workers: pinned in a background thread, as torch's loader does
-            it = (PinningLoaderIter if pins(self) else PoolLoaderIter)(self, record, resume)
+        it = EpochIterator(self, record, resume)
         if self.__dict__.get("_bf_iters") is None:  # unpickled
             self._bf_iters = weakref.WeakSet()
         self._bf_iters.add(it)
@@ -165,7 +188,7 @@ class DataLoader(_tud.DataLoader[T_co]):
         if state is None:
             return None
         if state.get("dataset") is not None:
-            self.dataset.load_state_dict(state["dataset"])
+            self._bf_items().load_state_dict(state["dataset"])
         if state.get("flow") is not None:
             self.dataset.load_state_dict(state["flow"])
         if state["started"] and not state["finished"]:
@@ -178,17 +201,23 @@ class DataLoader(_tud.DataLoader[T_co]):
     def __iter__(self) -> Any:
         self.__dict__.pop("_bf_reader", None)  # a new reader: the last one's view of the position is over
         latest = self._bf_latest() if self._bf_latest is not None else None
-        if self._bf_kind == COLLATE and latest is not None and latest is not self._iterator:
+        if self._bf_stream and latest is not None and latest is not self._iterator:
             latest.shutdown()  # a flow has one reader: the previous iterator's epoch ends here
-        if self._bf_kind == COLLATE and not self._bf_shard_checked:
-            self._bf_shard_checked = True  # once per loader: every epoch would repeat it
-            warn_if_unsharded(self.dataset, "DataLoader")
+        if isinstance(self.dataset, DataFlow) and not self._bf_shard_checked:
+            self._bf_shard_checked = True  # once per loader: every epoch would repeat them
+            samplers = (self.sampler, getattr(self.batch_sampler, "sampler", None))
+            if not any(isinstance(s, _tud.distributed.DistributedSampler) for s in samplers):
+                warn_if_unsharded(self.dataset, "DataLoader")
+            if self._bf_kind == COLLATE:
+                warn_unsplit(self.dataset, self.num_workers)
         resume = self._bf_apply_pending()
+        if isinstance(self._bf_view, FlowShards) and self.num_workers > 0:
+            self._bf_view.start(resumed=resume is not None)  # before the workers start
         record = EpochRecord(self)
         if self.persistent_workers and self.num_workers > 0:
             it = self._iterator
-            if it is None or it.closed or resume is not None or not hasattr(it, "reset"):
-                if it is not None and hasattr(it, "shutdown"):
+            if it is None or it.closed or resume is not None:
+                if it is not None:
                     it.shutdown()
                 it = self._iterator = self._bf_new_iterator(record, resume)
             else:
@@ -200,6 +229,11 @@ class DataLoader(_tud.DataLoader[T_co]):
         return it
 
     # --- state --------------------------------------------------------------------------------------
+
+    def attach_read_ahead(self, reader: Any) -> None:
+        """Let ``reader`` (a :class:`bridgeflow.base.ReadAhead`, e.g. a CUDA prefetcher) answer ``state_dict()``
+        until the next ``iter()`` or ``load_state_dict()``."""
+        self._bf_reader = weakref.ref(reader)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest iterator is in its epoch, as plain data (torchdata's ``StatefulDataLoader``
@@ -250,8 +284,6 @@ class DataLoader(_tud.DataLoader[T_co]):
         for it in list(self.__dict__.get("_bf_iters") or ()):
             it.set_mapping_hooks(hooks)
         if isinstance(self.dataset, DataFlow):
-            from bridgeflow.base import iter_flows
-
             for _, flow in iter_flows(self.dataset):
                 setter = getattr(flow, "set_mapping_hooks", None)
                 if callable(setter):

@@ -1,4 +1,4 @@
-"""Pin batches in a background thread, never in the training loop's thread.
+"""Pinning: batches copied into page-locked memory, and the loader's pin thread.
 
 :class:`BatchPinner` copies every CPU tensor of a batch into page-locked memory taken from torch's pinned
 caching allocator, splitting large copies across a few threads (:class:`~.staging.ParallelCopier`).
@@ -8,27 +8,37 @@ drop them at once; torch tracks such copies only for memory its own allocator ga
 go back to its worker while the copy still reads it. So they are copied as well, unless ``zero_copy=True``
 says the consumer keeps each batch until its copies are done (as :class:`~.prefetcher.CUDAPrefetcher` does).
 
-:class:`PinMemoryThread` runs a :class:`BatchPinner` over any iterator of batches in a background thread,
-``depth`` batches ahead. (bridgeflow's DataLoader pins with a thread of its own that also drives its
-workers and keeps its state exact: see :mod:`.reader`.)
+:class:`PinThread` is a batch source (see :mod:`.epoch`) wrapped around the worker pool's when a loader
+with workers pins (``pin_memory=True``), as torch's loader pins in a background thread: the thread sends
+the tasks the epoch iterator queues, receives the batches and pins them, while the iterator (in the
+user's thread) draws every task and keeps the epoch's record, so the loader's state counts exactly the
+batches handed out. The thread holds the pool source, never the iterator: dropping the iterator stops it.
 
 Example:
-    >>> from bridgeflow.adapters.torch.pin_memory import PinMemoryThread             # doctest: +SKIP
-    >>> for batch in PinMemoryThread(iter(loader)):       # pinned batches, pinned in the background
-    ...     x = batch[0].cuda(non_blocking=True)                                        # doctest: +SKIP
+    >>> from bridgeflow.adapters.torch import DataLoader                            # doctest: +SKIP
+    >>> it = iter(DataLoader(ds, batch_size=64, num_workers=4, pin_memory=True))   # doctest: +SKIP
+    >>> batch = next(it)  # pinned by the thread; the state counts this batch   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import collections
+import functools
+import threading
+from collections.abc import Callable
 from typing import Any
 
+from bridgeflow.parallel.background import Producer
+from bridgeflow.parallel.pool import EXHAUSTED
+
+from . import _compat
 from ._compat import torch
-from .background import BackgroundIterator
 from .convert import map_structure
+from .fetch import StopFromDataset, StreamEnded, WithState
+from .sources import Failed
 from .staging import ParallelCopier
 
-__all__ = ["BatchPinner", "PinMemoryThread"]
+__all__ = ["BatchPinner", "PinThread", "loader_pinner", "pins", "update_pinner"]
 
 
 def _pinned_empty(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -85,35 +95,143 @@ class BatchPinner:
             self.copier.close()
 
 
-class PinMemoryThread(BackgroundIterator):
-    """Batches of ``batches`` with their tensors pinned by a background thread, ``depth`` ahead.
+def pins(loader: Any) -> bool:
+    """Whether the loader's batches are pinned: ``pin_memory=True`` and an accelerator to pin for (not MPS,
+    as torch), or a test backend standing for pinned memory (``loader._bf_pin_backend``)."""
+    if not loader.pin_memory:
+        return False
+    if getattr(loader, "_bf_pin_backend", None) is not None:
+        return True
+    return _compat.accelerator_available() and _compat.current_accelerator_type() != "mps"
 
-    Exceptions from the source reach the consumer in order; :meth:`close` (or the end of the batches, an
-    error, garbage collection) joins the thread. ``len()`` is the source's.
 
-    Args:
-        batches: an iterable of batches (a DataLoader's epoch iterator).
-        pinner: a :class:`BatchPinner`; default: a new one, closed with this iterator.
-        depth: batches pinned ahead (>= 1).
-        device: a CUDA device the thread selects first (torch's pin thread does the same).
-    """
+def loader_pinner(loader: Any, *, threads: int | None = None) -> BatchPinner:
+    """The :class:`BatchPinner` a loader's iterator pins with: torch's pinned allocator (or the loader's
+    test backend, ``loader._bf_pin_backend``), aware of the slabs registered by the loader's mapping hooks."""
+    backend = getattr(loader, "_bf_pin_backend", None)
+    extra = {} if backend is None else {"_alloc": backend.alloc, "_is_pinned": backend.is_pinned}
+    pinner = BatchPinner(ParallelCopier(threads), **extra)
+    update_pinner(pinner, getattr(loader, "_bf_mapping_hooks", None))
+    return pinner
 
-    def __init__(self, batches: Iterable, pinner: BatchPinner | None = None, *, depth: int = 2,
-                 device: Any = None, close_source: bool = False) -> None:
-        self.pinner = pinner if pinner is not None else BatchPinner()
-        self._own_pinner = pinner is None
-        enter = None
-        if device is not None and torch.device(device).type == "cuda":
-            index = torch.device(device).index
-            index = torch.cuda.current_device() if index is None else index  # this thread's, not the new one's
 
-            def enter() -> None:
-                torch.cuda.set_device(index)
+def update_pinner(pinner: BatchPinner, hooks: Any) -> None:
+    """Tell ``pinner`` which tensors lie in registered slabs (``hooks.contains``) and whether it may hand them
+    out as they are (``hooks.zero_copy``: the batches' consumer keeps each one until its copies completed)."""
+    contains = getattr(hooks, "contains", None)
+    pinner.registered = contains if callable(contains) else None
+    pinner.zero_copy = bool(getattr(hooks, "zero_copy", False))
 
-        super().__init__(batches, self.pinner, depth=depth, name="bf-pin-memory", enter_thread=enter,
-                         close_source=close_source)
+
+class _Stopped(BaseException):
+    """The pin thread was asked to stop while it waited (no ``except Exception`` may take it for an error)."""
+
+
+_NOT_BATCHES = (Failed, StreamEnded, StopFromDataset)
+
+
+def _pinned(value: Any, pinner: BatchPinner) -> Any:
+    """A result with its batch pinned; a pinning error is that batch's error (it counts as delivered)."""
+    try:
+        if type(value) is WithState:
+            return WithState(pinner(value.data), value.state)
+        if value is EXHAUSTED or type(value) in _NOT_BATCHES:
+            return value
+        return pinner(value)
+    except Exception as exc:
+        return Failed(exc)
+
+
+class _Inbox:
+    """Tasks queued by the iterator for the thread to send, and what the thread holds at its end."""
+
+    def __init__(self) -> None:
+        self.tasks: collections.deque = collections.deque()
+        self.wake = threading.Event()
+        self.close_source = False  # the thread closes the source as it ends (see PinThread.close)
+
+
+def _read(source: Any, inbox: _Inbox, pinner: BatchPinner, device: int | None, handle: Any) -> None:
+    """The pin thread: send queued tasks, receive results in order, pin the batches, queue them."""
+    stop, out = handle.stop, handle.queue
+    outstanding = 0
+
+    def send() -> bool:
+        nonlocal outstanding
+        if stop.is_set():
+            raise _Stopped
+        while inbox.tasks:
+            source.put(*inbox.tasks.popleft())
+            outstanding += 1
+        return out.empty()  # the consumer has nothing waiting: its next task may come any moment
+
+    try:
+        if device is not None:  # pinned memory is allocated for the current device, as torch's thread does
+            torch.cuda.set_device(device)
+        while True:
+            send()
+            if outstanding == 0:
+                inbox.wake.wait(0.1)
+                inbox.wake.clear()
+                continue
+            worker, value = source.get(between=send)
+            outstanding -= 1
+            if not handle.put((worker, _pinned(value, pinner))):
+                return
+            del value  # hold nothing of a batch once it is queued (it may pin a shared-memory slab)
+    except _Stopped:
+        return
+    finally:
+        if inbox.close_source:
+            source.close()
+
+
+class PinThread:
+    """The batch source ``source`` read by a background thread that pins each batch (see the module doc);
+    ``depth``: results it may hold for the consumer (more than the tasks in flight: it never blocks)."""
+
+    reads_ahead = True
+
+    def __init__(self, source: Any, pinner: BatchPinner, depth: int) -> None:
+        self._source, self.pinner, self._depth = source, pinner, depth
+        self._device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        self._start()
+
+    def _start(self) -> None:
+        self._inbox = _Inbox()
+        self._thread = Producer(functools.partial(_read, self._source, self._inbox, self.pinner, self._device),
+                                depth=self._depth, name="bf-pin-memory")
+
+    @property
+    def workers(self) -> list:
+        return self._source.workers
+
+    def put(self, task: Any, worker: int | None) -> None:
+        self._inbox.tasks.append((task, worker))
+        self._inbox.wake.set()
+
+    def get(self, between: Callable[[], None] | None = None) -> tuple[int, Any]:
+        return self._thread.get()
+
+    def reset(self, shared_seed: int | None) -> list[tuple[int, Any]]:
+        """Stop the thread (what it read ahead is dropped), start the next epoch, start a new thread."""
+        self._thread.close()
+        states = self._source.reset(shared_seed)
+        self._start()
+        return states
+
+    def set_mapping_hooks(self, hooks: Any) -> None:
+        update_pinner(self.pinner, hooks)
+        self._source.set_mapping_hooks(hooks)
 
     def close(self) -> None:
-        super().close()
-        if self._own_pinner:
-            self.pinner.close()
+        """Stop and join the thread, then close the source and the pinner. Run by the thread itself (the
+        iterator collected there, in a reference cycle) it only tells the thread to stop and close the
+        source as it ends."""
+        if self._thread.in_thread():
+            self._inbox.close_source = True
+            self._thread.stop.set()
+            return
+        self._thread.close()
+        self.pinner.close()
+        self._source.close()

@@ -38,8 +38,8 @@ Example:
 from __future__ import annotations
 
 import copy
+import functools
 import logging
-import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -49,10 +49,10 @@ import numpy as np
 
 from bridgeflow.base import DataFlow
 from bridgeflow.errors import BridgeflowError
+from bridgeflow.parallel.background import BackgroundIterator, Producer
 from bridgeflow.shard import warn_if_unsharded
 
 from ._compat import torch
-from .background import BackgroundIterator
 from .convert import map_structure
 from .pinning import CudaHostRegistrar, SlabPinner, attach_pinner
 from .staging import ParallelCopier
@@ -62,7 +62,6 @@ __all__ = ["CUDAPrefetcher", "DeviceUnavailableError"]
 log = logging.getLogger(__name__)
 
 _NUMERIC = frozenset("biufc")
-_STOP = object()
 
 
 class DeviceUnavailableError(BridgeflowError, RuntimeError):
@@ -318,8 +317,6 @@ class CUDAPrefetcher:
                 close()
 
     def _pipeline(self, backend: Any) -> Iterator[Any]:
-        ready: queue.Queue = queue.Queue(maxsize=self.num_stages)
-        stop = threading.Event()
         loader_state = getattr(self.loader, "state_dict", None)
         loader_state = loader_state if callable(loader_state) else None
         self._delivered, self._fetch_thread = _LIVE, None
@@ -329,62 +326,40 @@ class CUDAPrefetcher:
             except Exception as exc:
                 self._delivered = _StateFailure(exc)
         fetched = BackgroundIterator(self.loader, self._track(loader_state), depth=1, name="bf-cuda-fetch")
-        if loader_state is not None:
-            try:  # the loader's (or flow's) own state_dict() now answers with what was handed out
-                self.loader._bf_reader = weakref.ref(self)
-            except AttributeError:
-                pass
+        attach = getattr(self.loader, "attach_read_ahead", None)  # bridgeflow.base.ReadAhead
+        if loader_state is not None and attach is not None:
+            attach(self)  # the loader's (or flow's) own state_dict() now answers with what was handed out
         copier = ParallelCopier(self.copy_threads)
-        args = (fetched, backend, copier, self.num_stages + 1, ready, stop, self._counts, loader_state is not None)
-        thread = threading.Thread(target=_stage_loop, args=args, name="bf-cuda-prefetch", daemon=True)
-        thread.start()
+        stage = functools.partial(_stage_loop, fetched, backend, copier, self.num_stages + 1, self._counts,
+                                  loader_state is not None)
+        stager = Producer(stage, depth=self.num_stages, name="bf-cuda-prefetch")
         try:
             while True:
-                item = ready.get()
-                if item is _STOP:
-                    self._delivered = _LIVE  # the epoch is over: the loader knows where it is
-                    return
-                if isinstance(item, _Failure):
+                try:
+                    batch, event, tensors, state = stager.get()
+                except BaseException:  # the end of the epoch, or an error: the loader knows where it is
                     self._delivered = _LIVE
-                    raise item.error
-                batch, event, tensors, state = item
-                del item
+                    raise
                 backend.wait_consumer(event, tensors)
                 if loader_state is not None:
                     self._delivered = state
                 yield batch
                 del batch, event, tensors
+        except StopIteration:
+            return
         finally:
-            stop.set()
-            while thread.is_alive():
-                try:  # unblock a stager waiting on a full queue
-                    ready.get(timeout=0.05)
-                except queue.Empty:
-                    pass
-            thread.join()
+            stager.close()
             copier.close()
 
 
-class _Failure:
+class _StateFailure:
+    """The loader's ``state_dict()`` failed at that point; raised only when that state is asked for."""
+
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
 
-class _StateFailure(_Failure):
-    """The loader's ``state_dict()`` failed at that point; raised only when that state is asked for."""
-
-
 _LIVE = object()  # no batch held ahead: the loader's own state is the answer
-
-
-def _put(ready: queue.Queue, item: Any, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            ready.put(item, timeout=0.05)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 def _stage_batch(batch: Any, slot: _Slot, backend: Any, copier: ParallelCopier,
@@ -417,8 +392,8 @@ def _stage_batch(batch: Any, slot: _Slot, backend: Any, copier: ParallelCopier,
 
 
 def _stage_loop(batches: BackgroundIterator, backend: Any, copier: ParallelCopier, num_buffers: int,
-                ready: queue.Queue, stop: threading.Event, counts: dict[str, Any], tracked: bool) -> None:
-    """Background thread: start each batch's copy to the device, from where it lies or from a staging
+                counts: dict[str, Any], tracked: bool, handle: Any) -> None:
+    """The stage thread: start each batch's copy to the device, from where it lies or from a staging
     buffer, and queue it for the consumer. ``num_buffers`` slots rotate; a slot is reused only after the
     copy that last read it has completed, and is one further than the copies in flight."""
     slots = [_Slot() for _ in range(num_buffers)]
@@ -428,7 +403,7 @@ def _stage_loop(batches: BackgroundIterator, backend: Any, copier: ParallelCopie
             state = None
             if tracked:  # (batch, the loader's state right after it)
                 batch, state = batch
-            if stop.is_set():
+            if handle.stop.is_set():
                 return
             for other in slots:
                 other.release_if_done(backend)
@@ -438,12 +413,9 @@ def _stage_loop(batches: BackgroundIterator, backend: Any, copier: ParallelCopie
                 out, device_tensors = _stage_batch(batch, slot, backend, copier, counts)
                 slot.event = backend.record()
             del batch  # the host batch now lives on only in slot.keep, until its copy completes
-            if not _put(ready, (out, slot.event, device_tensors, state), stop):
+            if not handle.put((out, slot.event, device_tensors, state)):
                 return
             del out, device_tensors
-        _put(ready, _STOP, stop)
-    except BaseException as exc:  # handed to the consumer, raised there
-        _put(ready, _Failure(exc), stop)
     finally:
         for slot in slots:  # nothing a copy still reads may be released (a slab reused, a buffer freed)
             try:

@@ -58,7 +58,6 @@ log = logging.getLogger(__name__)
 FORMAT = "bridgeflow.adapters.torch.DataLoader"
 VERSION = 1
 GLOBAL_RNG = "torch"  # key of torch's default CPU generator among the RNG snapshots
-NOT_TAKEN: Any = object()  # EpochRecord.flow_now before it was taken (None is a state too: "none to give")
 
 _tud = torch.utils.data
 _DETERMINISTIC = (_tud.SequentialSampler, _tud.BatchSampler, _tud.distributed.DistributedSampler,
@@ -179,32 +178,10 @@ class EpochRecord:
         self.last_worker: int | None = None
         self.exhausted: list[bool] | None = None
         self.workers: list[Any] | None = None  # per worker: its dataset's state after its last batch
-        self.live: Any = None  # num_workers=0: the fetcher whose state is read when asked
         self.flow: Any = None
         self.flow_ended = False  # the flow ran out while the last delivered batch was read: the epoch is over
         self.problem: str | None = None  # why this epoch's position cannot be exported
-        self.flow_now: Any = NOT_TAKEN  # the flow's state at the epoch's end, taken by the reading thread
         self.length = _epoch_length(loader)
-
-    def snapshot(self) -> dict[str, Any]:
-        """The record as it is now, cheaply (a dict; the per-worker lists copied): a reading thread that
-        runs ahead of the consumer sends one with each batch, and the consumer makes it current with
-        :meth:`restore` when it receives that batch, so ``state_dict()`` counts only delivered batches."""
-        snap = self.__dict__.copy()
-        for key in ("workers", "exhausted"):
-            if snap[key] is not None:
-                snap[key] = list(snap[key])
-        return snap
-
-    def restore(self, snapshot: dict[str, Any]) -> None:
-        """Make a :meth:`snapshot` current."""
-        self.__dict__.update(snapshot)
-
-    def copy(self) -> EpochRecord:
-        """An independent record with the same contents (for a reading thread to work on)."""
-        other = object.__new__(EpochRecord)
-        other.restore(self.snapshot())
-        return other
 
     def at_flow_end(self) -> bool:
         """A DataFlow epoch whose position is unknown but whose batches (by length) were all delivered:
@@ -242,17 +219,16 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
         "dataset": None, "flow": None,
     }
     is_flow = loader._bf_kind == "collate"
-    if not is_flow and is_stateful(loader.dataset):
-        state["dataset"] = loader.dataset.state_dict()
+    if not is_flow and is_stateful(loader._bf_items()):
+        state["dataset"] = loader._bf_items().state_dict()
     boundary = record is None or record.finished or (is_flow and record.at_flow_end())
     if boundary:
         state["finished"] = record is not None
         it = getattr(loader, "_iterator", None)
         if record is not None and loader.persistent_workers and it is not None and not it.closed:
             state["base_seed"] = record.base_seed  # the workers' seeds: kept into the next epoch, not drawn
-        if is_flow:  # taken by a reading thread if one runs (a flow is asked in the thread that iterates it)
-            taken = NOT_TAKEN if record is None else record.flow_now
-            state["flow"] = flow_state(loader.dataset)[0] if taken is NOT_TAKEN else copy.deepcopy(taken)
+        if is_flow:
+            state["flow"] = flow_state(loader.dataset)[0]
         return state
     if record.problem is not None:
         raise NotImplementedError(
@@ -260,9 +236,6 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
             "loader cannot say where the epoch is. Take the state at an epoch boundary, or give the "
             "dataset a working state_dict()/load_state_dict().")
     workers = record.workers
-    if record.live is not None:
-        live = record.live.state()
-        workers = None if live is None else [live]
     state.update(
         started=True, yielded=record.yielded, base_seed=record.base_seed, shared_seed=record.shared_seed,
         rng_first=copy.deepcopy(record.rng_first), sampler_epoch=copy.deepcopy(record.sampler_epoch),
@@ -305,7 +278,7 @@ def check_state(loader: Any, state: Any) -> dict:
     if state.get("flow") is not None and not callable(getattr(loader.dataset, "load_state_dict", None)):
         raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a DataFlow position but the dataset, "
                                f"a {type(loader.dataset).__name__}, has no load_state_dict()")
-    for key, target in (("dataset", loader.dataset),):
+    for key, target in (("dataset", loader._bf_items()),):
         if state.get(key) is not None and not is_stateful(target):
             raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a dataset state but the dataset, "
                                    f"a {type(target).__name__}, has no load_state_dict()")

@@ -1,8 +1,11 @@
 """Small fake copies of ILSVRC12 and CIFAR, laid out like the real ones, to try pipelines and test them.
 
 Example:
-    >>> root = write_fake_ilsvrc12("/tmp/fake_imagenet", classes=3, train_per_class=4, val=6)  # doctest: +SKIP
-    >>> df = ILSVRC12Files(root, "train", meta_dir=os.path.join(root, "meta"))  # doctest: +SKIP
+    >>> from bridgeflow.dataset import ILSVRC12Files
+    >>> root = write_fake_ilsvrc12("fake_imagenet", classes=3, train_per_class=4, val=6)
+    >>> df = ILSVRC12Files(root, "train", meta_dir=os.path.join(root, "meta"))
+    >>> len(df)
+    12
 """
 
 from __future__ import annotations

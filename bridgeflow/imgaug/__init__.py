@@ -18,11 +18,11 @@ Example:
     >>> import numpy as np
     >>> from bridgeflow import imgaug
     >>> augs = imgaug.AugmentorList([imgaug.ResizeShortestEdge(256), imgaug.CenterCrop(224)])
-    >>> augs.augment(np.zeros((300, 400, 3), np.uint8)).shape  # doctest: +SKIP
+    >>> augs.augment(np.zeros((300, 400, 3), np.uint8)).shape
     (224, 224, 3)
 """
 
-from .base import Augmentor, AugmentorList, ImageAugmentor, PhotometricAugmentor, check_dtype
+from .base import Augmentor, ImageAugmentor, MapImage, PhotometricAugmentor, check_dtype
 from .external import Albumentations, TorchvisionAugmentor, as_augmentor
 from .geometry import (
     BackgroundFiller,
@@ -37,7 +37,7 @@ from .geometry import (
     ResizeShortestEdge,
     Transpose,
 )
-from .meta import Identity, MapImage, RandomApplyAug, RandomChooseAug, RandomOrderAug
+from .meta import AugmentorList, Identity, RandomApplyAug, RandomChooseAug, RandomOrderAug
 from .photometric import (
     Brightness,
     BrightnessScale,

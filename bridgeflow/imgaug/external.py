@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._deps import require
-from .base import ImageAugmentor
+from .base import ImageAugmentor, MapImage
 from .transform import BaseTransform, Transform
 
 __all__ = ["Albumentations", "TorchvisionAugmentor", "as_augmentor"]
@@ -46,8 +46,6 @@ def as_augmentor(obj: Any, who: str = "augmentor") -> Any:
     if library == "torchvision":
         return TorchvisionAugmentor(obj)
     if callable(obj):
-        from .meta import MapImage
-
         return MapImage(obj)
     raise TypeError(f"{who}: {obj!r} is not an augmentor; give a bridgeflow.imgaug or tensorpack augmentor, "
                     "an albumentations or torchvision transform, or a function of an image")
@@ -96,8 +94,10 @@ class Albumentations(_LibraryAugmentor):
     """An albumentations transform or ``Compose`` (albumentations >= 2.0) as an augmentor.
 
     Example:
-        >>> import albumentations as A  # doctest: +SKIP
-        >>> aug = Albumentations(A.Compose([A.HorizontalFlip(), A.RandomBrightnessContrast()]))  # doctest: +SKIP
+        >>> import albumentations as A
+        >>> aug = Albumentations(A.Compose([A.HorizontalFlip(p=1.0)]))
+        >>> aug.augment(np.array([[[1], [2], [3]]], np.uint8))[..., 0]
+        array([[3, 2, 1]], dtype=uint8)
     """
 
     def __init__(self, augmentor: Any) -> None:

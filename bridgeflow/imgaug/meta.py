@@ -5,20 +5,19 @@ Each one resets its children with seeds drawn from its own generator (see :mod:`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .base import ImageAugmentor, reset_children
-from .transform import BaseTransform, NoOpTransform, TransformFactory, TransformList
+from .base import ImageAugmentor, check_dtype, reset_children
+from .external import as_augmentor
+from .transform import BaseTransform, LazyTransform, NoOpTransform, TransformList
 
-__all__ = ["Identity", "MapImage", "RandomApplyAug", "RandomChooseAug", "RandomOrderAug"]
+__all__ = ["AugmentorList", "Identity", "RandomApplyAug", "RandomChooseAug", "RandomOrderAug"]
 
 
 def _augmentor(obj: Any, who: str) -> ImageAugmentor:
-    from .external import as_augmentor
-
     return as_augmentor(obj, who)
 
 
@@ -91,18 +90,36 @@ class RandomOrderAug(ImageAugmentor):
         return TransformList([tfms[k] for k in order])
 
 
-class MapImage(ImageAugmentor):
-    """Apply ``func(img) -> img``; coordinates go through ``coord_func(coords) -> coords`` when given
-    (without it, coordinates cannot follow and asking for them is an error)."""
+class AugmentorList(ImageAugmentor):
+    """Apply ``augmentors`` in order; each one decides its transform from the previous one's output.
 
-    def __init__(self, func: Callable[[np.ndarray], np.ndarray],
-                 coord_func: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
-        if not callable(func):
-            raise TypeError(f"MapImage needs a function of an image, got {func!r}")
-        self.func, self.coord_func = func, coord_func
+    Items may be bridgeflow or tensorpack augmentors, albumentations or torchvision v2 transforms, or
+    plain functions of an image (see :func:`bridgeflow.imgaug.as_augmentor`).
+    """
+
+    def __init__(self, augmentors: Sequence[Any]) -> None:
+        if not isinstance(augmentors, (list, tuple)):
+            raise TypeError(f"AugmentorList takes a list of augmentors, got {type(augmentors).__name__}")
+        self.augmentors = [as_augmentor(a, f"augmentor {i}") for i, a in enumerate(augmentors)]
+
+    def reset_state(self) -> None:
+        super().reset_state()
+        reset_children(self, self.augmentors)
 
     def get_transform(self, img: np.ndarray) -> BaseTransform:
-        name = getattr(self.func, "__qualname__", "MapImage")
-        if self.coord_func is not None:
-            return TransformFactory(name=name, apply_image=self.func, apply_coords=self.coord_func)
-        return TransformFactory(name=name, apply_image=self.func)
+        check_dtype(img)
+        tfms: list[BaseTransform] = []
+        for i, aug in enumerate(self.augmentors):
+            t = aug.get_transform(img) if i == 0 else LazyTransform(aug.get_transform)
+            tfms.extend(t.tfms if isinstance(t, TransformList) else [t])
+        return TransformList(tfms)
+
+    def augment(self, img: np.ndarray) -> np.ndarray:
+        check_dtype(img)
+        for aug in self.augmentors:
+            img = aug.get_transform(img).apply_image(img)
+        return img
+
+    def __repr__(self) -> str:
+        inner = ",\n".join("  " + repr(a) for a in self.augmentors)
+        return f"imgaug.AugmentorList([\n{inner}])"

@@ -1,5 +1,6 @@
 """Parallel stages on threads or processes, sharing one worker loop and a shared-memory transport."""
 
+from .common import OversubscribedWarning
 from .compat import (
     MultiProcessMapAndBatchData,
     MultiProcessMapAndBatchDataZMQ,
@@ -26,6 +27,7 @@ __all__ = [
     "MultiProcessRunnerZMQ",
     "MultiThreadMapData",
     "MultiThreadRunner",
+    "OversubscribedWarning",
     "PrefetchData",
     "PrefetchDataZMQ",
     "RemoteError",

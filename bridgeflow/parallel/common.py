@@ -4,22 +4,25 @@ statistics, the endless stream of a flow's epochs, and checks of their arguments
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..base import DataFlow, ProxyDataFlow
+from ..base import DataFlow
 from ..errors import DatapointError
+from ..proxy import ProxyDataFlow
 from .forensics import check_seconds
 from .pickling import dumps_as_launched
 from .pool import WorkerPool, describe_unpicklable
 
 __all__ = [
     "ParallelStage", "check_picklable", "check_positive", "check_seconds", "chunk_size", "forever",
-    "seed_worker_globals",
+    "OversubscribedWarning", "seed_worker_globals", "warn_if_oversubscribed",
 ]
 
 log = logging.getLogger("bridgeflow.parallel.stages")
@@ -37,6 +40,28 @@ def chunk_size(buffer_size: int, num_workers: int) -> int:
     return max(1, min(16, buffer_size // (2 * num_workers)))
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as torch's DataLoader counts them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class OversubscribedWarning(UserWarning):
+    """A process stage asked for more workers than the CPUs this process may use (torch's DataLoader warns
+    alike). Silence it with ``warnings.simplefilter("ignore", bridgeflow.OversubscribedWarning)``."""
+
+
+def warn_if_oversubscribed(workers: int, who: str, keyword: str, note: str = "", stacklevel: int = 4) -> None:
+    """Warn (once per message) when a stage starts more worker processes than there are CPUs to run them."""
+    cpus = usable_cpus()
+    if workers > cpus:
+        warnings.warn(f"{who} starts {workers} processes on {cpus} CPUs (those this process may use): they compete "
+                      f"for the CPUs and run slower than fewer would, and use more memory; pass {keyword}={cpus} or "
+                      f"fewer{note}", OversubscribedWarning, stacklevel=stacklevel)
+
+
 def check_positive(value: Any, what: str, who: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{who}: {what} must be a positive integer, got {value!r}")
@@ -44,23 +69,34 @@ def check_positive(value: Any, what: str, who: str) -> int:
 
 
 class _StageStats:
-    """Counters every parallel stage keeps, to show whether the producer or the consumer is slow."""
+    """Counters every parallel stage keeps, to show which side is slow (see :mod:`bridgeflow.pipeline`)."""
 
     def __init__(self) -> None:
         self.datapoints = 0
         self.started: float | None = None
+        self.busy_before = 0.0  # the workers' busy seconds when the consumer first asked for a result
+
+    def start(self, pool: WorkerPool) -> None:
+        """The consumer asks for its first result: the times count from here."""
+        if self.started is None:
+            self.started = time.perf_counter()
+            self.busy_before = pool.busy_seconds() or 0.0
 
     def as_dict(self, pool: WorkerPool | None, capacity: int) -> dict[str, float]:
         if pool is None or self.started is None:
             return {}
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        return {
+        out = {
             "datapoints": self.datapoints,
             "workers": pool.num_workers,
             "buffer_fill": min(1.0, pool.fill_average() / max(capacity, 1)),
             "consumer_wait_s": pool.wait_time,
             "consumer_wait_frac": min(1.0, pool.wait_time / elapsed),
         }
+        busy = pool.busy_seconds()
+        if busy is not None:
+            out["workers_busy"] = min(1.0, max(0.0, busy - self.busy_before) / (elapsed * pool.num_workers))
+        return out
 
 
 class ParallelStage(ProxyDataFlow):
@@ -91,7 +127,8 @@ class ParallelStage(ProxyDataFlow):
         if self._pool is not None:
             self._pool.set_mapping_hooks(hooks)
 
-    def reset_state(self) -> None:
+    def _on_reset(self) -> None:
+        # not ProxyDataFlow's: a runner's workers reset their own copies, a map stage resets its source first
         self._close_pool()
         self._stats = _StageStats()
         self._pool = self._new_pool().start()
@@ -105,7 +142,7 @@ class ParallelStage(ProxyDataFlow):
         self._close_pool()
         super().close()
 
-    def stats(self) -> dict[str, float]:
+    def _own_stats(self) -> dict[str, float]:
         return self._stats.as_dict(self._pool, self._capacity) if hasattr(self, "_stats") else {}
 
     def _live_pool(self) -> WorkerPool:
@@ -121,8 +158,7 @@ class ParallelStage(ProxyDataFlow):
         return pool
 
     def _get(self, pool: WorkerPool) -> Any:
-        if self._stats.started is None:
-            self._stats.started = time.perf_counter()
+        self._stats.start(pool)
         return pool.get()[1]
 
     def __getstate__(self) -> dict:

@@ -1,6 +1,7 @@
-"""Fused batching: ``BatchData`` over a map stage sends groups of source datapoints to the workers, which
-map them and stack the batch straight into shared memory (see ``_MapStage.iter_batched``).
+"""Fused batching: ``BatchData`` over a map stage reads :class:`WorkerBatching`, which sends groups of
+source datapoints to the stage's workers; they map them and stack each batch straight into shared memory.
 
+The batches are the ones ``BatchData`` would make in the consumer, copied once instead of twice.
 :class:`BatchPlan` is the consumer's side of it: the groups sent (one epoch ahead at most), which epoch
 each result belongs to, and, for the stage's state, which source datapoints the consumer has received.
 A group whose ``map_func`` dropped a datapoint comes back as a list and goes through a holder, where
@@ -10,15 +11,19 @@ its datapoints may be split across two batches: the plan knows how many of each 
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
+from ..batch import batch_datapoints
+from ..proxy import ProxyDataFlow
+from ..state import StateMismatchError
 from .pool import WorkerPool
 from .progress import SourceLedger
 
-__all__ = ["EPOCH_END", "BatchPlan", "BatchTask", "Stacked", "batch_bytes", "unstack"]
+__all__ = ["EPOCH_END", "BatchPlan", "BatchTask", "Stacked", "WorkerBatching", "batch_bytes", "unstack"]
 
 EPOCH_END = object()
 
@@ -139,7 +144,7 @@ class BatchPlan:
                 count = 0
 
     def state(self, taken: int) -> dict:
-        """The fused part of the stage's state (see ``_MapStage.state_dict``)."""
+        """The fused part of the stage's state (see ``_MapStage._own_state``)."""
         low = self.ledger.low
         offset = (low - self.block_base) % self.size if self.size else 0
         partial = None
@@ -152,3 +157,181 @@ class BatchPlan:
         close = getattr(self.groups, "close", None)
         if close is not None:
             close()
+
+
+class WorkerBatching(ProxyDataFlow):
+    """A map stage's datapoints in batches that its workers stack: what ``BatchData(stage, ...)`` reads.
+
+    ``BatchData`` builds it (with the stage's ``batched()``) and iterates it; it shows in the pipeline's
+    paths (``BatchData/WorkerBatching/MultiProcessMapData``) and yields exactly what ``BatchData`` would
+    make over the stage. A group in which ``map_func`` dropped a datapoint comes back unstacked and is
+    re-batched here. Like the unbatched stage, a non-strict one keeps the workers busy across epochs: the
+    groups of the next epoch are already in flight when this one ends, so no worker waits for another's
+    last batch.
+
+    An epoch is the stage's own (its liveness, its consumer guard, the state it took): this flow begins
+    one by iterating the stage with itself attached, and the stage hands the epoch back to
+    :meth:`stage_epoch`. Its position is part of the stage's state, which ``BatchData`` saves.
+    """
+
+    def __init__(self, stage: Any, batch_size: int, remainder: bool, use_list: Any, pad_value: Any) -> None:
+        super().__init__(stage)
+        self.batch_size, self.remainder, self.use_list, self.pad_value = batch_size, remainder, use_list, pad_value
+
+    def __len__(self) -> int:
+        n = len(self.ds)
+        return -(-n // self.batch_size) if self.remainder else n // self.batch_size
+
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        stage = self.ds
+        stage._batching = self
+        try:
+            return iter(stage)
+        finally:
+            stage._batching = None
+
+    def stage_epoch(self, pool: WorkerPool, resume: dict | None) -> Iterator:
+        """The stage's epoch of batches, from ``resume`` (the stage's loaded state) or where it stands."""
+        stage = self.ds
+        batch_size, use_list, pad_value = self.batch_size, self.use_list, self.pad_value
+        size = stage._epoch_size()
+        plan = stage._batched
+        stage._batched = None  # this epoch owns the groups in flight until it completes
+        if resume is not None:
+            if plan is not None:
+                plan.close()
+            plan = self._resumed_plan(stage, pool, resume, size)
+        elif plan is None or not plan.continues(pool, batch_size, size, use_list, pad_value):
+            if plan is not None:
+                plan.close()
+            if pool.outstanding:  # left by an unbatched iteration (or another batch size): not ours
+                stage._drop_in_flight(pool)
+            source = stage._carried() if size is not None else iter(stage.ds)
+            if size is None:
+                stage._new_ledger()
+            plan = BatchPlan(pool, batch_size, size, use_list, pad_value, stage._ledger)
+            plan.groups = self._groups(stage, plan, source, 0, None)
+        else:
+            plan.taken = 0
+        stage._plan = plan
+        return self._batches(stage, pool, plan)
+
+    def _resumed_plan(self, stage: Any, pool: WorkerPool, resume: dict, size: int | None) -> BatchPlan:
+        batch_size, use_list, pad_value = self.batch_size, self.use_list, self.pad_value
+        fused = resume["batch"]
+        if fused is None and not resume["taken"] and not resume["skip"]:  # between epochs of unbatched ones
+            fused = {"size": batch_size, "offset": 0, "held": 0, "partial": None}
+        if fused is None or fused["size"] != batch_size:
+            saved = "without a BatchData" if fused is None else f"under BatchData({fused['size']})"
+            raise StateMismatchError(f"the state was saved {saved}, this stage is iterated by "
+                                     f"BatchData({batch_size})", [type(stage).__name__])
+        source = stage._resume(pool, resume, size, fused=True)
+        ledger = stage._ledger
+        plan = BatchPlan(pool, batch_size, size, use_list, pad_value, ledger)
+        plan.block_base = ledger.pulled - fused["offset"]
+        plan.skip_starts = {ledger.pulled + offset for offset, _ in resume["skip"]}
+        if fused["partial"] is not None:
+            plan.partial = (ledger.pulled + fused["partial"][0], fused["partial"][1])
+        plan.taken = max(0, resume["taken"] - fused["held"])  # the held groups are taken again
+        quota = None
+        if size is not None:
+            quota = -(-size // batch_size) - resume["taken"] + fused["held"]
+        plan.groups = self._groups(stage, plan, source, fused["offset"], quota)
+        return plan
+
+    def _batches(self, stage: Any, pool: WorkerPool, plan: BatchPlan) -> Iterator:
+        remainder = self.remainder
+        batch_size, use_list, pad_value = plan.batch_size, plan.use_list, plan.pad_value
+        ledger = plan.ledger
+        in_flight = max(2 * stage.num_workers, -(-stage.buffer_size // batch_size))
+        holder: list = []
+        complete = False
+        try:
+            while plan.next_result(in_flight):
+                out = stage._get(pool)
+                start, length = plan.tasks.pop(pool.last_task_id)
+                plan.taken += 1
+                delivered = 0
+                if plan.partial is not None and plan.partial[0] == start:  # delivered in part before a resume
+                    delivered = plan.partial[1]
+                    plan.partial = None
+                if type(out) is Stacked and not holder and not delivered:
+                    ledger.received(start, length)
+                    stage._stats.datapoints += batch_size
+                    yield out.batch
+                    continue
+                items = unstack(out.batch) if type(out) is Stacked else out
+                plan.hold(start, length, len(items), delivered)
+                holder.extend(items[delivered:])
+                while len(holder) >= batch_size:
+                    plan.deliver(batch_size)
+                    stage._stats.datapoints += batch_size
+                    yield batch_datapoints(holder[:batch_size], use_list, pad_value)
+                    del holder[:batch_size]
+            if remainder and holder:
+                plan.deliver(len(holder))
+                stage._stats.datapoints += len(holder)
+                yield batch_datapoints(holder, use_list, pad_value)
+            plan.deliver(len(holder))  # what is left of an epoch is dropped, as BatchData drops it
+            holder.clear()
+            complete = True
+        finally:
+            if complete and plan.size is not None and stage._pool is pool:
+                stage._batched = plan  # the next epoch takes over the groups already in flight
+            else:
+                plan.close()
+                if stage._pool is pool and stage._ledger is ledger:
+                    if plan.size is None:  # a strict epoch is over: the source's own state says where it is
+                        if pool.outstanding:
+                            pool.discard_outstanding()
+                        stage._ledger = None
+                    else:
+                        stage._drop_in_flight(pool)
+
+    def _groups(self, stage: Any, plan: BatchPlan, source: Iterator, offset: int, quota: int | None) -> Iterator:
+        """The groups of source datapoints to map and stack, ``(first pull index, datapoints)`` each, and
+        :data:`EPOCH_END` after each epoch's: one epoch of ``source`` when strict; else epochs of ``size``
+        datapoints of the carried stream (the first ``quota`` groups after a resume), forever. Groups start
+        ``offset`` datapoints into an epoch of the source; groups received before a resume are skipped."""
+        ledger, batch_size, size, skip = plan.ledger, plan.batch_size, plan.size, plan.skip_starts
+        if size is None:
+            try:
+                while True:
+                    if ledger.pulled >= ledger.next_snap:
+                        ledger.snapshot()
+                    start = ledger.pulled
+                    group = list(itertools.islice(source, batch_size))
+                    ledger.pulled += len(group)
+                    if group and start not in skip:
+                        yield start, group
+                    if len(group) < batch_size:
+                        break
+            finally:
+                if hasattr(source, "close"):
+                    source.close()
+            yield EPOCH_END
+            return
+        per_epoch = -(-size // batch_size)
+        quota = per_epoch if quota is None else quota
+        sent = 0
+        while True:
+            if sent >= quota:
+                yield EPOCH_END
+                sent, quota = 0, per_epoch
+                continue
+            for at in range(offset, size, batch_size):
+                if ledger.pulled >= ledger.next_snap:
+                    ledger.snapshot()
+                start = ledger.pulled
+                group = [stage._next(source) for _ in range(min(batch_size, size - at))]
+                ledger.pulled += len(group)
+                if start in skip:
+                    skip.discard(start)
+                    continue
+                yield start, group
+                sent += 1
+                if sent >= quota:
+                    yield EPOCH_END
+                    sent, quota = 0, per_epoch
+            offset = 0
+

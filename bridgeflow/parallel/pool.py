@@ -9,11 +9,13 @@ Every parallel stage of bridgeflow, and the torch DataLoader adapter, runs on :c
   function that raises ``StopIteration`` returns :data:`EXHAUSTED`; any other exception is re-raised in
   the consumer with its type and message, the worker's traceback attached as ``__cause__``.
 
-Both kinds of worker run the same loop, :func:`worker_loop`; only the channels differ. Process workers
-send results through :mod:`bridgeflow.parallel.shm` (array bytes in shared memory) over one pipe each.
-The consumer waits on those pipes *and* on the processes' sentinels, so a worker that dies (signal,
-``os._exit``, OOM killer) becomes a :class:`~bridgeflow.WorkerError` at once instead of a hang. Each
-process worker also watches its parent and exits when the parent is gone, even if killed with SIGKILL.
+Both kinds of worker run the same loop, :func:`worker_loop`; only the channels differ
+(:mod:`bridgeflow.parallel.channels`), and the pool never asks which it has: it keeps the order of the
+results, the chunks, the timeouts, the statistics and the forensics. Process workers send results through
+:mod:`bridgeflow.parallel.shm` (array bytes in shared memory) over one pipe each. The consumer waits on
+those pipes *and* on the processes' sentinels, so a worker that dies (signal, ``os._exit``, OOM killer)
+becomes a :class:`~bridgeflow.WorkerError` at once instead of a hang. Each process worker also watches
+its parent and exits when the parent is gone, even if killed with SIGKILL.
 
 A worker that is alive but returns nothing (a deadlock, a stuck read, SIGSTOP) is found out too: after
 ``stall_warning`` seconds without the result it waits for, ``get()`` logs which worker holds the oldest
@@ -24,7 +26,7 @@ Example:
     >>> def init(ctx):
     ...     return lambda x: x * 10
     >>> with WorkerPool(init, 2, processes=False) as pool:
-    ...     pool.start()
+    ...     _ = pool.start()
     ...     ids = [pool.put(i) for i in range(3)]
     ...     [pool.get()[1] for _ in ids]
     [0, 10, 20]
@@ -32,41 +34,27 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import multiprocessing as mp
 import os
-import queue
-import select
-import signal
-import struct
-import threading
 import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import BridgeflowError, DataFlowTerminated, WorkerError, WorkerTimeoutError
-from . import forensics, shm
+from . import forensics
+from .channels import ProcessChannel, ThreadChannel
 from .forensics import Wait, check_seconds
 from .mapping import MappingHooks, MappingHookSet
-from .pickling import describe_unpicklable, dumps_as_launched
-from .resources import PoolResources
+from .pickling import describe_unpicklable
+from .wire import FATAL, INIT, LIVENESS_INTERVAL, OK, RAN_OUT
 from .worker import (
-    _CTL_STRIDE,
-    _EXHAUSTED,
-    _FATAL,
-    _INIT,
-    _LIVENESS_INTERVAL,
-    _MAX_SLABS,
-    _OK,
     EXHAUSTED,
     RemoteError,
     RemoteTraceback,
     WorkerContext,
-    ctl_base,
     pack_exception,
-    process_main,
     unpack_exception,
     worker_loop,
 )
@@ -78,8 +66,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_pool_ids = itertools.count()
 
 
 class WorkerPool:
@@ -134,7 +120,8 @@ class WorkerPool:
         self._hooks = MappingHookSet(name)
         if mapping_hooks is not None:
             self._hooks.set(mapping_hooks)
-        self._res = PoolResources()
+        self._channel = ProcessChannel(name, num_workers, start_method, self._hooks) if processes else \
+            ThreadChannel(name, num_workers)
         self._finalizer: weakref.finalize | None = None
         self._started = False
         self._closed = False
@@ -157,7 +144,6 @@ class WorkerPool:
         self._per_worker = [0] * self.num_workers
         self._ready: dict[int, tuple[int, int, Any]] = {}  # task id -> (worker, kind, value)
         self._pending: list[list[tuple[int, Any]]] = [[] for _ in range(self.num_workers)]  # unsent chunks
-        self._results_queue: queue.SimpleQueue | None = None
 
     # --- lifecycle --------------------------------------------------------------------------------
 
@@ -168,112 +154,23 @@ class WorkerPool:
             return self
         base = self.base_seed if self.base_seed is not None else int.from_bytes(os.urandom(4), "little")
         contexts = [WorkerContext(w, self.num_workers, base + w, self.name) for w in range(self.num_workers)]
-        res = self._res
-        self._finalizer = weakref.finalize(self, res.shutdown)
+        self._finalizer = weakref.finalize(self, self._channel.shutdown)
         self._started = True
-        if self.processes:
-            self._start_processes(contexts)
-        else:
-            self._start_threads(contexts)
-        return self
-
-    def _start_threads(self, contexts: list[WorkerContext]) -> None:
-        res = self._res
-        results: queue.SimpleQueue = queue.SimpleQueue()
-        self._results_queue = results
-        for ctx in contexts:
-            tasks: queue.SimpleQueue = queue.SimpleQueue()
-            res.task_queues.append(tasks)
-            send = lambda msg, w=ctx.worker_id: results.put((w, msg))
-            recv = lambda q=tasks, stop=res.stop: None if stop.is_set() else q.get()
-            t = threading.Thread(target=worker_loop, args=(ctx, self.init_fn, recv, send, False),
-                                 name=f"{self.name}-worker-{ctx.worker_id}", daemon=True)
-            res.threads.append(t)
-            t.start()
-
-    def _start_processes(self, contexts: list[WorkerContext]) -> None:
-        res = self._res
-        if mp.current_process().daemon:  # multiprocessing forbids it; say where, and what to do instead
+        try:
+            self._channel.start(contexts, self.init_fn)
+        except BaseException:
             self.close()
-            raise BridgeflowError(
-                f"{self.name} cannot start worker processes inside {mp.current_process().name}, itself a "
-                "worker process: put the process stage outside the other one, or use threads inside it "
-                "(MultiThreadMapData)")
-        context = mp.get_context(self.start_method)
-        if context.get_start_method() != "fork":
-            try:
-                dumps_as_launched(self.init_fn)
-            except Exception as exc:
-                self.close()
-                raise TypeError(
-                    f"{self.name}: {describe_unpicklable(self.init_fn)} cannot be pickled, which the "
-                    f"{context.get_start_method()!r} start method needs ({exc}); use a module-level function, "
-                    "or start_method='fork'") from exc
-        shm.raise_fd_limit()
-        res.prefix = f"bf{os.getpid()}_{next(_pool_ids)}{os.urandom(2).hex()}_"
-        ctl_name = ""
-        if shm.shm_available():
-            if shm.sweep_orphans():
-                log.info("%s: removed shared memory left by bridgeflow pools that no longer run", self.name)
-            ctl_name = res.prefix + "ctl"
-            try:
-                res.ctl = shm.ControlSegment.create(ctl_name, _CTL_STRIDE * self.num_workers)
-            except OSError as exc:
-                log.warning("%s: no shared memory (%s); results travel through pipes", self.name, exc)
-                ctl_name = ""
-        view = res.ctl.view if res.ctl is not None else None
-        self._readers = []
-        for ctx in contexts:
-            base = ctl_base(ctx.worker_id)
-            task_r, task_w = context.Pipe(duplex=False)
-            result_r, result_w = context.Pipe(duplex=False)
-            dump_r, dump_w = context.Pipe(duplex=False)
-            proc = context.Process(target=process_main, name=f"{self.name}-worker-{ctx.worker_id}",
-                                   args=(ctx, self.init_fn, task_r, result_w, ctl_name, res.prefix, os.getpid(),
-                                         dump_w),
-                                   daemon=True)
-            try:
-                proc.start()
-            except Exception:
-                for conn in (task_r, task_w, result_r, result_w, dump_r, dump_w):
-                    conn.close()
-                self.close()
-                raise
-            task_r.close()
-            result_w.close()
-            dump_w.close()
-            res.procs.append(proc)
-            res.task_conns.append(task_w)
-            res.result_conns.append(result_r)
-            res.dump_conns.append(dump_r)
-            self._readers.append(shm.SlabReader(view[base:base + _MAX_SLABS] if view else None, self._hooks))
-            res.writers.append(shm.SlabWriter(
-                f"{res.prefix}t{ctx.worker_id}_",
-                view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None, _MAX_SLABS, self.num_workers))
-        # Persistent pollers (one per worker, one for all): waiting costs one system call, and a
-        # process sentinel in the same poll turns a worker's death into an error at once.
-        self._fd_worker: dict[int, tuple[int, bool]] = {}
-        self._pollers = []
-        self._poll_all = select.poll()
-        for w, (conn, proc) in enumerate(zip(res.result_conns, res.procs)):
-            poller = select.poll()
-            for fd, is_conn in ((conn.fileno(), True), (proc.sentinel, False)):
-                poller.register(fd, select.POLLIN)
-                self._poll_all.register(fd, select.POLLIN)
-                self._fd_worker[fd] = (w, is_conn)
-            self._pollers.append(poller)
+            raise
+        return self
 
     def close(self) -> None:
         """Stop every worker and free shared memory. Idempotent; also runs when the pool is collected."""
         if self._closed:
             return
         self._closed = True
-        for reader in getattr(self, "_readers", []):
-            reader.close()
         if self._finalizer is not None:
-            self._finalizer()
-        else:
-            self._res.shutdown()
+            self._finalizer.detach()
+        self._channel.close()
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -282,18 +179,16 @@ class WorkerPool:
         self.close()
 
     def alive(self) -> bool:
-        if self.processes:
-            return bool(self._res.procs) and all(p.exitcode is None for p in self._res.procs)
-        return bool(self._res.threads) and all(t.is_alive() for t in self._res.threads)
+        return self._channel.alive()
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._res.procs]
+        return self._channel.pids
 
     @property
     def worker_processes(self) -> list:
         """The worker processes' ``multiprocessing.Process`` handles (empty for threads, or before start)."""
-        return list(self._res.procs)
+        return self._channel.worker_processes
 
     @property
     def outstanding(self) -> int:
@@ -334,14 +229,8 @@ class WorkerPool:
         if not chunk:
             return
         self._pending[worker] = []
-        if self.processes:
-            data = self._res.writers[worker].dumps(chunk)
-            try:
-                self._res.task_conns[worker].send_bytes(data)
-            except (BrokenPipeError, OSError):
-                self._raise_dead(worker)
-        else:
-            self._res.task_queues[worker].put(chunk)
+        if not self._channel.send(worker, chunk):
+            self._raise_dead(worker)
 
     def discard_outstanding(self) -> None:
         """Forget every task queued so far: unsent ones are dropped, results of sent ones when they arrive."""
@@ -396,21 +285,14 @@ class WorkerPool:
         self.last_task_id = want
         self.results_returned += 1
         self.wait_time += time.perf_counter() - t0
-        if kind == _OK:
+        if kind == OK:
             return worker, value
-        if kind == _EXHAUSTED:
+        if kind == RAN_OUT:
             return worker, EXHAUSTED
-        raise unpack_exception(value, self._where(worker))
+        raise unpack_exception(value, self._channel.where(worker))
 
     def _ready_count(self) -> int:
-        if self.processes and self._res.ctl is not None:
-            view = self._res.ctl.view
-            done = sum(struct.unpack_from("<Q", view, ctl_base(w) + 2 * _MAX_SLABS)[0]
-                       for w in range(self.num_workers))
-            return max(0, done - self.results_received) + len(self._ready)
-        if self._results_queue is not None:
-            return self._results_queue.qsize() + len(self._ready)
-        return len(self._ready)
+        return self._channel.unread(self.results_received) + len(self._ready)
 
     def _receive(self, wait: Wait, worker: int | None = None) -> None:
         """Wait for one message from any worker and file it; raise if a worker died or time ran out."""
@@ -424,7 +306,7 @@ class WorkerPool:
 
     def _receive_and_file(self, wait: Wait, worker: int | None) -> None:
         while True:
-            wait_for = _LIVENESS_INTERVAL
+            wait_for = LIVENESS_INTERVAL
             now = time.monotonic()
             if wait.stall_at is not None and now >= wait.stall_at:
                 self._log_stall(now - wait.started)
@@ -434,74 +316,32 @@ class WorkerPool:
                 if left <= 0:
                     self._raise_timeout(wait.limit)
                 wait_for = min(wait_for, left)
-            msg = self._receive_one(wait_for, worker)
+            if self._closed:
+                self._raise_dead(0)
+            try:
+                msg = self._channel.receive(wait_for, worker)
+            except WorkerError:  # a message that cannot be read: its results are lost
+                self.interrupted = True
+                raise
             if msg is not None:
                 break
         worker, results = msg
+        if results is None:
+            self._raise_dead(worker)
         self.results_received += len(results)
         ready, discard_below = self._ready, self._discard_below
         for kind, task_id, value in results:
-            if task_id == _INIT:
-                raise unpack_exception(value, self._where(worker) + " while starting")
-            if task_id == _FATAL:  # the worker cannot go on and exits; its tasks in flight are lost
+            if task_id == INIT:
+                raise unpack_exception(value, self._channel.where(worker) + " while starting")
+            if task_id == FATAL:  # the worker cannot go on and exits; its tasks in flight are lost
                 self.interrupted = True
-                raise WorkerError(f"{self._where(worker)} stopped: {value[2]}", stage=self.name, worker=worker,
-                                  pid=self._pid(worker)) from RemoteTraceback(value[3])
+                raise WorkerError(f"{self._channel.where(worker)} stopped: {value[2]}", stage=self.name, worker=worker,
+                                  pid=self._channel.pid(worker)) from RemoteTraceback(value[3])
             self._per_worker[worker] -= 1
             if task_id >= discard_below:
                 ready[task_id] = (worker, kind, value)
 
-    def _receive_one(self, wait_for: float, worker: int | None) -> tuple[int, tuple] | None:
-        """One message, from ``worker`` if given (ordered mode knows who owns the next task) or any."""
-        if not self.processes:
-            try:
-                return self._results_queue.get(timeout=wait_for)  # type: ignore[union-attr]
-            except queue.Empty:
-                if self._closed:
-                    self._raise_dead(0)
-                for w, t in enumerate(self._res.threads):
-                    if not t.is_alive():
-                        self._raise_dead(w)
-                return None
-        conns = self._res.result_conns
-        poller = self._poll_all if worker is None else self._pollers[worker]
-        events = poller.poll(wait_for * 1000)
-        dead = []
-        for fd, _ in events:
-            w, is_conn = self._fd_worker[fd]
-            if is_conn:
-                return w, self._read(w)
-            dead.append(w)
-        for w in dead:  # a sentinel: the process ended; its last results may still be in the pipe
-            if not conns[w].poll(0):
-                self._raise_dead(w)
-        if not events and worker is not None:
-            # Only the owner of the next task was watched. Check the others now: a sibling that died would
-            # otherwise surface only after the owner's (possibly endless) task. A dead worker's pipe gives
-            # its last results, then end-of-file, which raises.
-            for w, proc in enumerate(self._res.procs):
-                if proc.exitcode is not None:
-                    return w, self._read(w)
-        return None
-
-    def _read(self, worker: int) -> list:
-        """The next message of a process worker whose pipe is readable; end-of-file means it died."""
-        try:
-            data = self._res.result_conns[worker].recv_bytes()
-        except (EOFError, OSError):
-            self._raise_dead(worker)
-        try:
-            return self._readers[worker].loads(data)
-        except shm.SegmentVanishedError as exc:  # this message's results cannot be read: they are lost
-            self.interrupted = True
-            raise WorkerError(f"cannot read a result of {self._where(worker)}: {exc}", stage=self.name,
-                              worker=worker, pid=self._pid(worker)) from exc
-
     # --- hang forensics ---------------------------------------------------------------------------
-
-    def _pid(self, worker: int) -> int | None:
-        procs = self._res.procs
-        return procs[worker].pid if self.processes and worker < len(procs) else None
 
     def _oldest_task(self) -> tuple[int, int] | None:
         """``(task id, worker)`` of the oldest task whose result has not arrived."""
@@ -511,33 +351,24 @@ class WorkerPool:
         waiting = [t for t in self._owner if t >= self._discard_below and t not in self._ready]
         return (min(waiting), self._owner[min(waiting)]) if waiting else None
 
-    def _inspect(self, worker: int, wait: float = 1.0) -> tuple[str, str]:
-        """``(state, stack)`` of a worker: ``"sleeping"``, ``"stopped (SIGSTOP?)"``..., and its Python stack
-        (a process worker is asked for it only with ``wait`` > 0, the seconds its answer may take)."""
-        res = self._res
-        if not self.processes:
-            thread = res.threads[worker]
-            return ("running" if thread.is_alive() else "finished"), forensics.describe_thread(thread)
-        fd = res.dump_conns[worker].fileno() if wait > 0 and worker < len(res.dump_conns) else None
-        return forensics.describe_worker(res.procs[worker].pid, fd, wait)
-
     def _log_stall(self, waited: float) -> None:
         oldest = self._oldest_task()
         if oldest is not None:
             task, worker = oldest
-            state, stack = self._inspect(worker)
-            log.warning("%s", forensics.stall_text(self.name, waited, worker, self._pid(worker), task, state, stack))
+            state, stack = self._channel.inspect(worker)
+            log.warning("%s", forensics.stall_text(self.name, waited, worker, self._channel.pid(worker), task, state,
+                                                   stack))
 
     def _raise_timeout(self, limit: float) -> None:
         oldest = self._oldest_task()
         if oldest is None:
             raise WorkerTimeoutError(f"{self.name}: no result from the workers after {limit:g} s", stage=self.name)
         task, worker = oldest
-        state, stack = self._inspect(worker, wait=0.5 if limit >= 1 else 0.0)
+        state, stack = self._channel.inspect(worker, wait=0.5 if limit >= 1 else 0.0)
         frame = forensics.innermost(stack)
         raise WorkerTimeoutError(
-            f"{self._where(worker)} has not returned task #{task} after {limit:g} s (timeout); it is {state}"
-            + (f", in {frame}" if frame else ""), stage=self.name, worker=worker, pid=self._pid(worker))
+            f"{self._channel.where(worker)} has not returned task #{task} after {limit:g} s (timeout); it is {state}"
+            + (f", in {frame}" if frame else ""), stage=self.name, worker=worker, pid=self._channel.pid(worker))
 
     # --- mapping hooks ----------------------------------------------------------------------------
 
@@ -564,34 +395,18 @@ class WorkerPool:
     def mapping_hooks(self) -> MappingHooks | None:
         return self._hooks.hooks
 
-    def _where(self, worker: int) -> str:
-        if self.processes and worker < len(self._res.procs):
-            return f"worker {worker} (pid {self._res.procs[worker].pid}) of {self.name}"
-        return f"worker {worker} of {self.name}"
-
     def _raise_dead(self, worker: int) -> None:
         if self._closed:
             raise DataFlowTerminated(f"{self.name} was closed while a consumer was waiting for a result")
-        if not self.processes:
-            raise WorkerError(f"thread {worker} of {self.name} stopped unexpectedly", stage=self.name,
-                              worker=worker)
-        proc = self._res.procs[worker]
-        proc.join(0.1)
-        code = proc.exitcode
-        if code is not None and code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-            if code == -signal.SIGKILL:
-                how += " (the OOM killer sends SIGKILL: check memory)"
-        else:
-            how = f"exited with code {code}"
-        raise WorkerError(f"{self._where(worker)} {how} without reporting an error", stage=self.name,
-                          worker=worker, pid=proc.pid, exitcode=code)
+        text, code = self._channel.death(worker)
+        raise WorkerError(text, stage=self.name, worker=worker, pid=self._channel.pid(worker), exitcode=code)
 
     # --- statistics -------------------------------------------------------------------------------
 
     def fill_average(self) -> float:
         """Average number of finished results waiting when the consumer asked for one."""
         return self._fill_sum / self._fill_samples if self._fill_samples else 0.0
+
+    def busy_seconds(self) -> float | None:
+        """Seconds the workers spent in their task function, all together (None when not measured)."""
+        return self._channel.busy()

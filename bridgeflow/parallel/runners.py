@@ -12,25 +12,30 @@ from __future__ import annotations
 
 import copy
 import functools
-import logging
-import os
 import pickle
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._renamed import renamed_keywords
-from ..base import DataFlow, epoch_live, take_pending, worker_seed_scope
+from ..base import DataFlow, epoch_live, pending_state
 from ..errors import LengthUnknownError
+from ..rng import worker_seed_scope
 from ..state import StateError, StateMismatchError, check_count, field
-from .common import ParallelStage, check_picklable, check_positive, chunk_size, forever, seed_worker_globals
+from .common import (
+    ParallelStage,
+    check_picklable,
+    check_positive,
+    chunk_size,
+    forever,
+    seed_worker_globals,
+    warn_if_oversubscribed,
+)
 from .pool import EXHAUSTED, WorkerContext, WorkerPool
 from .progress import WorkerLedger, WorkerSnapshot
 
 __all__ = ["MultiProcessRunner", "MultiThreadRunner"]
 
-log = logging.getLogger("bridgeflow.parallel.stages")
 
 _RUNNER_SNAPSHOT_EVERY = 16  # a runner worker's datapoints between two states of its copy
 
@@ -90,15 +95,12 @@ class _RunnerStage(ParallelStage):
         self._started_with: dict | None = None  # the loaded state the workers were started from
         self._n = 0  # datapoints yielded in the epoch in progress
 
-    def reset_state(self) -> None:
-        # The consumer does not iterate ds itself: each worker resets its own copy.
-        super().reset_state()
-
-    def _new_pool(self) -> WorkerPool:
+    def _new_pool(self, start: dict | None = None) -> WorkerPool:
         make = self._factory if self._factory is not None else self.ds
         if self._processes and self.start_method not in (None, "fork"):
             check_picklable(make, "flow", type(self).__name__, self.start_method)
-        pending = self.__dict__.get("_bf_pending")  # loaded before reset_state(): start from it directly
+        # a state loaded before reset_state() (or the one this epoch begins from): the workers start from it
+        pending = start if start is not None else pending_state(self)
         self._started_with = pending
         starts = pending["workers"] if pending is not None else None
         self._workers = WorkerLedger([(w["state"], w["replay"]) for w in starts] if starts is not None
@@ -109,19 +111,17 @@ class _RunnerStage(ParallelStage):
                           chunk_size=chunk_size(self._capacity, self.num_workers), **self._pool_options())
         return pool
 
-    def __iter__(self) -> Iterator:
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None and self._started_with is not pending:  # loaded after reset_state()
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        if resume is not None and self._started_with is not resume:  # loaded after reset_state()
             self._close_pool()
-            self._pool = self._new_pool().start()
-        take_pending(self)
+            self._pool = self._new_pool(resume).start()
         self._started_with = None
         pool = self._live_pool()
         try:
             size: int | None = len(self.ds)
         except LengthUnknownError:
             size = None
-        self._n = pending["taken"] if pending is not None else 0
+        self._n = resume["taken"] if resume is not None else 0
         return self._run(pool, size)
 
     def _run(self, pool: WorkerPool, size: int | None) -> Iterator:
@@ -129,8 +129,7 @@ class _RunnerStage(ParallelStage):
         while size is None or self._n < size:
             while pool.outstanding < self._capacity:
                 pool.put(None)
-            if self._stats.started is None:
-                self._stats.started = time.perf_counter()
+            self._stats.start(pool)
             worker, out = pool.get()
             if out is EXHAUSTED:  # pragma: no cover - workers loop their flow forever
                 continue
@@ -142,17 +141,14 @@ class _RunnerStage(ParallelStage):
             self._stats.datapoints += 1
             yield out
 
-    def state_dict(self) -> dict:
+    def _own_state(self) -> dict:
         """Each worker's copy's state at the last datapoint received from it (a snapshot plus datapoints
         to replay), and the position in the epoch. A resume restarts the workers from these."""
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            return dict(pending)
         workers = self._workers.positions() if self._workers is not None else \
             [{"state": None, "replay": 0} for _ in range(self.num_workers)]
         return {"num_workers": self.num_workers, "workers": workers, "taken": self._n if epoch_live(self) else 0}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         if field(state, "num_workers", int) != self.num_workers:
             raise StateMismatchError(f"the state is for {state['num_workers']} workers, this stage has "
                                      f"{self.num_workers}: each worker's copy has its own position")
@@ -164,7 +160,7 @@ class _RunnerStage(ParallelStage):
                 raise StateMismatchError(f"damaged worker position {w!r} in the state")
             field(w, "state", (dict, type(None)))
             check_count(w, "replay")
-        self._bf_pending = {"num_workers": self.num_workers, "workers": workers, "taken": check_count(state, "taken")}
+        check_count(state, "taken")
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
@@ -210,7 +206,12 @@ class MultiProcessRunner(_RunnerStage):
     datapoints in flight (at least one per worker). ``nr_prefetch=`` / ``nr_proc=`` are accepted, deprecated.
 
     Example:
-        >>> df = MultiProcessRunner(BatchData(my_flow, 32), 3, 2)  # prefetch 3, two processes  # doctest: +SKIP
+        >>> from bridgeflow import DataFromList
+        >>> df = MultiProcessRunner(DataFromList([[i] for i in range(4)]), 3, 2)  # prefetch 3, two processes
+        >>> with df:
+        ...     epoch = [dp[0] for dp in df]
+        >>> len(epoch), set(epoch) <= {0, 1, 2, 3}  # len(ds) datapoints, from either worker's copy
+        (4, True)
     """
 
     _processes = True
@@ -224,11 +225,9 @@ class MultiProcessRunner(_RunnerStage):
                       num_prefetch, num_proc, "num_proc", self.__dict__.pop("_bf_positional", False), "processes")
         super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed, timeout=timeout,
                          stall_warning=stall_warning)
-        cpus = os.cpu_count() or 1
-        if self.num_workers > 2 * cpus:
-            log.warning("%s starts %d processes on %d CPUs (num_prefetch=%d, num_proc=%d; the positional order "
-                        "is (ds, num_prefetch, num_proc), as in tensorpack)", type(self).__name__,
-                        self.num_workers, cpus, self.num_prefetch, self.num_workers)
+        warn_if_oversubscribed(self.num_workers, type(self).__name__, "num_proc",
+                               f" (num_prefetch={self.num_prefetch}, num_proc={self.num_workers}: the counts go in "
+                               "tensorpack's order, (ds, num_prefetch, num_proc))", stacklevel=5)
 
 
 class MultiThreadRunner(_RunnerStage):

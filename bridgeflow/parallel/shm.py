@@ -1,8 +1,12 @@
 """Move datapoints between processes with array bytes in shared memory: one copy, no pickling of bytes.
 
 The worker pickles a result with protocol 5. Numpy arrays of at least ``INBAND_LIMIT`` bytes hand
-their memory out of band; the :class:`SlabWriter` copies those buffers into a *slab*, a shared-memory
-file under ``/dev/shm`` that the worker owns and reuses, and sends only the small pickle plus offsets.
+their memory out of band (an array of any other layout than C or Fortran order is made contiguous first,
+so a transposed view never travels inside the pickle, whatever numpy's version); the :class:`SlabWriter`
+copies those buffers into a *slab*, a shared-memory file under ``/dev/shm`` that the worker owns and
+reuses, and sends only the small pickle plus offsets. A result built in a slab to begin with
+(:meth:`SlabWriter.reserve` then :meth:`SlabWriter.alloc`: a batch stacked straight into shared memory) is
+not copied at all.
 The :class:`SlabReader` in the consumer maps each slab once and rebuilds the arrays as views of it: the
 single copy is the worker's write into the slab. Mappings keep no file descriptor open
 (:mod:`bridgeflow.parallel.mapping`), so holding many results never runs into ``ulimit -n``.
@@ -23,7 +27,9 @@ Segments, their names and their ownership are :mod:`bridgeflow.parallel.segments
 from __future__ import annotations
 
 import collections
+import copyreg
 import errno
+import io
 import logging
 import os
 import pickle
@@ -203,12 +209,31 @@ class SlabWriter:
                 return np.frombuffer(self._views[index], dtype, nbytes // dtype.itemsize, used).reshape(shape)
         return np.empty(shape, dtype)
 
+    def _reduce_array(self, a: np.ndarray) -> Any:
+        """How a numpy array is pickled here: as numpy does (its memory out of band when it is contiguous),
+        except that a large array in any other layout (a transposed or sliced view, channels-last) is first
+        copied into the message's slab (or ordinary memory), contiguous: numpy < 2.3 would copy it into the
+        pickle itself, through the pipe, and copy it again in the consumer. It arrives contiguous."""
+        if a.nbytes >= INBAND_LIMIT and not (a.flags.c_contiguous or a.flags.f_contiguous) and not a.dtype.hasobject:
+            out = self.alloc(a.shape, a.dtype)
+            np.copyto(out, a)
+            a = out
+        return a.__reduce_ex__(5)
+
+    def _pickle(self, obj: Any, buffer_callback: Any = None) -> bytes:
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffer_callback)
+        pickler.dispatch_table = {**copyreg.dispatch_table, np.ndarray: self._reduce_array}
+        pickler.dump(obj)
+        return out.getvalue()
+
     def _message(self, slab: Any, data: bytes) -> bytes:
         retired, self._retired = self._retired, []
         return pickle.dumps((slab, data, retired), protocol=5)
 
     def _inband(self, obj: Any) -> bytes:
-        return self._message(None, pickle.dumps(obj, protocol=5))
+        self._arena = None
+        return self._message(None, self._pickle(obj))
 
     def dumps(self, obj: Any) -> bytes:
         """Serialize ``obj``; the returned message goes to :meth:`SlabReader.loads` in the consumer."""
@@ -222,13 +247,15 @@ class SlabWriter:
             buffers.append(pb)
             return False
 
-        arena, self._arena = self._arena, None
+        arena = self._arena  # kept while pickling: arrays copied to be contiguous go into it
         try:
-            data = pickle.dumps(obj, protocol=5, buffer_callback=keep)
+            data = self._pickle(obj, keep)
         except BaseException:
             if arena is not None:  # the message will not be sent: its reserved slab is free again
                 self.flags[arena[0]] = FREE
             raise
+        finally:
+            self._arena = None
         if not buffers:
             if arena is not None:
                 self.flags[arena[0]] = FREE

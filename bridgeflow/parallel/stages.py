@@ -31,20 +31,26 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import logging
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._renamed import renamed_keywords
-from ..base import DataFlow, epoch_live, take_pending
+from ..base import DataFlow, epoch_live
 from ..batch import batch_datapoints
 from ..errors import LengthUnknownError
 from ..state import StateMismatchError, check_count, child_state, field, load_child
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
-from .common import ParallelStage, check_picklable, check_positive, chunk_size, forever, seed_worker_globals
-from .fused import EPOCH_END, BatchPlan, BatchTask, Stacked, batch_bytes, unstack
+from .common import (
+    ParallelStage,
+    check_picklable,
+    check_positive,
+    chunk_size,
+    forever,
+    seed_worker_globals,
+    warn_if_oversubscribed,
+)
+from .fused import BatchPlan, BatchTask, Stacked, WorkerBatching, batch_bytes
 from .pool import WorkerContext, WorkerPool
 from .progress import SourceLedger, check_source_position
 from .runners import MultiProcessRunner, MultiThreadRunner
@@ -99,6 +105,7 @@ class _MapStage(ParallelStage):
         self._carry: Iterator | None = None
         self._batched: BatchPlan | None = None  # fused batching: groups in flight into the next epoch
         self._plan: BatchPlan | None = None  # the fused plan of the epoch in progress
+        self._batching: WorkerBatching | None = None  # set while WorkerBatching begins an epoch of batches
         self._ledger: SourceLedger | None = None  # the source stream's positions (None: no stream)
         self._taken = 0  # results taken in the (unbatched) epoch in progress
         self._skips: collections.deque = collections.deque()  # after an unordered resume: runs received already
@@ -113,9 +120,9 @@ class _MapStage(ParallelStage):
                           base_seed=self.seed, ordered=self.ordered,
                           chunk_size=chunk_size(self.buffer_size, self.num_workers), **self._pool_options())
 
-    def reset_state(self) -> None:
+    def _on_reset(self) -> None:
         self.ds.reset_state()
-        super().reset_state()
+        super()._on_reset()
 
     def _epoch_size(self) -> int | None:
         if self.strict:
@@ -151,7 +158,7 @@ class _MapStage(ParallelStage):
             if self._carry is not None:
                 self._new_ledger()
 
-    def _resume(self, pool: WorkerPool, pending: dict, size: int | None, fused: bool) -> Iterator:
+    def _resume(self, pool: WorkerPool, resume: dict, size: int | None, fused: bool) -> Iterator:
         """Take a loaded state: the source (loaded already) is at a snapshot; pull and discard the datapoints
         received after it; the runs received above are skipped when they come. Returns the source stream."""
         plan, self._batched = self._batched, None
@@ -167,7 +174,7 @@ class _MapStage(ParallelStage):
             source = self._carry = forever(self.ds, type(self).__name__, resumed=True)
         ledger = self._new_ledger()
         ledger.snapshot()  # the loaded state, as the source gives it back
-        replay = pending["replay"]
+        replay = resume["replay"]
         for i in range(replay):
             try:
                 next(source)
@@ -175,7 +182,7 @@ class _MapStage(ParallelStage):
                 raise StateMismatchError(f"resuming replays {replay} datapoints of the source after its saved "
                                          f"state, but it ended after {i}") from None
         ledger.pulled = ledger.low = replay
-        for offset, length in pending["skip"]:
+        for offset, length in resume["skip"]:
             ledger.done[replay + offset] = length
             if not fused:
                 self._skips.append((replay + offset, length))
@@ -222,21 +229,23 @@ class _MapStage(ParallelStage):
 
     # --- iteration ----------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator:
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
         pool = self._live_pool()
-        pending = take_pending(self)
+        batching, self._batching = self._batching, None
+        if batching is not None:  # an epoch of batches made in the workers
+            return batching.stage_epoch(pool, resume)
         if self._batched is not None:  # groups of a fused BatchData are in flight: not datapoints
             self._drop_in_flight(pool)
         size = self._epoch_size()
         self._taken = 0
         self._plan = None
-        if pending is not None:
-            fused = pending["batch"]
-            if fused is not None and (pending["taken"] or fused["held"]):
+        if resume is not None:
+            fused = resume["batch"]
+            if fused is not None and (resume["taken"] or fused["held"]):
                 raise StateMismatchError("the state was saved under a BatchData (batches made in the workers), "
                                          "this stage is iterated without one", [type(self).__name__])
-            source = self._resume(pool, pending, size, fused=False)
-            self._taken = pending["taken"]
+            source = self._resume(pool, resume, size, fused=False)
+            self._taken = resume["taken"]
         elif size is None:
             source = iter(self.ds)
             self._new_ledger()
@@ -286,168 +295,18 @@ class _MapStage(ParallelStage):
                 self._stats.datapoints += 1
                 yield out
 
-    def iter_batched(self, batch_size: int, remainder: bool = False, use_list: Any = False,
-                     pad_value: Any = None) -> Iterator:
-        """Batches of the mapped datapoints, stacked in the workers; ``BatchData(self, ...)`` calls this.
-
-        Yields exactly what ``BatchData`` would yield over this stage. A group in which ``map_func``
-        dropped a datapoint comes back unstacked and is re-batched here. Like the unbatched stage, a
-        non-strict one keeps the workers busy across epochs: the groups of the next epoch are already in
-        flight when this one ends, so no worker waits for another's last batch.
-        """
-        pool = self._live_pool()
-        size = self._epoch_size()
-        pending = take_pending(self)
-        plan = self._batched
-        self._batched = None  # this epoch owns the groups in flight until it completes
-        if pending is not None:
-            if plan is not None:
-                plan.close()
-            plan = self._resumed_plan(pool, pending, batch_size, size, use_list, pad_value)
-        elif plan is None or not plan.continues(pool, batch_size, size, use_list, pad_value):
-            if plan is not None:
-                plan.close()
-            if pool.outstanding:  # left by an unbatched iteration (or another batch size): not ours
-                self._drop_in_flight(pool)
-            source = self._carried() if size is not None else iter(self.ds)
-            if size is None:
-                self._new_ledger()
-            plan = BatchPlan(pool, batch_size, size, use_list, pad_value, self._ledger)
-            plan.groups = self._groups(plan, source, 0, None)
-        else:
-            plan.taken = 0
-        self._plan = plan
-        gen = self._batches(pool, plan, remainder)
-        self._bf_gen = weakref.ref(gen)  # the epoch's liveness, as the guard records it for __iter__
-        return gen
-
-    def _resumed_plan(self, pool: WorkerPool, pending: dict, batch_size: int, size: int | None, use_list: Any,
-                      pad_value: Any) -> BatchPlan:
-        fused = pending["batch"]
-        if fused is None and not pending["taken"] and not pending["skip"]:  # between epochs of unbatched ones
-            fused = {"size": batch_size, "offset": 0, "held": 0, "partial": None}
-        if fused is None or fused["size"] != batch_size:
-            saved = "without a BatchData" if fused is None else f"under BatchData({fused['size']})"
-            raise StateMismatchError(f"the state was saved {saved}, this stage is iterated by "
-                                     f"BatchData({batch_size})", [type(self).__name__])
-        source = self._resume(pool, pending, size, fused=True)
-        ledger = self._ledger
-        plan = BatchPlan(pool, batch_size, size, use_list, pad_value, ledger)
-        plan.block_base = ledger.pulled - fused["offset"]
-        plan.skip_starts = {ledger.pulled + offset for offset, _ in pending["skip"]}
-        if fused["partial"] is not None:
-            plan.partial = (ledger.pulled + fused["partial"][0], fused["partial"][1])
-        plan.taken = max(0, pending["taken"] - fused["held"])  # the held groups are taken again
-        quota = None
-        if size is not None:
-            quota = -(-size // batch_size) - pending["taken"] + fused["held"]
-        plan.groups = self._groups(plan, source, fused["offset"], quota)
-        return plan
-
-    def _batches(self, pool: WorkerPool, plan: BatchPlan, remainder: bool) -> Iterator:
-        batch_size, use_list, pad_value = plan.batch_size, plan.use_list, plan.pad_value
-        ledger = plan.ledger
-        in_flight = max(2 * self.num_workers, -(-self.buffer_size // batch_size))
-        holder: list = []
-        complete = False
-        try:
-            while plan.next_result(in_flight):
-                out = self._get(pool)
-                start, length = plan.tasks.pop(pool.last_task_id)
-                plan.taken += 1
-                delivered = 0
-                if plan.partial is not None and plan.partial[0] == start:  # delivered in part before a resume
-                    delivered = plan.partial[1]
-                    plan.partial = None
-                if type(out) is Stacked and not holder and not delivered:
-                    ledger.received(start, length)
-                    self._stats.datapoints += batch_size
-                    yield out.batch
-                    continue
-                items = unstack(out.batch) if type(out) is Stacked else out
-                plan.hold(start, length, len(items), delivered)
-                holder.extend(items[delivered:])
-                while len(holder) >= batch_size:
-                    plan.deliver(batch_size)
-                    self._stats.datapoints += batch_size
-                    yield batch_datapoints(holder[:batch_size], use_list, pad_value)
-                    del holder[:batch_size]
-            if remainder and holder:
-                plan.deliver(len(holder))
-                self._stats.datapoints += len(holder)
-                yield batch_datapoints(holder, use_list, pad_value)
-            plan.deliver(len(holder))  # what is left of an epoch is dropped, as BatchData drops it
-            holder.clear()
-            complete = True
-        finally:
-            if complete and plan.size is not None and self._pool is pool:
-                self._batched = plan  # the next epoch takes over the groups already in flight
-            else:
-                plan.close()
-                if self._pool is pool and self._ledger is ledger:
-                    if plan.size is None:  # a strict epoch is over: the source's own state says where it is
-                        if pool.outstanding:
-                            pool.discard_outstanding()
-                        self._ledger = None
-                    else:
-                        self._drop_in_flight(pool)
-
-    def _groups(self, plan: BatchPlan, source: Iterator, offset: int, quota: int | None) -> Iterator:
-        """The groups of source datapoints to map and stack, ``(first pull index, datapoints)`` each, and
-        :data:`EPOCH_END` after each epoch's: one epoch of ``source`` when strict; else epochs of ``size``
-        datapoints of the carried stream (the first ``quota`` groups after a resume), forever. Groups start
-        ``offset`` datapoints into an epoch of the source; groups received before a resume are skipped."""
-        ledger, batch_size, size, skip = plan.ledger, plan.batch_size, plan.size, plan.skip_starts
-        if size is None:
-            try:
-                while True:
-                    if ledger.pulled >= ledger.next_snap:
-                        ledger.snapshot()
-                    start = ledger.pulled
-                    group = list(itertools.islice(source, batch_size))
-                    ledger.pulled += len(group)
-                    if group and start not in skip:
-                        yield start, group
-                    if len(group) < batch_size:
-                        break
-            finally:
-                if hasattr(source, "close"):
-                    source.close()
-            yield EPOCH_END
-            return
-        per_epoch = -(-size // batch_size)
-        quota = per_epoch if quota is None else quota
-        sent = 0
-        while True:
-            if sent >= quota:
-                yield EPOCH_END
-                sent, quota = 0, per_epoch
-                continue
-            for at in range(offset, size, batch_size):
-                if ledger.pulled >= ledger.next_snap:
-                    ledger.snapshot()
-                start = ledger.pulled
-                group = [self._next(source) for _ in range(min(batch_size, size - at))]
-                ledger.pulled += len(group)
-                if start in skip:
-                    skip.discard(start)
-                    continue
-                yield start, group
-                sent += 1
-                if sent >= quota:
-                    yield EPOCH_END
-                    sent, quota = 0, per_epoch
-            offset = 0
+    def batched(self, batch_size: int, remainder: bool = False, use_list: Any = False,
+                pad_value: Any = None) -> WorkerBatching:
+        """The flow of this stage's datapoints in batches stacked in its workers (``BatchData(self, ...)``
+        reads it; see :class:`~bridgeflow.parallel.fused.WorkerBatching`)."""
+        return WorkerBatching(self, batch_size, remainder, use_list, pad_value)
 
     # --- state --------------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
+    def _own_state(self) -> dict:
         """The source's state at the oldest datapoint the consumer has not received, and the stage's place
         in its epoch (see :mod:`bridgeflow.parallel.progress`). Costs a few dict entries: the source's
         state was taken as the stage read it."""
-        pending = self.__dict__.get("_bf_pending")
-        if pending is not None:
-            return dict(pending)
         head = {"strict": self._epoch_size() is None, "ordered": bool(self.ordered)}
         ledger = self._ledger
         if ledger is None:
@@ -462,7 +321,7 @@ class _MapStage(ParallelStage):
             batch, taken = None, self._taken if live else 0
         return {**head, "source": source, "replay": replay, "skip": skip, "taken": taken, "batch": batch}
 
-    def load_state_dict(self, state: dict) -> None:
+    def _take_state(self, state: dict) -> None:
         strict = self._epoch_size() is None
         if field(state, "strict", bool) != strict:
             raise StateMismatchError(f"the state is for a {'strict' if state['strict'] else 'carried'} stage, "
@@ -471,10 +330,10 @@ class _MapStage(ParallelStage):
         if field(state, "ordered", bool) != bool(self.ordered):
             raise StateMismatchError(f"the state is for ordered={state['ordered']}, this stage has "
                                      f"ordered={self.ordered}")
-        source, replay, skip = check_source_position(state)
+        _, _, skip = check_source_position(state)
         if self.ordered and skip:
             raise StateMismatchError("an ordered stage's state lists datapoints received out of order")
-        taken = check_count(state, "taken")
+        check_count(state, "taken")
         batch = field(state, "batch", (dict, type(None)))
         if batch is not None:
             for key in ("size", "offset", "held"):
@@ -482,9 +341,7 @@ class _MapStage(ParallelStage):
             partial = field(batch, "partial", (list, type(None)))
             if partial is not None and not (len(partial) == 2 and all(isinstance(v, int) for v in partial)):
                 raise StateMismatchError(f"damaged 'partial' entry {partial!r} in the state")
-        load_child(self.ds, source)
-        self._bf_pending = {"strict": strict, "ordered": bool(self.ordered), "source": source, "replay": replay,
-                            "skip": skip, "taken": taken, "batch": batch}
+        load_child(self.ds, state["source"])
 
     def _drop_iteration(self) -> None:
         """Close the carried source stream and the fused plans: the source's iteration they hold ends now (a
@@ -536,6 +393,7 @@ class MultiProcessMapData(_MapStage):
                  seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
         super().__init__(ds, num_proc, map_func, buffer_size, strict, ordered, start_method=start_method,
                          seed=seed, timeout=timeout, stall_warning=stall_warning)
+        warn_if_oversubscribed(self.num_workers, type(self).__name__, "num_proc")
 
 
 class MultiThreadMapData(_MapStage):

@@ -3,13 +3,8 @@
 Both kinds of worker run :func:`worker_loop`; only its ``recv``/``send`` channels differ. A thread's are
 queues; a process's are two pipes plus :mod:`bridgeflow.parallel.shm` (array bytes in shared memory),
 wired up by :func:`process_main`. Everything here runs on the worker's side; the consumer's side is
-:class:`~bridgeflow.parallel.pool.WorkerPool`, which sends tasks and turns the messages back into results.
-
-Protocol: a task message is a chunk, a list of ``(task_id, payload)``; the reply to a chunk is one list
-of ``(kind, task_id, value)``, ``kind`` being ``_OK``, ``_EXHAUSTED`` (the task function raised
-``StopIteration``) or ``_ERROR`` (the value is :func:`pack_exception`'s tuple; task id ``_INIT`` when
-``init_fn`` failed; task id ``_FATAL`` when a process worker cannot go on, e.g. a task's shared memory
-vanished). An empty message, ``_STOP``, tells a process worker to exit.
+:class:`~bridgeflow.parallel.pool.WorkerPool` and its channels (:mod:`bridgeflow.parallel.channels`), which
+send tasks and turn the messages back into results. The messages are :mod:`bridgeflow.parallel.wire`'s.
 """
 
 from __future__ import annotations
@@ -28,24 +23,12 @@ from typing import Any
 
 from ..errors import BridgeflowError
 from . import forensics, shm
+from .wire import COMPLETED_AT, ERROR, FATAL, INIT, LIVENESS_INTERVAL, MAX_SLABS, OK, RAN_OUT, STOP, ctl_base
 
 __all__ = [
     "EXHAUSTED", "RemoteError", "RemoteTraceback", "WorkerContext", "pack_exception", "process_main",
     "unpack_exception", "worker_loop",
 ]
-
-_OK, _EXHAUSTED, _ERROR = 0, 1, 2
-_INIT = -1  # task id of an error raised by init_fn
-_FATAL = -2  # task id of an error after which the worker exits (its tasks are lost)
-_STOP = b""
-_LIVENESS_INTERVAL = 0.5  # seconds between checks that the workers (or the parent) are alive
-_MAX_SLABS = 128
-_CTL_STRIDE = 2 * _MAX_SLABS + 8  # per worker: result slab flags, task slab flags, completed counter
-
-
-def ctl_base(worker_id: int) -> int:
-    """Where worker ``worker_id``'s part of the pool's control segment starts."""
-    return shm.CTL_HEADER + worker_id * _CTL_STRIDE
 
 
 class _Exhausted:
@@ -112,40 +95,45 @@ def unpack_exception(packed: tuple, where: str) -> BaseException:
     return exc
 
 
-def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any], send: Callable[[list], None],
-                by_pickle: bool) -> None:
+def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
+                send: Callable[[list, float], None], by_pickle: bool) -> None:
     """The loop every worker runs, thread or process: init, then answer tasks until told to stop.
 
     ``recv()`` returns a chunk, a list of ``(task_id, payload)``, or ``None`` to stop. The results of a
-    chunk go back together, ``send([(kind, task_id, value), ...])``: one message per chunk is what makes
-    small tasks cheap.
+    chunk go back together, ``send([(kind, task_id, value), ...], busy)``: one message per chunk is what
+    makes small tasks cheap. ``busy`` is the seconds spent in the task function so far (the stages'
+    ``workers_busy``).
     """
     try:
         task_fn = init_fn(ctx)
     except BaseException as exc:  # reported to the consumer, which raises it
-        send([(_ERROR, _INIT, pack_exception(exc, by_pickle))])
+        send([(ERROR, INIT, pack_exception(exc, by_pickle))], 0.0)
         while recv() is not None:  # stay until told to stop, so tasks sent meanwhile find us alive
             pass
         return
+    busy = 0.0
+    clock = time.perf_counter
     while True:
         chunk = recv()
         if chunk is None:
             return
         out = []
+        t0 = clock()
         for task_id, payload in chunk:
             try:
-                out.append((_OK, task_id, task_fn(payload)))
+                out.append((OK, task_id, task_fn(payload)))
             except StopIteration:
-                out.append((_EXHAUSTED, task_id, None))
+                out.append((RAN_OUT, task_id, None))
             except BaseException as exc:  # any failure, even SystemExit, goes to the consumer
-                out.append((_ERROR, task_id, pack_exception(exc, by_pickle)))
+                out.append((ERROR, task_id, pack_exception(exc, by_pickle)))
+        busy += clock() - t0
         try:
-            send(out)
+            send(out, busy)
         except (BrokenPipeError, EOFError, ConnectionError):
             return  # the consumer is gone
         except Exception as exc:  # a result cannot be sent, e.g. not picklable: say which
             err = TypeError(f"a result cannot be sent to the consumer: {exc!r}")
-            send([(_ERROR, task_id, pack_exception(err, by_pickle)) for _, task_id, _ in out])
+            send([(ERROR, task_id, pack_exception(err, by_pickle)) for _, task_id, _ in out], busy)
 
 
 # --- process workers ------------------------------------------------------------------------------
@@ -166,7 +154,7 @@ def _parent_alive(ppid: int, consumer_pid: int) -> bool:
 def _watch_parent(ppid: int, consumer_pid: int, on_orphan: Callable[[], None]) -> None:
     """Exit the worker (even one stuck in a task) once the consumer is gone, cleaning up for it."""
     while True:
-        time.sleep(_LIVENESS_INTERVAL)
+        time.sleep(LIVENESS_INTERVAL)
         if not _parent_alive(ppid, consumer_pid):
             on_orphan()
             os._exit(0)
@@ -187,7 +175,7 @@ def _pump_tasks(conn: Any, inbox: queue.SimpleQueue, stop_requested: threading.E
         except (EOFError, OSError):
             inbox.put(None)
             return
-        if data == _STOP:
+        if data == STOP:
             stop_requested.set()
             inbox.put(None)  # wakes the main thread if it waits for a task
             return
@@ -205,13 +193,13 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
     except FileNotFoundError:
         err = shm.SegmentVanishedError(f"the control segment {shm.SHM_DIR}/{ctl_name} of this pool vanished "
                                        "before the worker started: another process removed it")
-        result_conn.send_bytes(shm.SlabWriter("", None, 0).dumps([(_ERROR, _FATAL, pack_exception(err, True))]))
+        result_conn.send_bytes(shm.SlabWriter("", None, 0).dumps([(ERROR, FATAL, pack_exception(err, True))]))
         return
     base = ctl_base(ctx.worker_id)
     view = ctl.view if ctl is not None else None
-    writer = shm.SlabWriter(f"{prefix}r{ctx.worker_id}_", view[base:base + _MAX_SLABS] if view else None,
-                            _MAX_SLABS, ctx.num_workers)
-    reader = shm.SlabReader(view[base + _MAX_SLABS:base + 2 * _MAX_SLABS] if view else None)
+    writer = shm.SlabWriter(f"{prefix}r{ctx.worker_id}_", view[base:base + MAX_SLABS] if view else None,
+                            MAX_SLABS, ctx.num_workers)
+    reader = shm.SlabReader(view[base + MAX_SLABS:base + 2 * MAX_SLABS] if view else None)
     ctx = replace(ctx, writer=writer)
 
     def on_orphan() -> None:  # the consumer is gone and cannot clean up: remove the whole pool's segments
@@ -239,16 +227,16 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
         try:
             return reader.loads(data)
         except shm.SegmentVanishedError as exc:  # the tasks cannot be read: say why, and stop
-            send([(_ERROR, _FATAL, pack_exception(exc, True))])
+            send([(ERROR, FATAL, pack_exception(exc, True))], 0.0)
             stopped = True  # the consumer is alive and cleans up: do not sweep its other workers' memory
             return None
 
-    def send(msg: list) -> None:
+    def send(msg: list, busy: float) -> None:
         nonlocal completed
         result_conn.send_bytes(writer.dumps(msg))
         completed += len(msg)
         if view is not None:
-            struct.pack_into("<Q", view, base + 2 * _MAX_SLABS, completed)
+            struct.pack_into("<QQ", view, base + COMPLETED_AT, completed, int(busy * 1e9))
 
     def on_sigterm(signum: int, frame: Any) -> None:
         # The pool's own terminate() comes after a stop, and the pool then sweeps. Any other SIGTERM may
@@ -256,7 +244,7 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
         # dying too, without cleaning up, so give it a moment to go and clean up for it. A consumer still
         # alive may yet read our last results: it reports our death and sweeps when it closes the pool.
         if not stop_requested.is_set():
-            deadline = time.monotonic() + 2 * _LIVENESS_INTERVAL
+            deadline = time.monotonic() + 2 * LIVENESS_INTERVAL
             while _parent_alive(ppid, consumer_pid) and time.monotonic() < deadline:
                 time.sleep(0.02)
             if not _parent_alive(ppid, consumer_pid):

@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from ..base import DataFlow
+from ..commands import load_object
 
 __all__ = ["DEFAULT_ADDR", "load_source", "register"]
 
@@ -47,8 +48,6 @@ def _load_file(path: str, shuffle: bool, allow_pickle: bool = False) -> DataFlow
 
 def load_source(source: str, shuffle: bool = False, allow_pickle: bool = False) -> Any:
     """The flow named by ``source``: an existing dataset file, or ``module:function``."""
-    from ..cli import load_object
-
     if os.path.exists(source):
         return _load_file(source, shuffle, allow_pickle)
     if ":" not in source:

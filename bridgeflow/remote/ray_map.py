@@ -41,9 +41,10 @@ from typing import Any
 import numpy as np
 
 from .._deps import require
-from ..base import DataFlow, ProxyDataFlow
+from ..base import DataFlow
 from ..errors import WorkerError
 from ..parallel.pool import pack_exception, unpack_exception
+from ..proxy import ProxyDataFlow
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
 
 __all__ = ["RayMapData"]
@@ -129,7 +130,7 @@ class RayMapData(ProxyDataFlow):
 
     # lifecycle
 
-    def reset_state(self) -> None:
+    def _on_reset(self) -> None:  # not ProxyDataFlow's: the source is reset here, before Ray starts
         self._release()
         self.ds.reset_state()
         ray = require("ray", "RayMapData")
@@ -195,7 +196,7 @@ class RayMapData(ProxyDataFlow):
         state["_actors"], state["_owns_ray"] = [], False
         return state
 
-    def stats(self) -> dict[str, float]:
+    def _own_stats(self) -> dict[str, float]:
         if getattr(self, "_started", None) is None:
             return {}
         elapsed = max(time.perf_counter() - self._started, 1e-9)
@@ -214,7 +215,11 @@ class RayMapData(ProxyDataFlow):
 
     # iteration
 
-    def __iter__(self) -> Iterator:
+    def _why_not_resumable(self) -> str:
+        return ("RayMapData cannot save its position: the work in flight on its Ray actors is not tracked; use "
+                "MultiProcessMapData to resume mid-epoch")
+
+    def _iter_epoch(self) -> Iterator:
         if not self._actors:
             raise RuntimeError("RayMapData is closed; call reset_state() to start it again")
         if self._started is None:

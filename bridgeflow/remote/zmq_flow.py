@@ -185,7 +185,7 @@ class RemoteDataZMQ(DataFlow):
 
     # lifecycle
 
-    def reset_state(self) -> None:
+    def _on_reset(self) -> None:
         self.close()
         zmq = require("zmq", type(self).__name__)
         self._zmq = zmq
@@ -249,7 +249,7 @@ class RemoteDataZMQ(DataFlow):
         state["_security"] = None
         return state
 
-    def stats(self) -> dict[str, float]:
+    def _own_stats(self) -> dict[str, float]:
         if getattr(self, "_started", None) is None:
             return {}
         elapsed = max(time.perf_counter() - self._started, 1e-9)
@@ -266,7 +266,11 @@ class RemoteDataZMQ(DataFlow):
 
     # iteration
 
-    def __iter__(self) -> Iterator:
+    def _why_not_resumable(self) -> str:
+        return ("RemoteDataZMQ cannot save its position: it reads what producers send over the network, which "
+                "cannot be rewound; resume the producers instead")
+
+    def _iter_epoch(self) -> Iterator:
         if self._ctx is None:
             raise DataFlowTerminated(f"{type(self).__name__} is closed; call reset_state() to connect again")
         if self._started is None:

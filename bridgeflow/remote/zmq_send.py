@@ -18,16 +18,17 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
-import threading
 import traceback
 from collections.abc import Iterable
 from typing import Any
 
 from .._deps import require
 from .._progress import progress_bar
+from ..parallel.background import Producer
 from ..serialize.codec import CODECS, DEFAULT_CODEC, encode_frames
 from . import _protocol as P
 from .errors import RemoteConnectionError
@@ -72,16 +73,6 @@ def _codec(format: str | None, codec: str | None, allow_pickle: bool, who: str) 
     return codec
 
 
-def _put(q: queue.Queue, item: tuple, stop: threading.Event) -> bool:
-    while not stop.is_set():
-        try:
-            q.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
 def _byte_view(frame: Any) -> memoryview:
     mv = memoryview(frame)
     if mv.ndim == 1 and mv.format == "B":
@@ -104,20 +95,18 @@ def _send_datapoint(sock: Any, frames: list, prefix: list) -> None:
             sock.send_multipart(prefix + [P.SPLIT_PART, v[off:off + step]], copy=False)
 
 
-def _read_source(df: Any, epochs: int | None, codec: str, q: queue.Queue, stop: threading.Event) -> None:
-    """Reader thread: encode every datapoint of ``epochs`` passes over ``df`` into ``q``."""
-    try:
-        done = 0
-        while epochs is None or done < epochs:
-            for dp in df:
-                if not _put(q, ("D", encode_frames(dp, codec=codec)), stop):
-                    return
-            done += 1
-            last = epochs is not None and done == epochs
-            if not _put(q, ("L" if last else "E", None), stop):  # the last end says goodbye too
+def _read_source(df: Any, epochs: int | None, codec: str, out: Any) -> None:
+    """Reader thread: encode every datapoint of ``epochs`` passes over ``df`` for the sending thread (an
+    error of the flow reaches it after the datapoints before it)."""
+    done = 0
+    while epochs is None or done < epochs:
+        for dp in df:
+            if not out.put(("D", encode_frames(dp, codec=codec))):
                 return
-    except BaseException as exc:  # sent to the consumer and re-raised by the sending thread
-        _put(q, ("X", exc), stop)
+        done += 1
+        last = epochs is not None and done == epochs
+        if not out.put(("L" if last else "E", None)):  # the last end says goodbye too
+            return
 
 
 def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None = None, bind: bool = True, *,
@@ -193,10 +182,6 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
     if prefix:
         sock.send_multipart(prefix + [P.HELLO])
 
-    q: queue.Queue = queue.Queue(maxsize=_QUEUE_DEPTH)
-    stop = threading.Event()
-    reader = threading.Thread(target=_read_source, args=(df, epochs, codec, q, stop), daemon=True,
-                              name=f"bridgeflow-zmq-reader {addr}")
     total = None
     if epochs is not None:
         try:
@@ -208,17 +193,22 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
         bar = progress_bar(total=total, desc=f"serve {addr}", unit="dp")
     sent = 0
     linger = 0
-    reader.start()
+    reader = Producer(functools.partial(_read_source, df, epochs, codec), depth=_QUEUE_DEPTH,
+                      name=f"bridgeflow-zmq-reader {addr}")
     try:
         while True:
             try:
-                kind, payload = q.get(timeout=heartbeat_s)
+                kind, payload = reader.get(timeout=heartbeat_s)
             except queue.Empty:
                 try:
                     sock.send_multipart(prefix + [P.HEARTBEAT], zmq.NOBLOCK)
                 except zmq.Again:  # no consumer yet, or its queue is full (it has data to read)
                     pass
                 continue
+            except StopIteration:  # the reader ended after its last put (only when stopped)
+                return sent
+            except BaseException as exc:  # the flow's error: told to the consumer, then raised here
+                kind, payload = "X", exc
             try:
                 if kind == "D":
                     _send_datapoint(sock, payload, prefix)
@@ -243,9 +233,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
                 raise RemoteConnectionError(f"{who}: no consumer took a message on {addr} for {send_timeout} s "
                                             "(send_timeout)", addr=addr) from None
     finally:
-        stop.set()
-        reader.join(timeout=5)
-        if reader.is_alive():  # stuck inside the flow; it is a daemon thread and stops at its next put
+        if not reader.close(timeout=5):  # stuck inside the flow; a daemon thread, it stops at its next put
             log.warning("%s: the reader thread of %s is still inside the flow after 5 s", who, addr)
         if bar is not None:
             bar.close()

@@ -12,10 +12,17 @@ handle to re-open, nothing that must not cross a fork); a copy sent by pickling 
 checks it is still the same file.
 
 Example:
-    >>> class MyReader(PinnedLMDB):                        # doctest: +SKIP
+    >>> import lmdb
+    >>> with lmdb.open("pairs.lmdb", subdir=False) as env, env.begin(write=True) as txn:
+    ...     _ = txn.put(b"a", b"123")
+    >>> class MyReader(PinnedLMDB):
     ...     def __init__(self, path):
     ...         self._open_pinned(path, "MyReader")
-    ...         tree = self._walk()
+    ...         self.tree = self._walk()
+    >>> r = MyReader("pairs.lmdb")
+    >>> r.tree.key(0), os.pread(r._fd(), int(r.tree.sizes[0]), int(r.tree.offsets[0]))
+    (b'a', b'123')
+    >>> r.close()
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..base import RNGDataFlow
+from ..rng import RNGDataFlow
 from ._common import existing_path
 from ._lmdb_tree import LMDBTree, cut_error, walk_lmdb
 from ._pinned import PinnedFile
@@ -96,8 +103,8 @@ class PinnedLMDB(RNGDataFlow):
         """The error for a read of ``size`` bytes at ``offset`` that came back short."""
         return cut_error(self._pin, self.path, offset, size, what)
 
-    def reset_state(self) -> None:
-        super().reset_state()
+    def _on_reset(self) -> None:
+        super()._on_reset()
         self._fd()
 
     def close(self) -> None:

@@ -15,8 +15,16 @@ checks it is still the same file (device and inode); if it was replaced meanwhil
 :class:`DatasetChangedError` says so instead of reading a file of another length.
 
 Example:
-    >>> pin = PinnedFile("train.lmdb")                     # doctest: +SKIP
-    >>> env = lmdb.open(pin.name(), subdir=False, ...)    # doctest: +SKIP
+    >>> with open("data.bin", "wb") as f:
+    ...     _ = f.write(b"first")
+    >>> pin = PinnedFile("data.bin")
+    >>> with open("new.bin", "wb") as f:
+    ...     _ = f.write(b"second")
+    >>> os.replace("new.bin", "data.bin")  # the path now names another file
+    >>> with open(pin.name(), "rb") as f:  # /proc/self/fd/N: the file as it was opened
+    ...     f.read()
+    b'first'
+    >>> pin.close()
 """
 
 from __future__ import annotations

@@ -18,8 +18,11 @@ keeps on its temporary file while writing (which also protects a live writer in 
 sharing the folder, whose pid means nothing here).
 
 Example:
-    >>> with atomic_path("out.lmdb", overwrite=False) as tmp:  # doctest: +SKIP
-    ...     write_everything_to(tmp)
+    >>> with atomic_path("out.txt", overwrite=False) as tmp:  # out.txt appears only if the block succeeds
+    ...     with open(tmp, "w") as f:
+    ...         _ = f.write("done")
+    >>> open("out.txt").read(), [n for n in os.listdir(".") if n.startswith(".out.txt")]
+    ('done', [])
 """
 
 from __future__ import annotations

@@ -24,16 +24,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..base import DataFlow
+from ..commands import Terminated, load_object, run_command
 from .formats import EXTENSIONS, FORMATS, detect_format, load_dataset
 
 __all__ = ["Terminated", "bench_file", "main", "open_source", "register"]
 
 log = logging.getLogger(__name__)
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived (``timeout``, Slurm, ``kill``): unwinds like Ctrl-C, so that nothing half-written
-    stays behind. A ``BaseException``, so that no ``except Exception`` on the way swallows it."""
 
 
 @contextmanager
@@ -90,8 +86,6 @@ def open_source(spec: str, *, decode: bool = False, workers: int = 0, allow_pick
 def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, split: str | None, non_images: str,
                  bad_images: str = "error") -> tuple[DataFlow, list[str] | None, list[str], int | None]:
     """(flow, class names to store or None, files skipped as not images, images found or None)."""
-    from ..cli import load_object
-
     if split is not None and not (os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "data.mdb"))):
         raise ValueError("--split applies to image folders only")
     classes: list[str] | None = None
@@ -320,8 +314,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from ..cli import run_command
-
     return run_command(args)
 
 

@@ -1,7 +1,15 @@
 """Which dataset format a file is, and one loader for all of them.
 
 Example:
-    >>> ds = load("train.lmdb", shuffle=True)  # doctest: +SKIP
+    >>> from bridgeflow import DataFromList
+    >>> from bridgeflow.serialize import HDF5Serializer
+    >>> HDF5Serializer.save(DataFromList([[1], [2]]), "train.data", progress=False)
+    2
+    >>> detect_format("train.data")  # from the file's first bytes, not its name
+    'hdf5'
+    >>> ds = load("train.data", shuffle=True)
+    >>> sorted(int(dp[0]) for dp in ds)
+    [1, 2]
 """
 
 from __future__ import annotations

@@ -23,8 +23,13 @@ The reader opens the path once and reads everything through that open file (see
 of the same length; the first axis indexes datapoints).
 
 Example:
-    >>> HDF5Serializer.save(df, "train.h5", data_paths=["image", "label"])  # doctest: +SKIP
-    >>> ds = HDF5Serializer.load("train.h5", shuffle=False)                  # doctest: +SKIP
+    >>> from bridgeflow import DataFromList
+    >>> df = DataFromList([[np.zeros((2, 2), np.uint8), i] for i in range(3)], shuffle=False)
+    >>> HDF5Serializer.save(df, "train.h5", data_paths=["image", "label"], progress=False)
+    3
+    >>> ds = HDF5Serializer.load("train.h5", shuffle=False)
+    >>> len(ds), ds[2][0].shape, ds[2][1]
+    (3, (2, 2), 2)
 """
 
 from __future__ import annotations
@@ -349,8 +354,8 @@ class HDF5Data(IndexedSource):
             return None
         return self._whole(f, f"{CRC}/{c.name}", (self._len,), np.uint32)
 
-    def reset_state(self) -> None:
-        super().reset_state()
+    def _on_reset(self) -> None:
+        super()._on_reset()
         self._datasets()
 
     def _mismatch(self, i: int, c: Column) -> CorruptDataError:

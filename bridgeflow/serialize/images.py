@@ -20,9 +20,16 @@ in parallel by replacing it with
 ``MultiProcessMapData(flow.ds, n, flow.func)`` (what ``bridgeflow serialize --workers N`` does).
 
 Example:
-    >>> df = image_folder("photos/", decode=False)  # doctest: +SKIP
-    >>> df.classes                                  # doctest: +SKIP
-    ['cat', 'dog']
+    >>> from PIL import Image
+    >>> for label in ("cat", "dog"):
+    ...     os.makedirs(f"photos/{label}")
+    ...     Image.new("RGB", (4, 3)).save(f"photos/{label}/1.png")
+    >>> df = image_folder("photos/", decode=False)
+    >>> df.classes, len(df)
+    (['cat', 'dog'], 2)
+    >>> df.reset_state(); img, label = next(iter(df))
+    >>> img.dtype, label  # the PNG file's bytes
+    (dtype('uint8'), 0)
 """
 
 from __future__ import annotations

@@ -32,9 +32,14 @@ Damage: truncated files, foreign files, damaged pages, metadata, keys and values
 checksum, a changed byte inside array data or a string reads back as a changed value.
 
 Example:
-    >>> LMDBSerializer.save(df, "train.lmdb")                      # doctest: +SKIP
-    >>> ds = LMDBSerializer.load("train.lmdb", shuffle=True, seed=0)  # doctest: +SKIP
-    >>> len(ds), ds[0]                                            # doctest: +SKIP
+    >>> import numpy as np
+    >>> from bridgeflow import DataFromList
+    >>> df = DataFromList([[np.arange(3) + i, i] for i in range(4)], shuffle=False)
+    >>> LMDBSerializer.save(df, "train.lmdb", progress=False)
+    4
+    >>> ds = LMDBSerializer.load("train.lmdb", shuffle=True, seed=0)
+    >>> len(ds), ds[1]
+    (4, [array([1, 2, 3]), 1])
 """
 
 from __future__ import annotations
@@ -358,8 +363,13 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
     ``state_dict()`` is the epoch, the position and the shuffle's entropy (see :mod:`bridgeflow.order`).
 
     Example:
-        >>> ds = LMDBDataset("train.lmdb", shuffle=False)   # doctest: +SKIP
-        >>> len(ds), ds.format, ds[0]                      # doctest: +SKIP
+        >>> import numpy as np
+        >>> from bridgeflow import DataFromList
+        >>> LMDBSerializer.save(DataFromList([[np.zeros(2), "a"]]), "one.lmdb", progress=False)
+        1
+        >>> ds = LMDBDataset("one.lmdb", shuffle=False)
+        >>> len(ds), ds.format, ds[0]
+        (1, 'bridgeflow', [array([0., 0.]), 'a'])
     """
 
     def __init__(self, path: str | os.PathLike, shuffle: bool = True, seed: int | None = None, *,

@@ -14,8 +14,12 @@ written by bridgeflow's own
 (what ``LMDBData(path)`` returned in earlier bridgeflow versions).
 
 Example:
-    >>> ds = LMDBData("ILSVRC-train.lmdb", shuffle=False)                       # doctest: +SKIP
-    >>> ds = LMDBDataDecoder(ds, lambda k, v: [cv2.imdecode(np.frombuffer(v, np.uint8), 1)])  # doctest: +SKIP
+    >>> import lmdb
+    >>> with lmdb.open("raw.lmdb", subdir=False) as env, env.begin(write=True) as txn:
+    ...     _ = txn.put(b"a", b"123"), txn.put(b"b", b"45")
+    >>> ds = LMDBData("raw.lmdb", shuffle=False)
+    >>> ds.reset_state(); list(ds)
+    [[b'a', b'123'], [b'b', b'45']]
 """
 
 from __future__ import annotations
@@ -74,8 +78,6 @@ class LMDBData(PinnedLMDB):
     Its state (``state_dict()``) is the default count and skip: the generator's state at the start of the
     epoch and the pairs handed out since; resuming reads those pairs again and drops them.
     """
-
-    _bf_state_mode = "count"
 
     def __init__(self, lmdb_path: str | os.PathLike, shuffle: bool = True,
                  keys: Sequence[bytes | str] | str | None = None, *, seed: int | None = None,
@@ -155,7 +157,7 @@ class LMDBData(PinnedLMDB):
         key = self._given[i]
         return self._pair(self._fd(), self._entry(key), key)
 
-    def __iter__(self) -> Iterator[list[bytes]]:
+    def _iter_epoch(self) -> Iterator[list[bytes]]:
         fd = self._fd()
         if self.shuffle and self._given is not None:
             keys = self._given
@@ -179,7 +181,12 @@ class LMDBDataDecoder(MapData):
     """``decoder(key, value)`` applied to every pair of an :class:`LMDBData`; ``None`` drops the pair.
 
     Example:
-        >>> ds = LMDBDataDecoder(LMDBData("x.lmdb", shuffle=False), lambda k, v: [k.decode(), len(v)])  # doctest: +SKIP
+        >>> import lmdb
+        >>> with lmdb.open("pairs.lmdb", subdir=False) as env, env.begin(write=True) as txn:
+        ...     _ = txn.put(b"a", b"123"), txn.put(b"b", b"45")
+        >>> ds = LMDBDataDecoder(LMDBData("pairs.lmdb", shuffle=False), lambda k, v: [k.decode(), len(v)])
+        >>> ds.reset_state(); list(ds)
+        [['a', 3], ['b', 2]]
     """
 
     def __init__(self, lmdb_data: DataFlow, decoder: Callable[[bytes, bytes], Any]) -> None:

@@ -8,8 +8,13 @@ shape must not make numpy allocate terabytes) and to its end, so the zip CRC is 
 are refused, nothing is unpickled.
 
 Example:
-    >>> NumpySerializer.save(df, "small.npz")                     # doctest: +SKIP
-    >>> ds = NumpySerializer.load("small.npz", shuffle=False)    # doctest: +SKIP
+    >>> from bridgeflow import DataFromList
+    >>> df = DataFromList([[np.arange(2), "a"], [np.arange(3), "b"]], shuffle=False)
+    >>> NumpySerializer.save(df, "small.npz", progress=False)
+    2
+    >>> ds = NumpySerializer.load("small.npz", shuffle=False)
+    >>> ds[1]
+    [array([0, 1, 2]), 'b']
 """
 
 from __future__ import annotations

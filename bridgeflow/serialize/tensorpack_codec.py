@@ -13,8 +13,8 @@ recognised by its first bytes and unpickled only with ``allow_pickle=True``. Dec
 copies; tuples come back as lists, as they do from tensorpack's ``loads``.
 
 Example:
-    >>> import msgpack                                                # doctest: +SKIP
-    >>> decode_tensorpack(msgpack.dumps([1, "a"], use_bin_type=True))  # doctest: +SKIP
+    >>> import msgpack
+    >>> decode_tensorpack(msgpack.dumps([1, "a"], use_bin_type=True))
     [1, 'a']
 """
 

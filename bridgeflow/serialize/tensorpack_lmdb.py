@@ -14,9 +14,15 @@ datapoint's entry and gives the same dictionary as :func:`bridgeflow.serialize.l
 keys stop sorting in index order (9 digits), so datapoints are found by their number instead.
 
 Example:
-    >>> ds = LMDBSerializer.load("ILSVRC-train.lmdb", shuffle=False)   # doctest: +SKIP
-    >>> ds.meta["format"], ds.meta["codec"]                            # doctest: +SKIP
-    ('tensorpack', 'msgpack')
+    >>> import lmdb, msgpack
+    >>> from bridgeflow.serialize import LMDBSerializer
+    >>> with lmdb.open("tp.lmdb", subdir=False) as env, env.begin(write=True) as txn:  # as tensorpack writes
+    ...     for i in range(2):
+    ...         _ = txn.put(tensorpack_key(i), msgpack.dumps([i, "x"]))
+    ...     _ = txn.put(KEYS_ENTRY, msgpack.dumps([tensorpack_key(i) for i in range(2)]))
+    >>> ds = LMDBSerializer.load("tp.lmdb", shuffle=False)
+    >>> ds.meta["format"], ds.meta["codec"], ds[1]
+    ('tensorpack', 'msgpack', [1, 'x'])
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ It writes, into ``tests/data`` (or ``--out``):
 - ``tensorpack_expected.json``: for each file, what tensorpack's ``LMDBSerializer.load`` and
   ``LMDBData`` (shuffle=False) yield; for each case of ``FLOWS``, what the flow yields in each of
   ``epochs`` iterations, and its ``len()``; the public names of ``tensorpack.dataflow``, its ``imgaug``
-  and its ``dataset`` (the README's porting table must cover them).
+  and its ``dataset`` (the porting table, docs/tensorpack.md, must cover them).
 
 tests/test_tensorpack_diff.py evaluates the same ``FLOWS`` expressions with
 ``from bridgeflow.dataflow import *`` (the import is all that changes), reads the same LMDB files, and

@@ -1,0 +1,189 @@
+"""Batch sources: what turns the epoch iterator's tasks into batches (the protocol is in :mod:`.epoch`).
+
+- :class:`LocalSource` (``num_workers=0``) runs the workers' task function in this process, one task at a
+  time, so both sources give the same values and markers;
+- :class:`PoolSource` sends tasks to a bridgeflow :class:`~bridgeflow.parallel.pool.WorkerPool` of processes
+  and receives their batches through shared memory, tensors rebuilt without a copy (:mod:`.convert`). A dead
+  worker or the loader's ``timeout`` ends it with torch's words; a wait in a reading thread is cut into
+  short slices (``between`` runs between them) so that stopping never waits for a slow worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bridgeflow.errors import WorkerError, WorkerTimeoutError
+from bridgeflow.parallel.pool import EXHAUSTED, WorkerPool
+
+from .convert import unpack
+from .fetch import Reset, WithState, WorkerSpec, WorkerTask, close_source, init_worker
+
+__all__ = ["Failed", "LocalSource", "PoolSource"]
+
+log = logging.getLogger(__name__)
+
+SLICE_S = 0.1  # a reading thread waits for a result in slices this long, checking whether to stop
+SHORT_SLICE_S = 0.005  # ... and this long while the consumer has nothing waiting (a task may come any moment)
+
+
+class Failed:
+    """A task's result when the dataset (or collation) raised: ``error`` is raised to the user in its place."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class LocalSource:
+    """Batches read in this process, when ``get()`` asks for them."""
+
+    reads_ahead = False
+    workers: list = []
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self._task = WorkerTask(spec, 0, spec.dataset, in_worker=False)
+        if self._task.error is not None:  # iter(dataset) failed: at iter(loader), as torch
+            raise self._task.error
+        self._tasks: collections.deque = collections.deque()
+
+    def put(self, task: Any, worker: int | None) -> None:
+        self._tasks.append(task)
+
+    def get(self, between: Callable[[], None] | None = None) -> tuple[int, Any]:
+        try:
+            return 0, self._task(self._tasks.popleft())
+        except StopIteration:  # its stream ran out
+            return 0, EXHAUSTED
+        except Exception as exc:
+            return 0, Failed(exc)
+
+    def set_mapping_hooks(self, hooks: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        close_source(self._task.fetcher)
+
+
+def with_torch_wording(err: WorkerError) -> WorkerError:
+    """torch's words for a dead worker in front of bridgeflow's, so searches for either find it."""
+    if str(err).startswith("DataLoader worker (pid"):  # worded already
+        return err
+    code = err.exitcode
+    if code is not None and code < 0:
+        try:
+            name = signal.strsignal(-code) or f"signal {-code}"
+        except ValueError:
+            name = f"signal {-code}"
+        lead = f"DataLoader worker (pid {err.pid}) is killed by signal: {name}. "
+    else:
+        lead = f"DataLoader worker (pid(s) {err.pid}) exited unexpectedly. "
+    new = WorkerError(lead + str(err), stage=err.stage, worker=err.worker, pid=err.pid, exitcode=code)
+    new.__cause__ = err.__cause__
+    return new
+
+
+def _unpacked(value: Any) -> Any:
+    if type(value) is WithState:
+        return WithState(unpack(value.data), value.state)
+    return unpack(value)
+
+
+class PoolSource:
+    """Batches made by ``spec.num_workers`` worker processes (see the module doc)."""
+
+    reads_ahead = True
+
+    def __init__(self, spec: WorkerSpec, loader: Any, unordered: bool) -> None:
+        self._timeout = loader.timeout
+        self._closed = False
+        self._put_error: BaseException | None = None
+        options = {"ordered": False} if unordered else {}
+        self._pool = WorkerPool(functools.partial(init_worker, spec), spec.num_workers, processes=True,
+                                start_method=loader.start_method, name="DataLoader", base_seed=spec.base_seed,
+                                mapping_hooks=loader._bf_mapping_hooks, **options)
+        self._pool.start()
+
+    @property
+    def workers(self) -> list:
+        """The worker processes' ``multiprocessing.Process`` handles."""
+        return self._pool.worker_processes
+
+    def put(self, task: Any, worker: int | None) -> None:
+        if self._put_error is not None or self._closed:
+            return
+        try:
+            self._pool.put(task, worker=worker)
+        except WorkerError as exc:
+            # The worker died with its results sent: the batch just received is handed out first, then
+            # this error (the next get()), as when a get finds the death.
+            self.close()
+            self._put_error = with_torch_wording(exc)
+
+    def get(self, between: Callable[[], None] | None = None) -> tuple[int, Any]:
+        """The next result; ``between()`` runs between short waits (it may raise to stop waiting)."""
+        if self._put_error is not None:
+            error, self._put_error = self._put_error, None
+            raise error
+        timeout = self._timeout if self._timeout > 0 else None
+        try:
+            if between is None:
+                worker, value = self._pool.get(timeout=timeout)
+            else:
+                worker, value = self._get_in_slices(between, timeout)
+        except WorkerTimeoutError as exc:
+            self.close()
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from exc
+        except WorkerError as exc:
+            self.close()
+            raise with_torch_wording(exc) from exc.__cause__
+        except Exception as exc:  # the dataset's error
+            return None, Failed(exc)  # type: ignore[return-value]
+        return worker, _unpacked(value)
+
+    def _get_in_slices(self, between: Callable[[], Any], timeout: float | None) -> tuple[int, Any]:
+        """Short waits (a timed-out one loses nothing) with ``between()`` in between, honouring the loader's
+        ``timeout`` and the pool's stall warning. ``between()`` returns whether a task may come any moment
+        (then the slices are shorter)."""
+        started = time.monotonic()
+        warn_at = self._pool.stall_warning
+        while True:
+            urgent = between()
+            if self._put_error is not None:
+                error, self._put_error = self._put_error, None
+                raise error
+            waited = time.monotonic() - started
+            left = None if timeout is None else timeout - waited
+            slice_s = SHORT_SLICE_S if urgent else SLICE_S
+            try:
+                return self._pool.get(timeout=slice_s if left is None else max(0.0, min(slice_s, left)))
+            except WorkerTimeoutError as exc:
+                waited = time.monotonic() - started
+                if left is not None and waited >= timeout:
+                    raise
+                if warn_at is not None and waited >= warn_at:
+                    log.warning("DataLoader: no batch from the workers for %.0f s: %s", waited, exc)
+                    warn_at *= 2
+
+    def reset(self, shared_seed: int | None) -> list[tuple[int, Any]]:
+        """Another epoch on the same workers: results of the epoch left early are dropped (errors too), each
+        worker starts a fresh ``iter(dataset)``; returns ``(worker, its dataset's state)`` per worker."""
+        pool = self._pool
+        while pool.outstanding > 0:
+            self.get()
+        for worker in range(pool.num_workers):
+            pool.put(Reset(shared_seed), worker=worker)
+        return [self.get() for _ in range(pool.num_workers)]
+
+    def set_mapping_hooks(self, hooks: Any) -> None:
+        self._pool.set_mapping_hooks(hooks)  # closed too: its mappings still held by batches follow
+
+    def close(self) -> None:
+        self._closed = True
+        self._pool.close()
