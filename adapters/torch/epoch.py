@@ -7,7 +7,8 @@ order), draw index batches from the sampler, assign each task to the next worker
 (round robin), keep ``prefetch_factor * num_workers`` tasks in flight (the task replacing a batch is sent
 when that batch is handed out), and keep the epoch's :class:`~.state.EpochRecord` up to date for
 ``loader.state_dict()``. A DataFlow that is read as a stream in this process is pulled here too, one
-batch of samples per task. What turns a task into a batch is a *batch source* (:mod:`~bridgeflow.adapters.torch.sources`):
+batch of samples per task. What turns a task into a batch is a *batch source*
+(:mod:`~bridgeflow.adapters.torch.sources`):
 
 - ``put(task, worker)`` queues a task for a worker; ``get()`` returns ``(worker, value)`` for the oldest
   one (or, with ``in_order=False``, the first ready), ``value`` being a batch or one of the markers of
