@@ -225,6 +225,37 @@ def test_without_keys_one_stray_or_spoofed_message_cannot_end_or_corrupt_the_str
         assert df.stats()["RemoteDataZMQ"]["messages_dropped"] == 1
 
 
+def test_a_stranger_sending_without_pause_cannot_hold_off_the_timeout(leak_check, rogue):
+    """Dropped messages are not a producer speaking: junk arriving every few milliseconds (tensorpack's
+    producer repeats its data forever) still ends in ProducerLostError once no real producer spoke for
+    ``timeout`` seconds, instead of a consumer that waits for good."""
+    addr = free_tcp()
+    stop = threading.Event()
+    push = rogue(zmq.PUSH)
+    push.connect(addr)
+
+    def flood():
+        while not stop.is_set():
+            try:
+                push.send(b"\x80\x04K\x01.", zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+            time.sleep(0.005)
+
+    with RemoteDataZMQ(addr, bind=True, timeout=1) as df:
+        df.reset_state()
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        try:
+            with pytest.raises(ProducerLostError, match=r"no producer sent anything.*message\(s\) not from "
+                                                        r"bridgeflow's send_dataflow_zmq"):
+                next(iter(df))
+            assert df.stats()["RemoteDataZMQ"]["messages_dropped"] >= 2
+        finally:
+            stop.set()
+            sender.join()
+
+
 def test_the_bytes_buffered_are_bounded_across_producers(leak_check, rogue):
     """Producers announcing large datapoints at once: what is being received is bounded in all (not per
     producer); the producer whose announcement does not fit is named and dropped, and announcing

@@ -319,7 +319,7 @@ class RemoteDataZMQ(DataFlow):
 
     def _iter_bound(self) -> Iterator:
         who = type(self).__name__
-        heard = time.monotonic()  # the last time anything arrived (or the iteration began)
+        heard = time.monotonic()  # the last time a producer spoke (or the iteration began)
         finished = lost = 0  # producers that finished / were lost during this iteration
         while True:
             if self._ctx is None:
@@ -336,11 +336,11 @@ class RemoteDataZMQ(DataFlow):
                 self._sweep_bound(active, heard, finished)
                 lost += sum(p.state == _LOST for p in self._producers) - before
                 continue
-            heard = time.monotonic()
             addr, frames = got
             p = self._tagged(addr, frames)
             if p is None or p.state != _ACTIVE:  # a hello, a dropped message, or a producer finished or lost
-                continue
+                continue  # (dropped messages do not count as heard: a stranger cannot hold off the timeout)
+            heard = time.monotonic()
             frames = frames[1:]
             head = frames[0].buffer
             p.spoke = True
