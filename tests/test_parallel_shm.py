@@ -210,6 +210,7 @@ _NAMESPACED = textwrap.dedent("""
         n += 8
         if len(held) > 48:  # hold a varying number: the workers keep creating and retiring slabs
             del held[:40]
+    open(sys.argv[2], "w").close()  # tells the test the segments go now, before they go
     pool.close()
     print(json.dumps({"n": n, "bad": bad}), flush=True)
 """)
@@ -226,10 +227,13 @@ def _unshare_works() -> bool:
 
 
 def _namespaced_pool(seconds: float, tmp_path, pid: int) -> tuple[subprocess.Popen, dict]:
-    """A pool streaming for ``seconds`` in a new pid namespace, where its consumer gets pid ``pid``."""
+    """A pool streaming for ``seconds`` in a new pid namespace, where its consumer gets pid ``pid``; it
+    creates ``tmp_path / "closing"`` just before it closes the pool (and removes its segments)."""
     script = tmp_path / "namespaced.py"
     script.write_text(_NAMESPACED)
-    shell = f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid && {sys.executable} {script} {seconds}"
+    closing = tmp_path / "closing"
+    shell = (f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "
+             f"{sys.executable} {script} {seconds} {closing}")
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "sh", "-c", shell],
                             stdout=subprocess.PIPE, text=True)
     info = json.loads(proc.stdout.readline())
@@ -249,19 +253,24 @@ def test_pools_in_separate_pid_namespaces_share_dev_shm(leak_check, tmp_path):
     does not exist here is the subject of the simulated test above.
     """
     here = os.getppid()
+    closing = tmp_path / "closing"
     proc, info = _namespaced_pool(4.0, tmp_path, here)
     prefix = info["prefix"]
     try:
         swept = 0
-        while proc.poll() is None and swept < 30:
+        while not closing.exists() and proc.poll() is None and swept < 30:
             with WorkerPool(quarter_mb_init, 1) as pool:
                 pool.start()
             swept += 1
-            assert any(n.startswith(prefix) for n in shm_entries(mine_only=False)) or proc.poll() is not None
+            # segments first, then the marker: the pool removes its segments only after it wrote the marker,
+            # so segments gone while no marker is there means a sweep here took them
+            present = any(n.startswith(prefix) for n in shm_entries(mine_only=False))
+            assert present or closing.exists()
         done = json.loads(proc.stdout.readline())
         assert proc.wait(30) == 0
         assert swept >= 3 and done["n"] > 0 and done["bad"] == 0, (swept, done)
 
+        closing.unlink()
         proc, info = _namespaced_pool(60.0, tmp_path, here)
         prefix = info["prefix"]
         assert wait_for(lambda: any(n.startswith(prefix + "r") for n in shm_entries(mine_only=False)), 10)
