@@ -294,7 +294,9 @@ class SlabWriter:
         self._views = []
 
 
-def _release(flags: memoryview, index: int) -> None:
+def _release(flags: memoryview, index: int, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child's copy of the array: the slab is still the parent's to release
+        return
     try:
         flags[index] = FREE
     except (ValueError, IndexError):  # the flags were released: the pool has closed
@@ -310,6 +312,7 @@ class SlabReader:
     def __init__(self, flags: memoryview | None, hooks: MappingHookSet | None = None) -> None:
         self.flags = flags
         self.hooks = hooks
+        self._pid = os.getpid()
         self._maps: dict[int, tuple[str, memoryview]] = {}  # slab index -> (name, byte view of its mapping)
 
     def loads(self, message: bytes) -> Any:
@@ -324,7 +327,7 @@ class SlabReader:
             known = self._maps[index] = (name, memoryview(open_segment(name, self.hooks).array()))
         # A new array on the mapping's view: views of it point to it, so it goes only when they all have.
         lease = np.frombuffer(known[1], np.uint8, max(off + n for off, n in offsets))
-        weakref.finalize(lease, _release, self.flags, index)
+        weakref.finalize(lease, _release, self.flags, index, self._pid)
         return pickle.loads(data, buffers=[lease[off:off + n] for off, n in offsets])
 
     def _unmap(self, names: list[str]) -> None:
