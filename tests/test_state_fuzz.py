@@ -72,12 +72,13 @@ def test_a_negative_base_is_refused_naming_the_flow():
 
 def test_a_runner_refuses_a_damaged_worker_state_in_the_parent_before_any_worker_starts(leak_check):
     state, _ = fuzz_states.reference("MultiProcessRunner")
+    w = next(i for i, s in enumerate(state["workers"]) if s["state"] is not None)  # one that reported its state
     reduced = len(fuzz_states.REDUCED)
     df = fuzz_states.KINDS["MultiProcessRunner"]()
-    with pytest.raises(fuzz_states.StateError, match=r"^MultiProcessRunner: the state of worker 1\['state'\]"):
-        df.load_state_dict(fuzz_states.mutate(state, ("workers", 1, "state", "child", "rng"), fuzz_states.Live()))
-    damaged = fuzz_states.mutate(state, ("workers", 0, "state", "child", "pos"), 10**6)
-    with pytest.raises(fuzz_states.StateError, match=r"^MultiProcessRunner/workers\[0\]/MapData/DataFromList: "):
+    with pytest.raises(fuzz_states.StateError, match=rf"^MultiProcessRunner: the state of worker {w}\['state'\]"):
+        df.load_state_dict(fuzz_states.mutate(state, ("workers", w, "state", "child", "rng"), fuzz_states.Live()))
+    damaged = fuzz_states.mutate(state, ("workers", w, "state", "child", "pos"), 10**6)
+    with pytest.raises(fuzz_states.StateError, match=rf"^MultiProcessRunner/workers\[{w}\]/MapData/DataFromList: "):
         df.load_state_dict(damaged)
     assert df._pool is None  # nothing started
     assert len(fuzz_states.REDUCED) == reduced
