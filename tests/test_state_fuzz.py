@@ -18,8 +18,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuz
 import fuzz_states
 
 FAILURES = ("silent", "hang")
-CHEAP = ["DataFromList", "MapData", "LocallyShuffleData", "JoinData", "BatchData", "MultiThreadMapData"]
-PROCESSES = ["MultiProcessMapData", "MultiProcessRunner"]
+CHEAP = ["DataFromList", "MapData", "LocallyShuffleData", "JoinData", "BatchData", "MultiThreadMapData", "ConcatData",
+         "RandomMixData", "RepeatedData"]
+PROCESSES = ["MultiProcessMapData", "MultiProcessRunner", "FusedBatch"]
 VALUES = [fuzz_states.DELETE, None, True, -1, 10**12, 2**64, 1.5, "x", [], {"a": 1}]
 
 

@@ -331,16 +331,17 @@ class _MapStage(ParallelStage):
             raise StateMismatchError(f"the state is for ordered={state['ordered']}, this stage has "
                                      f"ordered={self.ordered}")
         batch = field(state, "batch", (dict, type(None)))
-        per = 1
-        if batch is not None:
-            per = max(1, min(check_count(batch, "size"), 1 << 16))
-            for key in ("offset", "held"):
-                check_count(batch, key)
-            partial = field(batch, "partial", (list, type(None)))
-            if partial is not None and not (len(partial) == 2 and all(isinstance(v, int) for v in partial)):
-                raise StateMismatchError(f"damaged 'partial' entry {partial!r} in the state")
+        per = 1 if batch is None else max(1, min(check_count(batch, "size"), 1 << 16))
         # in flight: at most buffer_size tasks (of a fused batch's datapoints each), pulled since the last snapshot
         most = SNAPSHOT_EVERY + (self.buffer_size + 1) * per
+        if batch is not None:
+            why = "the datapoints a stage can have in flight"
+            for key in ("offset", "held"):
+                check_count(batch, key, most, why)
+            partial = field(batch, "partial", (list, type(None)))
+            if partial is not None and not (len(partial) == 2
+                                            and all(type(v) is int and 0 <= v <= most for v in partial)):
+                raise StateMismatchError(f"damaged 'partial' entry {partial!r:.60} in the state")
         _, _, skip = check_source_position(state, most, f"buffer_size={self.buffer_size} in flight and "
                                                         f"{SNAPSHOT_EVERY} pulls between two snapshots")
         if self.ordered and skip:

@@ -40,6 +40,7 @@ import numpy as np
 
 from bridgeflow import (
     BatchData,
+    ConcatData,
     DataFromList,
     JoinData,
     LocallyShuffleData,
@@ -47,6 +48,8 @@ from bridgeflow import (
     MultiProcessMapData,
     MultiProcessRunner,
     MultiThreadMapData,
+    RandomMixData,
+    RepeatedData,
 )
 from bridgeflow.state import StateError
 
@@ -78,6 +81,10 @@ KINDS: dict[str, Callable[[], Any]] = {
     "MultiThreadMapData": lambda: MultiThreadMapData(_src(), 2, _double, buffer_size=8),
     "MultiProcessMapData": lambda: MultiProcessMapData(_src(), 2, _double, buffer_size=8),
     "MultiProcessRunner": lambda: MultiProcessRunner(MapData(_src(), _double), 4, 2),
+    "FusedBatch": lambda: BatchData(MultiProcessMapData(_src(), 2, _double, buffer_size=8), 4),
+    "ConcatData": lambda: ConcatData([_src(10), _src(30, seed=5)]),
+    "RandomMixData": lambda: RandomMixData([_src(10), _src(30, seed=5)]),
+    "RepeatedData": lambda: RepeatedData(_src(10), 3),
 }
 TAKEN = 7  # datapoints read before the state is taken
 
