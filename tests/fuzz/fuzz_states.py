@@ -228,7 +228,33 @@ def fuzz(kind: str, mutations: int, seed: int = 0, limit: float = 20.0) -> colle
             old = old[k]
         counts[run_one(kind, state, ref, path, values(old, rng), limit)] += 1
     counts["reduced"] = len(REDUCED)
+    counts["leaked"] = len(leaks())
     return counts
+
+
+def leaks(wait: float = 5.0) -> list[str]:
+    """Child processes, threads and shared-memory segments of this process still there (after ``wait`` s)."""
+    import os
+    import threading
+
+    deadline = time.monotonic() + wait
+    while True:
+        me = str(os.getpid())
+        found = [f"pid {p}" for p in os.listdir("/proc") if p.isdigit() and _parent_of(p) == me]
+        found += [f"thread {t.name}" for t in threading.enumerate() if t is not threading.main_thread()]
+        found += [f"segment {n}" for n in os.listdir("/dev/shm") if n.startswith(f"bf{me}_")]
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def _parent_of(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[1] if fields[0] != "Z" else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind in args.kind or sorted(KINDS):
         t0 = time.perf_counter()
         counts = fuzz(kind, args.mutations, args.seed)
-        bad += sum(n for k, n in counts.items() if k in ("silent", "hang", "reduced") or k.startswith("foreign"))
+        bad += sum(n for k, n in counts.items()
+                   if k in ("silent", "hang", "reduced", "leaked") or k.startswith("foreign"))
         print(json.dumps({"kind": kind, "mutations": args.mutations, "seconds": round(time.perf_counter() - t0, 1),
                           **dict(sorted(counts.items()))}), flush=True)
     return 1 if bad else 0
