@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Iterator
@@ -88,6 +89,15 @@ class ReadAhead(Protocol):
 
 
 _claim_lock = threading.Lock()
+
+
+def _new_claim_lock() -> None:
+    global _claim_lock
+    _claim_lock = threading.Lock()  # a forked child (a runner's worker) iterates flows; another thread of
+    # the parent may have held the lock at the fork
+
+
+os.register_at_fork(after_in_child=_new_claim_lock)
 
 
 class DataFlow:

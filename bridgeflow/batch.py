@@ -221,7 +221,12 @@ class BatchData(ProxyDataFlow):
             raise StateMismatchError(f"the state is for batches of {state['batch_size']}, this flow makes "
                                      f"batches of {self.batch_size}")
         field(state, "child_done", bool)
-        load_child(self.ds, field(state, "child", dict))
+        child = field(state, "child", dict)
+        fused = child.get("batch")  # a parallel stage's state saved while it made the batches in its workers
+        if isinstance(fused, dict) and fused.get("size") != self.batch_size:
+            raise StateMismatchError(f"the state's stage made batches of {fused.get('size')!r:.20} in its workers, "
+                                     f"this flow makes batches of {self.batch_size}")
+        load_child(self.ds, child)
 
     def _batch(self, source: Iterator) -> Iterator:
         bs, use_list, pad = self.batch_size, self.use_list, self.pad_value

@@ -94,7 +94,7 @@ class ConcatData(_MultiFlow):
         return {"index": self._index if epoch_live(self) else 0, "children": self._children_state()}
 
     def _take_state(self, state: dict) -> None:
-        check_count(state, "index")
+        check_count(state, "index", len(self.df_lists), "the number of flows")
         load_children(self.df_lists, field(state, "children", list))
 
 
@@ -230,14 +230,18 @@ class RandomMixData(_MultiFlow, RNGDataFlow):
         self._it = it = iter(self._order)
         if pos:
             it.__setstate__(pos)
-        return self._mix([iter(df) for df in self.df_lists], it, sizes)
+        return self._mix([iter(df) for df in self.df_lists], it, sizes, resume is not None)
 
-    def _mix(self, itrs: list, order: Iterator, sizes: list[int]) -> Iterator:
+    def _mix(self, itrs: list, order: Iterator, sizes: list[int], resumed: bool) -> Iterator:
         try:
             for k in order:
                 try:
                     yield next(itrs[k])
                 except StopIteration:
+                    if resumed:  # the state's position and its flows' positions disagree: a damaged state
+                        raise StateMismatchError(
+                            f"flow {k} ({type(self.df_lists[k]).__name__}) ran out before the state's order did: "
+                            "the state's 'pos' does not match its flows' states", ["RandomMixData"]) from None
                     raise DatapointError(
                         f"RandomMixData: flow {k} ({type(self.df_lists[k]).__name__}) yielded fewer "
                         f"datapoints than its len() of {sizes[k]}") from None
@@ -253,5 +257,5 @@ class RandomMixData(_MultiFlow, RNGDataFlow):
 
     def _take_state(self, state: dict) -> None:
         check_rng_field(state)
-        check_count(state, "pos")
+        check_count(state, "pos", len(self), "the epoch's length")
         load_children(self.df_lists, field(state, "children", list))

@@ -313,8 +313,13 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
         if fill > self.buffer_size:
             raise StateMismatchError(f"the state's buffer holds {fill} datapoints, more than buffer_size="
                                      f"{self.buffer_size}")
-        check_count(state, "replay")
-        check_count(state, "taken")
+        # A datapoint stays in the shuffled buffer about buffer_size reads, and the chance that one stays 64 times
+        # as long is below e**-64: no saved state replays further (a crafted one would replay for ever).
+        reads = 64 * self.buffer_size + max(256, self.buffer_size // 4) + 2
+        check_count(state, "replay", reads * self.num_reuse, f"64 buffers (buffer_size={self.buffer_size}) and "
+                    f"the reads between two snapshots, each datapoint handed out num_reuse={self.num_reuse} times")
+        size = None if self.one_pass else self._epoch_size()
+        check_count(state, "taken", size, "the epoch's length")
         check_rng_field(state)
         load_child(self.ds, field(state, "source", dict))
 

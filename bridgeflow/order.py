@@ -218,8 +218,9 @@ class EpochOrder:
         expect_field(state, "shuffle", self.shuffle, "shuffle=")
         expect_field(state, "shard", None if self.shard is None else list(self.shard), "shard (rank, world, "
                                                                                           "drop_last)")
-        field(state, "base", (int, type(None)))
-        check_count(state, "epoch")
+        if field(state, "base", (int, type(None))) is not None:
+            check_count(state, "base", (1 << 64) - 1, "a seed of 64 bits")
+        check_count(state, "epoch", (1 << 63) - 1, "an epoch number of 63 bits")
         pos = check_count(state, "pos")
         if pos > self.length():
             raise StateMismatchError(f"the state's position {pos} is past the epoch's {self.length()} datapoints")

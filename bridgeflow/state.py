@@ -38,6 +38,8 @@ __all__ = [
     "StateMismatchError",
     "expect_field",
     "field",
+    "check_count",
+    "check_plain",
     "load_children",
     "rng_from_state",
     "rng_state",
@@ -218,11 +220,19 @@ def set_rng_state(rng: Any, state: dict) -> None:
             return
         if not isinstance(rng, np.random.RandomState):
             raise StateMismatchError(f"the state holds a RandomState, this flow's rng is a {type(rng).__name__}")
-        key = np.frombuffer(bytes.fromhex(state["key"]), "<u4").astype(np.uint32)
-        rng.set_state((state["kind"], key, int(state["pos"]), int(state["has_gauss"]), float(state["gauss"])))
+        key, pos, has_gauss, gauss = state["key"], state["pos"], state["has_gauss"], state["gauss"]
+        if not (isinstance(key, str) and len(key) == 624 * 8):
+            raise StateMismatchError(f"damaged random generator state: 'key' is not 624 words in hex ({key!r:.40})")
+        if type(pos) is not int or not 0 <= pos <= 624:
+            raise StateMismatchError(f"damaged random generator state: 'pos' is {pos!r:.40}, not 0 to 624")
+        if type(has_gauss) is not int or has_gauss not in (0, 1) or type(gauss) not in (int, float):
+            raise StateMismatchError(f"damaged random generator state: 'has_gauss' {has_gauss!r:.40} or 'gauss' "
+                                     f"{gauss!r:.40}")
+        words = np.frombuffer(bytes.fromhex(key), "<u4").astype(np.uint32)
+        rng.set_state((state["kind"], words, pos, has_gauss, float(gauss)))
     except StateMismatchError:
         raise
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise StateMismatchError(f"damaged random generator state ({type(exc).__name__}: {exc})") from None
 
 
@@ -241,8 +251,38 @@ def check_rng_field(state: dict, key: str = "rng") -> dict | None:
     return value
 
 
-def check_count(state: dict, key: str) -> int:
+def check_count(state: dict, key: str, most: int | None = None, why: str = "") -> int:
+    """``state[key]``, an int from 0 to ``most`` (no bound when None); ``why`` says where the bound comes from.
+
+    A bound keeps a damaged or crafted count from turning a resume into an endless replay or a silently
+    empty epoch: the refusal names the field, its value and the bound.
+    """
     value = field(state, key, int)
     if value < 0:
         raise StateMismatchError(f"field {key!r} of the state is negative ({value})")
+    if most is not None and value > most:
+        raise StateMismatchError(f"field {key!r} of the state is {value}, above {most}, the most this flow can "
+                                 f"save{': ' + why if why else ''}")
     return value
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def check_plain(value: Any, where: str = "the state") -> None:
+    """Refuse anything but plain data (dicts with string keys, lists, strings, numbers, booleans, None):
+    a live object in a state would be pickled to the workers and rebuilt there (its ``__reduce__`` run)."""
+    stack = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, dict):
+            for k, item in v.items():
+                if not isinstance(k, str):
+                    raise StateMismatchError(f"{at} has a key of type {type(k).__name__} ({k!r:.60}): a state is "
+                                             "plain data")
+                stack.append((item, f"{at}[{k!r}]"))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((item, f"{at}[{i}]") for i, item in enumerate(v))
+        elif not isinstance(v, _PLAIN):
+            raise StateMismatchError(f"{at} holds a {type(v).__module__}.{type(v).__qualname__}: a state is plain "
+                                     "data (dicts, lists, strings, numbers, booleans, None)")

@@ -238,7 +238,7 @@ class RepeatedData(ProxyDataFlow):
     def _take_state(self, state: dict) -> None:
         if field(state, "num", int) != self.num:
             raise StateMismatchError(f"the state is for num={state['num']}, this flow repeats num={self.num}")
-        check_count(state, "done")
+        check_count(state, "done", None if self.num == -1 else self.num, f"num={self.num} passes")
         load_child(self.ds, field(state, "child", dict))
 
 

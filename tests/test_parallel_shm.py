@@ -210,6 +210,7 @@ _NAMESPACED = textwrap.dedent("""
         n += 8
         if len(held) > 48:  # hold a varying number: the workers keep creating and retiring slabs
             del held[:40]
+    open(sys.argv[2], "w").close()  # tells the test the segments go now, before they go
     pool.close()
     print(json.dumps({"n": n, "bad": bad}), flush=True)
 """)
@@ -226,10 +227,13 @@ def _unshare_works() -> bool:
 
 
 def _namespaced_pool(seconds: float, tmp_path, pid: int) -> tuple[subprocess.Popen, dict]:
-    """A pool streaming for ``seconds`` in a new pid namespace, where its consumer gets pid ``pid``."""
+    """A pool streaming for ``seconds`` in a new pid namespace, where its consumer gets pid ``pid``; it
+    creates ``tmp_path / "closing"`` just before it closes the pool (and removes its segments)."""
     script = tmp_path / "namespaced.py"
     script.write_text(_NAMESPACED)
-    shell = f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid && {sys.executable} {script} {seconds}"
+    closing = tmp_path / "closing"
+    shell = (f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid && "
+             f"{sys.executable} {script} {seconds} {closing}")
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "sh", "-c", shell],
                             stdout=subprocess.PIPE, text=True)
     info = json.loads(proc.stdout.readline())
@@ -249,19 +253,24 @@ def test_pools_in_separate_pid_namespaces_share_dev_shm(leak_check, tmp_path):
     does not exist here is the subject of the simulated test above.
     """
     here = os.getppid()
+    closing = tmp_path / "closing"
     proc, info = _namespaced_pool(4.0, tmp_path, here)
     prefix = info["prefix"]
     try:
         swept = 0
-        while proc.poll() is None and swept < 30:
+        while not closing.exists() and proc.poll() is None and swept < 30:
             with WorkerPool(quarter_mb_init, 1) as pool:
                 pool.start()
             swept += 1
-            assert any(n.startswith(prefix) for n in shm_entries(mine_only=False)) or proc.poll() is not None
+            # segments first, then the marker: the pool removes its segments only after it wrote the marker,
+            # so segments gone while no marker is there means a sweep here took them
+            present = any(n.startswith(prefix) for n in shm_entries(mine_only=False))
+            assert present or closing.exists()
         done = json.loads(proc.stdout.readline())
         assert proc.wait(30) == 0
         assert swept >= 3 and done["n"] > 0 and done["bad"] == 0, (swept, done)
 
+        closing.unlink()
         proc, info = _namespaced_pool(60.0, tmp_path, here)
         prefix = info["prefix"]
         assert wait_for(lambda: any(n.startswith(prefix + "r") for n in shm_entries(mine_only=False)), 10)
@@ -386,3 +395,87 @@ def test_a_message_built_in_its_slab_is_not_copied(leak_check):
     finally:
         reader.close()
         writer.close()
+
+
+# --- large datapoints ----------------------------------------------------------------------------
+
+def big_init(ctx):
+    return lambda nbytes: np.full(nbytes, 5, np.uint8)
+
+
+def test_a_large_result_gets_a_slab_of_its_size_not_the_next_power_of_two(leak_check):
+    nbytes = 100 * (1 << 20) + 12345  # a power of two would be 128 MiB
+    with WorkerPool(big_init, 1, start_method="fork") as pool:
+        pool.start()
+        pool.put(nbytes)
+        _, got = pool.get()
+        assert got.nbytes == nbytes and got[0] == 5 and got[-1] == 5 and _in_shm(got)
+        prefix = pool._channel.prefix + "r0_"
+        sizes = [os.path.getsize(os.path.join(shm_mod.SHM_DIR, n)) for n in shm_entries() if n.startswith(prefix)]
+        assert sizes and max(sizes) <= nbytes + (2 << 20), sizes
+        del got
+
+
+def test_large_buffers_without_a_slab_travel_after_the_pickle_and_arrive_writable():
+    """No shared memory to be had: the arrays' bytes follow the small pickle in one message, copied once."""
+    writer, reader = shm_mod.SlabWriter("", None, 0), shm_mod.SlabReader(None)
+    big = np.arange(1 << 20, dtype=np.float64)
+    odd = np.arange(200 * 300, dtype=np.int32).reshape(200, 300).T  # neither C nor Fortran order
+    message = writer.dumps([big, {"odd": odd, "small": np.ones(3), "text": "x"}])
+    assert len(message) < big.nbytes + odd.nbytes + 4096  # each large buffer once, no pickle copy of them
+    got = reader.loads(bytes(message))  # as it comes out of the pipe
+    assert np.array_equal(got[0], big) and np.array_equal(got[1]["odd"], odd) and got[1]["text"] == "x"
+    assert got[0].flags.writeable and got[1]["odd"].flags.writeable and got[1]["small"].sum() == 3
+
+
+_SMALL_SHM = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    from bridgeflow import DataFromList, MultiProcessMapData
+
+    def make(dp):
+        a = np.empty(200 << 20, np.uint8)
+        a[::4096] = 9
+        return [a]
+
+    def hwm(pid):
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM"):
+                return int(line.split()[1]) * 1024
+
+    df = MultiProcessMapData(DataFromList([[0], [1]], shuffle=False), 1, make, buffer_size=1)
+    df.reset_state()
+    worker = df._pool.pids[0]
+    base = hwm(worker)
+    got = [dp[0] for dp in df]
+    print(json.dumps({"ok": all(a.nbytes == 200 << 20 and a[0] == 9 and a[-4096] == 9 for a in got),
+                      "base": base, "peak": hwm(worker)}))
+    df.close()
+""")
+
+
+def _private_small_shm_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    try:
+        return subprocess.run(["unshare", "--mount", "sh", "-c", "mount -t tmpfs -o size=8m tmpfs /dev/shm"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.skipif(not _private_small_shm_works(), reason="needs `unshare --mount` and tmpfs mounts (root)")
+def test_a_datapoint_larger_than_dev_shm_goes_through_the_pipe_with_two_copies_at_most_in_the_worker(tmp_path):
+    """In a private mount namespace whose /dev/shm holds 64 MiB, 200 MiB arrays go through the pipe; the
+    worker's peak resident memory stays within about twice the array (the array and its message)."""
+    script = tmp_path / "small_shm.py"
+    script.write_text(_SMALL_SHM)
+    proc = subprocess.run(["unshare", "--mount", "sh", "-c",
+                           f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {sys.executable} {script}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "results travel through the pipe" in proc.stderr  # said once
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ok"], out
+    grown = out["peak"] - out["base"]
+    assert grown <= 2.2 * (200 << 20), out  # 3x before the message was built in one buffer

@@ -32,11 +32,14 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from ..errors import BridgeflowError
 
 __all__ = ["BackgroundIterator", "Producer"]
 
@@ -86,8 +89,10 @@ def _run(produce: Callable[[Any], None], handle: _Handle) -> None:
     _put(handle.queue, _End(), handle.stop)
 
 
-def _shutdown(handle: _Handle, thread: threading.Thread, timeout: float | None) -> bool:
+def _shutdown(handle: _Handle, thread: threading.Thread, timeout: float | None, pid: int) -> bool:
     """Stop, unblock and join the thread; drop what it queued. Returns whether it ended."""
+    if os.getpid() != pid:  # a forked child's copy (at its exit): the thread is not here, and its queue's lock
+        return True  # may have been held at the fork
     handle.stop.set()
     if thread is threading.current_thread():  # the producer closed itself: no self-join
         return True
@@ -128,8 +133,9 @@ class Producer:
             raise ValueError(f"{name}: depth should be an integer >= 0, got {depth!r}")
         self._handle = _Handle(depth)
         self._done = False
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=_run, args=(produce, self._handle), name=name, daemon=True)
-        self._finalizer = weakref.finalize(self, _shutdown, self._handle, self._thread, None)
+        self._finalizer = weakref.finalize(self, _shutdown, self._handle, self._thread, None, self._pid)
         self._thread.start()
 
     @property
@@ -154,6 +160,10 @@ class Producer:
         the end (then and after an error the thread is joined). ``queue.Empty`` after ``timeout``."""
         if self._done or self._handle.queue is None:
             raise StopIteration
+        if os.getpid() != self._pid:  # a forked child: the thread did not come along, nothing would ever come
+            raise BridgeflowError(f"{self._thread.name}: its thread runs in process {self._pid}, and this process "
+                                  f"({os.getpid()}) is a fork of it: a forked child cannot read its parent's "
+                                  "background thread; build the pipeline in the child")
         item = self._handle.queue.get(timeout=timeout)
         if isinstance(item, _End):
             self.close()
@@ -176,7 +186,7 @@ class Producer:
             return not self._thread.is_alive()
         if timeout is None:
             return bool(self._finalizer())
-        ended = _shutdown(self._handle, self._thread, timeout)
+        ended = _shutdown(self._handle, self._thread, timeout, self._pid)
         if ended:
             self._finalizer.detach()
         return ended

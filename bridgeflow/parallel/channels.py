@@ -13,7 +13,9 @@ forensics, and never asks which kind it has:
 - for statistics: ``unread(received)`` (results finished and not yet received) and ``busy()`` (seconds the
   workers spent in their task function);
 - ``shutdown()`` stops the workers and frees what they shared. It is what ``weakref.finalize`` calls when a
-  pool is collected without ``close()``, so a channel never refers to its pool.
+  pool is collected without ``close()``, so a channel never refers to its pool;
+- ``forked_from``: None, or the pid of the process that owns the workers when this is a forked child's
+  copy of the channel, which must not be used (:mod:`bridgeflow.parallel.forking`).
 
 Thread workers share one result queue. Process workers each get a task pipe, a result pipe, a pipe for
 their stack dumps and slabs of shared memory for array bytes (:mod:`bridgeflow.parallel.shm`); the consumer
@@ -37,7 +39,7 @@ import time
 from typing import Any
 
 from ..errors import BridgeflowError, WorkerError
-from . import forensics, shm
+from . import forensics, forking, shm
 from .mapping import MappingHookSet
 from .pickling import describe_unpicklable, dumps_as_launched
 from .wire import BUSY_AT, COMPLETED_AT, CTL_STRIDE, MAX_SLABS, STOP, ctl_base
@@ -62,8 +64,11 @@ class ThreadChannel:
         self.results: queue.SimpleQueue = queue.SimpleQueue()
         self.stop = threading.Event()  # stop before the next chunk, not after the backlog
         self._busy = [0.0] * num_workers
+        self.forked_from: int | None = None
+        self.owner_pid = os.getpid()
 
     def start(self, contexts: list[WorkerContext], init_fn: Any) -> None:
+        forking.track(self)
         results, busy = self.results, self._busy
         for ctx in contexts:
             tasks: queue.SimpleQueue = queue.SimpleQueue()
@@ -122,6 +127,9 @@ class ThreadChannel:
     def busy(self) -> float | None:
         return sum(self._busy)
 
+    def after_fork_in_child(self) -> None:
+        self.forked_from = self.owner_pid  # the threads did not come along
+
     def close(self) -> None:
         self.shutdown()
 
@@ -156,6 +164,7 @@ class ProcessChannel:
         self.ctl: shm.ControlSegment | None = None
         self.prefix = ""
         self.owner_pid = os.getpid()
+        self.forked_from: int | None = None
 
     def start(self, contexts: list[WorkerContext], init_fn: Any) -> None:
         current = mp.current_process()
@@ -179,6 +188,7 @@ class ProcessChannel:
                     f"{context.get_start_method()!r} start method needs ({exc}); use a module-level function, "
                     "or start_method='fork'") from exc
         self.start_method = context.get_start_method()
+        forking.track(self)  # before the first worker forks: the workers forget this pool too
         shm.raise_fd_limit()
         self.prefix = f"bf{os.getpid()}_{next(_pool_ids)}{os.urandom(2).hex()}_"
         ctl_name = ""
@@ -335,6 +345,12 @@ class ProcessChannel:
         ns = self._counters(BUSY_AT)
         return None if ns is None else ns / 1e9
 
+    def after_fork_in_child(self) -> None:
+        """In a forked child: leave the parent's workers, pipes and segments to the parent."""
+        forking.forget_children(self.procs)  # or multiprocessing's exit handler in the child terminates them
+        self.forked_from = self.owner_pid
+        self._drop_copies()
+
     def close(self) -> None:
         for reader in self.readers:
             reader.close()
@@ -342,16 +358,23 @@ class ProcessChannel:
 
     def shutdown(self) -> None:
         if os.getpid() != self.owner_pid:
-            # A forked copy (a flow that runs in another pool's worker): the workers and the shared memory
-            # belong to the process that started them. Close our copies of the pipes and forget the rest.
-            for conn in self.task_conns + self.result_conns + self.dump_conns:
-                conn.close()
-            self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
-            self.prefix, self.dump_conns = "", []
-            if self.ctl is not None:  # our copy of the lock's descriptor; the owner keeps the lock
-                self.ctl.close()
-                self.ctl = None
+            self._drop_copies()
             return
+        self._stop_workers()
+
+    def _drop_copies(self) -> None:
+        """In a forked copy (a flow that runs in another pool's worker, or any forked child): the workers and
+        the shared memory belong to the process that started them. Close our copies of the pipes and of the
+        control segment's descriptor (the owner keeps its lock) and forget the rest."""
+        for conn in self.task_conns + self.result_conns + self.dump_conns:
+            conn.close()
+        self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
+        self.prefix, self.dump_conns = "", []
+        if self.ctl is not None:  # our copy of the lock's descriptor; the owner keeps the lock
+            self.ctl.close()
+            self.ctl = None
+
+    def _stop_workers(self) -> None:
         for conn in self.task_conns:
             try:
                 # Never block here: a worker that reads no more (stopped, stuck) is terminated below.

@@ -207,6 +207,8 @@ class WorkerPool:
         if not self._started or self._closed:
             state = "closed" if self._closed else "not started"
             raise BridgeflowError(f"{self.name}: put() on a pool that is {state}")
+        if self._channel.forked_from is not None:
+            self._raise_forked()
         if worker is None:
             if self.ordered:
                 worker = self._rr
@@ -253,6 +255,8 @@ class WorkerPool:
         :attr:`interrupted` and every later ``get()`` raises instead of waiting for a result that may
         never come; the parallel stages then start new workers.
         """
+        if self._channel.forked_from is not None:
+            self._raise_forked()
         if self.interrupted:
             raise BridgeflowError(f"{self.name}: an earlier get() was interrupted while receiving, so results "
                                   "may be lost; close this pool and start a new one")
@@ -394,6 +398,12 @@ class WorkerPool:
     @property
     def mapping_hooks(self) -> MappingHooks | None:
         return self._hooks.hooks
+
+    def _raise_forked(self) -> None:
+        raise BridgeflowError(
+            f"{self.name}: its workers belong to process {self._channel.forked_from}, and this process "
+            f"({os.getpid()}) is a fork of it: a forked child cannot use its parent's workers. Build the pipeline "
+            "in the child (or fork before reset_state() starts the workers)")
 
     def _raise_dead(self, worker: int) -> None:
         if self._closed:

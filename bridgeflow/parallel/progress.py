@@ -91,14 +91,19 @@ class SourceLedger:
         return state, low - at, sorted([s - low, n] for s, n in self.done.items())
 
 
-def check_source_position(state: dict) -> tuple[dict, int, list[list[int]]]:
-    """The ``source``, ``replay`` and ``skip`` fields of a stage's state, checked."""
+def check_source_position(state: dict, most: int | None = None, why: str = "") -> tuple[dict, int, list[list[int]]]:
+    """The ``source``, ``replay`` and ``skip`` fields of a stage's state, checked; ``most`` bounds the
+    datapoints a resume pulls before the first new one (``replay``, and the end of every skipped run)."""
     source = field(state, "source", dict)
-    replay = check_count(state, "replay")
+    replay = check_count(state, "replay", most, why)
     skip = field(state, "skip", list)
     for run in skip:
-        if not (isinstance(run, list) and len(run) == 2 and all(isinstance(v, int) and v >= 0 for v in run)):
+        if not (isinstance(run, list) and len(run) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in run)):
             raise StateMismatchError(f"damaged 'skip' entry {run!r} in the state")
+        if most is not None and replay + run[0] + run[1] > most:
+            raise StateMismatchError(f"the 'skip' entry {run!r} of the state ends past {most} datapoints after "
+                                     f"the saved position, the most this flow can save: {why}")
     return source, replay, skip
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import pickle
 import warnings
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from .._renamed import renamed_keywords
 from ..base import DataFlow, epoch_live, pending_state
 from ..errors import LengthUnknownError
 from ..rng import worker_seed_scope
-from ..state import StateError, StateMismatchError, check_count, field
+from ..state import StateError, StateMismatchError, check_count, check_plain, field
 from .common import (
     ParallelStage,
     check_picklable,
@@ -36,6 +37,8 @@ from .progress import WorkerLedger, WorkerSnapshot
 
 __all__ = ["MultiProcessRunner", "MultiThreadRunner"]
 
+
+log = logging.getLogger(__name__)
 
 _RUNNER_SNAPSHOT_EVERY = 16  # a runner worker's datapoints between two states of its copy
 
@@ -155,12 +158,36 @@ class _RunnerStage(ParallelStage):
         workers = field(state, "workers", list)
         if len(workers) != self.num_workers:
             raise StateMismatchError(f"the state lists {len(workers)} workers' positions for {self.num_workers}")
-        for w in workers:
+        probe = None  # a copy of the flow, as a worker gets it: each worker's state is checked on it, here
+        for i, w in enumerate(workers):
             if not isinstance(w, dict):
-                raise StateMismatchError(f"damaged worker position {w!r} in the state")
-            field(w, "state", (dict, type(None)))
-            check_count(w, "replay")
-        check_count(state, "taken")
+                raise StateMismatchError(f"damaged worker position {w!r:.80} in the state")
+            check_plain(w, f"the state of worker {i}")  # nothing live reaches a worker (spawn would rebuild it)
+            check_count(w, "replay", 2 * _RUNNER_SNAPSHOT_EVERY + self._capacity, "a worker reports its "
+                        f"copy's state every {_RUNNER_SNAPSHOT_EVERY} datapoints")
+            saved = field(w, "state", (dict, type(None)))
+            if saved is not None:
+                probe = probe if probe is not None else self._probe()
+                if probe is not None:
+                    try:
+                        probe.load_state_dict(saved)
+                    except StateError as exc:
+                        raise exc.within(f"workers[{i}]") from None
+        if probe is not None:
+            probe.close()
+        try:
+            size: int | None = len(self.ds)
+        except LengthUnknownError:
+            size = None
+        check_count(state, "taken", size, "the epoch's length")
+
+    def _probe(self) -> DataFlow | None:
+        """A fresh copy of the workers' flow to check their states on (None when it cannot be copied)."""
+        try:
+            return self._factory() if self._factory is not None else _copy_flow(self.ds)
+        except Exception:  # the workers' copies are checked in the workers all the same
+            log.debug("%s: no copy of the flow to check the workers' states on", type(self).__name__, exc_info=True)
+            return None
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()

@@ -73,11 +73,24 @@ TRIM_WINDOW = 64  # results of the whole pool over which a writer judges how man
 MIN_TRIM_WINDOW = 16  # results of one worker: no shorter window, or slabs would be freed and remade
 
 
+EXACT_ABOVE = 64 << 20  # slabs above this size are made to measure (in 2 MiB steps), not to a power of two
+_FRAMED = b"BFOB"  # a pipe message whose large buffers follow its pickle (no slab could be had)
+_FRAME_HEAD = len(_FRAMED) + 8
+
+
 def _round_size(n: int) -> int:
+    """A slab's size for ``n`` bytes: a power of two (reused by results of varying sizes) up to
+    ``EXACT_ABOVE``, then ``n`` rounded up to 2 MiB, so a huge datapoint asks for what it needs."""
+    if n > EXACT_ABOVE:
+        return -(-n // (2 << 20)) * (2 << 20)
     size = MIN_SLAB
     while size < n:
         size *= 2
     return size
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
 
 
 class SlabWriter:
@@ -231,11 +244,37 @@ class SlabWriter:
         retired, self._retired = self._retired, []
         return pickle.dumps((slab, data, retired), protocol=5)
 
-    def _inband(self, obj: Any) -> bytes:
+    def _inband(self, obj: Any) -> bytes | bytearray:
+        """The whole message for the pipe: the pickle, then the large buffers after it, copied once into
+        one buffer (a pickle would copy them into itself, then into the message: 4 copies in all)."""
         self._arena = None
-        return self._message(None, self._pickle(obj))
+        raws: list[memoryview] = []
 
-    def dumps(self, obj: Any) -> bytes:
+        def keep(pb: pickle.PickleBuffer) -> bool:
+            if pb.raw().nbytes < INBAND_LIMIT:
+                return True
+            raws.append(pb.raw())
+            return False
+
+        data = self._pickle(obj, keep)
+        if not raws:
+            return self._message(None, data)
+        offsets, at = [], 0
+        for r in raws:
+            offsets.append((at, r.nbytes))
+            at += _align(r.nbytes)
+        head = self._message(offsets, data)
+        start = _align(_FRAME_HEAD + len(head))
+        out = bytearray(start + at)
+        view = memoryview(out)  # assigning to a bytearray's slice would copy a non-bytearray source first
+        view[:_FRAME_HEAD] = _FRAMED + len(head).to_bytes(8, "little")
+        view[_FRAME_HEAD:_FRAME_HEAD + len(head)] = head
+        for (off, n), r in zip(offsets, raws):
+            view[start + off:start + off + n] = r.cast("B")
+        view.release()
+        return out
+
+    def dumps(self, obj: Any) -> bytes | bytearray:
         """Serialize ``obj``; the returned message goes to :meth:`SlabReader.loads` in the consumer."""
         if self.max_slabs == 0:
             return self._inband(obj)
@@ -294,7 +333,9 @@ class SlabWriter:
         self._views = []
 
 
-def _release(flags: memoryview, index: int) -> None:
+def _release(flags: memoryview, index: int, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child's copy of the array: the slab is still the parent's to release
+        return
     try:
         flags[index] = FREE
     except (ValueError, IndexError):  # the flags were released: the pool has closed
@@ -310,9 +351,12 @@ class SlabReader:
     def __init__(self, flags: memoryview | None, hooks: MappingHookSet | None = None) -> None:
         self.flags = flags
         self.hooks = hooks
+        self._pid = os.getpid()
         self._maps: dict[int, tuple[str, memoryview]] = {}  # slab index -> (name, byte view of its mapping)
 
-    def loads(self, message: bytes) -> Any:
+    def loads(self, message: bytes | bytearray) -> Any:
+        if message[:len(_FRAMED)] == _FRAMED:
+            return self._loads_framed(memoryview(message))
         slab, data, retired = pickle.loads(message)
         if retired:
             self._unmap(retired)
@@ -324,8 +368,18 @@ class SlabReader:
             known = self._maps[index] = (name, memoryview(open_segment(name, self.hooks).array()))
         # A new array on the mapping's view: views of it point to it, so it goes only when they all have.
         lease = np.frombuffer(known[1], np.uint8, max(off + n for off, n in offsets))
-        weakref.finalize(lease, _release, self.flags, index)
+        weakref.finalize(lease, _release, self.flags, index, self._pid)
         return pickle.loads(data, buffers=[lease[off:off + n] for off, n in offsets])
+
+    def _loads_framed(self, view: memoryview) -> Any:
+        """A message with its large buffers after the pickle (see ``SlabWriter._inband``): each becomes a
+        writable array of its own (one copy; the message goes once this returns)."""
+        n = int.from_bytes(view[len(_FRAMED):_FRAME_HEAD], "little")
+        offsets, data, retired = pickle.loads(view[_FRAME_HEAD:_FRAME_HEAD + n])
+        if retired:
+            self._unmap(retired)
+        start = _align(_FRAME_HEAD + n)
+        return pickle.loads(data, buffers=[bytearray(view[start + off:start + off + size]) for off, size in offsets])
 
     def _unmap(self, names: list[str]) -> None:
         """Forget the slabs the writer retired; each is unmapped once no array of it is left (none is)."""

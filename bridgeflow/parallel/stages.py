@@ -52,7 +52,7 @@ from .common import (
 )
 from .fused import BatchPlan, BatchTask, Stacked, WorkerBatching, batch_bytes
 from .pool import WorkerContext, WorkerPool
-from .progress import SourceLedger, check_source_position
+from .progress import SNAPSHOT_EVERY, SourceLedger, check_source_position
 from .runners import MultiProcessRunner, MultiThreadRunner
 
 __all__ = ["MultiProcessMapData", "MultiProcessRunner", "MultiThreadMapData", "MultiThreadRunner"]
@@ -330,17 +330,25 @@ class _MapStage(ParallelStage):
         if field(state, "ordered", bool) != bool(self.ordered):
             raise StateMismatchError(f"the state is for ordered={state['ordered']}, this stage has "
                                      f"ordered={self.ordered}")
-        _, _, skip = check_source_position(state)
+        batch = field(state, "batch", (dict, type(None)))
+        per = 1 if batch is None else max(1, min(check_count(batch, "size"), 1 << 16))
+        # in flight: at most buffer_size tasks (of a fused batch's datapoints each), pulled since the last snapshot
+        most = SNAPSHOT_EVERY + (self.buffer_size + 1) * per
+        if batch is not None:
+            why = "the datapoints a stage can have in flight"
+            for key in ("offset", "held"):
+                check_count(batch, key, most, why)
+            partial = field(batch, "partial", (list, type(None)))
+            if partial is not None and not (len(partial) == 2
+                                            and all(type(v) is int and 0 <= v <= most for v in partial)):
+                raise StateMismatchError(f"damaged 'partial' entry {partial!r:.60} in the state")
+        _, _, skip = check_source_position(state, most, f"buffer_size={self.buffer_size} in flight and "
+                                                        f"{SNAPSHOT_EVERY} pulls between two snapshots")
         if self.ordered and skip:
             raise StateMismatchError("an ordered stage's state lists datapoints received out of order")
-        check_count(state, "taken")
-        batch = field(state, "batch", (dict, type(None)))
-        if batch is not None:
-            for key in ("size", "offset", "held"):
-                check_count(batch, key)
-            partial = field(batch, "partial", (list, type(None)))
-            if partial is not None and not (len(partial) == 2 and all(isinstance(v, int) for v in partial)):
-                raise StateMismatchError(f"damaged 'partial' entry {partial!r} in the state")
+        size = self._epoch_size()
+        check_count(state, "taken", None if size is None else -(-size // per) if batch is not None else size,
+                    "the epoch's length")
         load_child(self.ds, state["source"])
 
     def _drop_iteration(self) -> None:

@@ -21,6 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+# numpy loads numpy.random on first use (numpy.__getattr__), and workers seed it first thing (the torch
+# adapter's seeding, RNG flows, map functions that draw numbers). A forked worker that imports it while
+# another thread of its parent held that module's import lock at the fork waits for the lock forever (the
+# thread is not in the child), so it is imported here, before any pool exists.
+import numpy.random  # noqa: F401
+
 from ..errors import BridgeflowError
 from . import forensics, shm
 from .wire import COMPLETED_AT, ERROR, FATAL, INIT, LIVENESS_INTERVAL, MAX_SLABS, OK, RAN_OUT, STOP, ctl_base
