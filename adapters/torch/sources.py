@@ -53,6 +53,12 @@ class LocalSource:
             raise self._task.error
         self._tasks: collections.deque = collections.deque()
 
+    @property
+    def state(self) -> Any:
+        """The dataset's state (and its iterator's) as read here, None when it has none."""
+        fetcher = self._task.fetcher
+        return fetcher.state() if fetcher is not None and fetcher.stateful else None
+
     def put(self, task: Any, worker: int | None) -> None:
         self._tasks.append(task)
 

@@ -46,10 +46,13 @@ __all__ = [
     "EpochRecord",
     "apply_generators",
     "ResumeStateError",
+    "chain_from",
     "check_state",
+    "draws_global",
     "export_state",
     "flow_state",
     "is_stateful",
+    "loader_draws",
     "replayed_indices",
 ]
 
@@ -182,6 +185,7 @@ class EpochRecord:
         self.flow_ended = False  # the flow ran out while the last delivered batch was read: the epoch is over
         self.problem: str | None = None  # why this epoch's position cannot be exported
         self.length = _epoch_length(loader)
+        self.rng_next: str | None = None  # torch's global RNG after this epoch's draws (see loader_draws)
 
     def at_flow_end(self) -> bool:
         """A DataFlow epoch whose position is unknown but whose batches (by length) were all delivered:
@@ -196,6 +200,12 @@ class EpochRecord:
         self.rng_first = snap
         holder = _epoch_holder(loader)
         self.sampler_epoch = None if holder is None else [holder[0], holder[1].epoch]
+
+    def note_epoch_end(self, loader: Any) -> None:
+        """The epoch ran out: the next one's draws start from torch's global RNG as it is now (what this
+        process drew since the epoch's start, a dataset read here, counts too), unless drawn from a chain."""
+        if self.rng_next is not None and loader.__dict__.get("_bf_rng_chain") is None:
+            self.rng_next = _encode(torch.get_rng_state())
 
     def note_worker_state(self, worker: int, num_workers: int, state: Any) -> None:
         if self.workers is None:
@@ -219,14 +229,21 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
         "dataset": None, "flow": None,
     }
     is_flow = loader._bf_kind == "collate"
-    if not is_flow and is_stateful(loader._bf_items()):
+    if not is_flow and loader.num_workers == 0 and is_stateful(loader._bf_items()):
+        # with workers, the copies that are read are the workers' (their states come with their batches):
+        # this process's copy may have no state at all (torchdata asks the workers only, too)
         state["dataset"] = loader._bf_items().state_dict()
+    if record is not None and record.rng_next is not None:
+        state["rng_next"] = record.rng_next
+        state["rng_saved"] = _encode(torch.get_rng_state())
     boundary = record is None or record.finished or (is_flow and record.at_flow_end())
     if boundary:
         state["finished"] = record is not None
         it = getattr(loader, "_iterator", None)
         if record is not None and loader.persistent_workers and it is not None and not it.closed:
             state["base_seed"] = record.base_seed  # the workers' seeds: kept into the next epoch, not drawn
+            # the workers' dataset copies live on into the next epoch: their states at this epoch's end
+            state["workers"] = copy.deepcopy(record.workers)
         if is_flow:
             state["flow"] = flow_state(loader.dataset)[0]
         return state
@@ -267,9 +284,10 @@ def check_state(loader: Any, state: Any) -> dict:
     if saved.get("length") is not None and here.get("length") is not None and saved["length"] != here["length"]:
         raise _mismatch("dataset length", saved["length"], here["length"])
     per_worker = state.get("workers") is not None or state.get("exhausted") is not None
-    if state.get("started") and per_worker and saved.get("num_workers") != here.get("num_workers"):
-        raise _mismatch("num_workers (the workers' dataset states are per worker)", saved.get("num_workers"),
-                        here.get("num_workers"))
+    if (state.get("started") or per_worker) and saved.get("num_workers") != here.get("num_workers"):
+        # batches go to the workers in turn and each worker reads its own copy (an iterable its own shard):
+        # a state taken in an epoch, even before its first batch, belongs to that number of workers
+        raise _mismatch("num_workers", saved.get("num_workers"), here.get("num_workers"))
     gens = _generators(loader)
     for path in list(state.get("rng_now") or ()) + list(state.get("rng_first") or ()):
         if path != GLOBAL_RNG and path not in gens:
@@ -305,6 +323,49 @@ def _rngs_of_epoch_start(loader: Any, rng: dict[str, str]) -> Iterator[None]:
     finally:
         if saved_global is not None:  # the replay borrowed the global RNG; the user's state is theirs
             torch.set_rng_state(saved_global)
+
+
+def draws_global(loader: Any) -> bool:
+    """Whether an epoch's start draws from torch's global RNG (the workers' base seed without a
+    ``generator``, or a sampler without a generator of its own)."""
+    return loader.generator is None or _uses_global_rng(loader)
+
+
+@contextlib.contextmanager
+def loader_draws(loader: Any, record: EpochRecord) -> Iterator[None]:
+    """Around the draws an epoch's start makes (base seed, DataPipe seed, the sampler's first index).
+
+    Uninterrupted, they come from torch's global RNG, as torch's loader draws them, and the record notes
+    the global RNG after them: where the next epoch's draws start when nothing else draws in between. A
+    loader resumed from such a state in a process whose global RNG was not restored (Lightning restores
+    none) draws from that saved RNG instead, kept as ``loader._bf_rng_chain`` from epoch to epoch, so every
+    later epoch is the uninterrupted run's without a ``generator``; the process's global RNG is untouched.
+    """
+    if not draws_global(loader):
+        yield
+        return
+    chain = loader.__dict__.get("_bf_rng_chain")
+    if chain is None:
+        yield
+        record.rng_next = _encode(torch.get_rng_state())
+        return
+    saved = torch.get_rng_state()
+    torch.set_rng_state(_decode(chain))
+    try:
+        yield
+    finally:
+        loader._bf_rng_chain = record.rng_next = _encode(torch.get_rng_state())
+        torch.set_rng_state(saved)
+
+
+def chain_from(loader: Any, state: dict) -> None:
+    """After loading ``state``: draw later epochs from its saved global RNG (see :func:`loader_draws`),
+    unless this process's global RNG is where it was when the state was taken (a framework restored it:
+    Accelerate does), then from the global RNG as torch does."""
+    rng_next = state.get("rng_next")
+    restored = state.get("rng_saved") is not None and torch.equal(torch.get_rng_state(),
+                                                                   _decode(state["rng_saved"]))
+    loader._bf_rng_chain = None if rng_next is None or restored else rng_next
 
 
 def replayed_indices(loader: Any, state: dict, skip: int) -> Iterator[Any]:
