@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -176,3 +177,41 @@ def test_accelerate_two_processes_shard_and_accumulate_like_torch(tmp_path):
     for epoch in range(2):
         seen = [set(i for ids, _ in rec["bridgeflow"]["epochs"][epoch] for i in ids) for rec in ranks]
         assert seen[0] | seen[1] == set(range(N))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["map", "dataflow"])
+def test_lightning_resumes_a_killed_run_exactly(kind, num_workers, tmp_path):
+    """Issue 21's case: shuffled without a generator, a checkpoint every 6 steps, the process SIGKILLed at
+    step 8, a new process resumes from step 6 (Lightning restores no RNG): every remaining step of every
+    epoch is the uninterrupted run's, the epochs after the resumed one included."""
+    base = [sys.executable, "frameworks_run.py", "lightning_resume", str(tmp_path), kind, str(num_workers)]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    for phase, code in (("full", -signal.SIGKILL), ("resume", 0)):  # full: then the run killed at step 8
+        proc = subprocess.run(base + [phase], env=env, capture_output=True, text=True, timeout=240, cwd=HERE)
+        assert proc.returncode == code, proc.stderr[-3000:]
+    steps = {name: [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+             for name in ("full", "killed", "resumed")}
+    assert len(steps["full"]) == 30 and steps["killed"] == steps["full"][:8]  # killed at step 8
+    assert [s[1] for s in steps["resumed"]] == list(range(6, 30))
+    assert steps["resumed"] == steps["full"][6:]
+    assert steps["full"][:10] != steps["full"][10:20]  # each epoch reshuffles
+
+
+@pytest.mark.slow
+def test_lightning_ddp_spawn_with_the_import_inside_the_hook(tmp_path):
+    """bridgeflow first imported inside train_dataloader(): Lightning re-creates the loader with its
+    DistributedSampler (torch's __init__ is called by keyword, so the recorded call takes sampler=)."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "frameworks_late_import.py", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=240, cwd=HERE)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("late-*.json"))]
+    assert len(ranks) == 2
+    for rec in ranks:
+        assert rec["class"] == "bridgeflow.adapters.torch.loader.DataLoader"
+        assert rec["sampler"] == "DistributedSampler"
+    for epoch in range(2):
+        shards = [set(rec["ids"][epoch]) for rec in ranks]
+        assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(22))
