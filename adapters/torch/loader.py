@@ -98,7 +98,7 @@ class DataLoader(_tud.DataLoader[T_co]):
     """Drop-in replacement for ``torch.utils.data.DataLoader`` running on bridgeflow's worker pool.
 
     Takes exactly torch's arguments (see the module docstring for the few differences), plus torchdata
-    ``StatefulDataLoader``'s one keyword, ``snapshot_every_n_steps`` (a positive integer or None, kept as an
+    ``StatefulDataLoader``'s one keyword, ``snapshot_every_n_steps`` (an integer >= 0 or None, kept as an
     attribute): it changes nothing here. torchdata sends the workers' states to the main process every n
     steps and replays up to n - 1 batches at a resume; bridgeflow's workers send their dataset's state with
     every batch (only datasets with ``state_dict()`` have one, and it costs one small pickle per batch),
@@ -141,8 +141,8 @@ class DataLoader(_tud.DataLoader[T_co]):
         split = is_flow and not by_index and split_source(dataset) is not None
         if snapshot_every_n_steps is not None and (
                 isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int)
-                or snapshot_every_n_steps < 1):
-            raise ValueError(f"snapshot_every_n_steps should be a positive integer or None, but got "
+                or snapshot_every_n_steps < 0):
+            raise ValueError(f"snapshot_every_n_steps should be a non-negative integer or None, but got "
                              f"snapshot_every_n_steps={snapshot_every_n_steps!r}")
         # by keyword: a framework that recorded this call (Lightning, when the class is imported inside its
         # hook) and re-creates it with its own sampler= must not collide with a positional argument

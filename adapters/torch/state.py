@@ -233,8 +233,11 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
         # with workers, the copies that are read are the workers' (their states come with their batches):
         # this process's copy may have no state at all (torchdata asks the workers only, too)
         state["dataset"] = loader._bf_items().state_dict()
-    if record is not None and record.rng_next is not None:
-        state["rng_next"] = record.rng_next
+    rng_next = record.rng_next if record is not None else None
+    if record is None and draws_global(loader):  # never iterated: its first draws start from here
+        rng_next = loader.__dict__.get("_bf_rng_chain") or _encode(torch.get_rng_state())
+    if rng_next is not None:
+        state["rng_next"] = rng_next
         state["rng_saved"] = _encode(torch.get_rng_state())
     boundary = record is None or record.finished or (is_flow and record.at_flow_end())
     if boundary:
