@@ -39,6 +39,7 @@ from typing import Any
 from bridgeflow.errors import BridgeflowError
 
 from ._compat import InfiniteConstantSampler, torch
+from .state_fields import LoaderFacts, check_fields
 
 __all__ = [
     "FORMAT",
@@ -59,7 +60,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FORMAT = "bridgeflow.adapters.torch.DataLoader"
-VERSION = 1
+VERSION = 2  # 2: rng_next/rng_saved (where the next epoch draws from)
 GLOBAL_RNG = "torch"  # key of torch's default CPU generator among the RNG snapshots
 
 _tud = torch.utils.data
@@ -276,21 +277,29 @@ def check_state(loader: Any, state: Any) -> dict:
         raise ResumeStateError("DataLoader.load_state_dict: not a state of bridgeflow's DataLoader (no "
                                f"'format': {FORMAT!r} entry); states of other loaders cannot be loaded")
     version = state.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ResumeStateError(f"DataLoader.load_state_dict: state['version'] = {version!r}: not a format version")
+    if version > VERSION:
         raise ResumeStateError(f"DataLoader.load_state_dict: the state has format version {version!r}, newer "
                                f"than this bridgeflow reads ({VERSION}); upgrade bridgeflow to load it")
-    saved, here = state["config"], _config(loader)
+    saved, here = state.get("config"), _config(loader)
+    if not isinstance(saved, dict):
+        raise ResumeStateError(f"DataLoader.load_state_dict: state['config'] = {saved!r:.80}: expected the "
+                               "saving loader's settings (a mapping)")
     for key in ("kind", "batch_size", "drop_last", "samplers", "distributed"):
         if saved.get(key) != here.get(key):
             raise _mismatch({"samplers": "sampler types", "kind": "dataset kind"}.get(key, key),
                             saved.get(key), here.get(key))
     if saved.get("length") is not None and here.get("length") is not None and saved["length"] != here["length"]:
         raise _mismatch("dataset length", saved["length"], here["length"])
-    per_worker = state.get("workers") is not None or state.get("exhausted") is not None
-    if (state.get("started") or per_worker) and saved.get("num_workers") != here.get("num_workers"):
-        # batches go to the workers in turn and each worker reads its own copy (an iterable its own shard):
-        # a state taken in an epoch, even before its first batch, belongs to that number of workers
-        raise _mismatch("num_workers", saved.get("num_workers"), here.get("num_workers"))
+    sizes = {path: g.get_state().numel() for path, g in _generators(loader).items()}
+    sizes[GLOBAL_RNG] = torch.get_rng_state().numel()
+    gens = set(_generators(loader))
+    check_fields(state, LoaderFacts(
+        kind=loader._bf_kind, num_workers=loader.num_workers, epoch_length=_epoch_length(loader),
+        dataset_stateful=is_stateful(loader._bf_items()), rng_sizes=sizes, generators=gens,
+        epoch_rngs=gens | ({GLOBAL_RNG} if _uses_global_rng(loader) else set()),
+        draws_global=draws_global(loader), error=ResumeStateError))
     gens = _generators(loader)
     for path in list(state.get("rng_now") or ()) + list(state.get("rng_first") or ()):
         if path != GLOBAL_RNG and path not in gens:
