@@ -144,14 +144,25 @@ class PoolSource:
             else:
                 worker, value = self._get_in_slices(between, timeout)
         except WorkerTimeoutError as exc:
-            self.close()
-            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from exc
+            raise self._timed_out(exc) from exc
         except WorkerError as exc:
             self.close()
             raise with_torch_wording(exc) from exc.__cause__
         except Exception as exc:  # the dataset's error
             return None, Failed(exc)  # type: ignore[return-value]
         return worker, _unpacked(value)
+
+    def _timed_out(self, exc: WorkerTimeoutError) -> RuntimeError:
+        """torch's words, then the worker waited on, its pid and what it is doing; the workers are stopped
+        first without the grace a clean close gives (they are stuck), so the error comes at the time asked."""
+        for proc in self.workers:  # bridgeflow's workers outlive SIGTERM's grace; their segments are swept
+            if proc.exitcode is None:
+                proc.kill()
+        self.close()
+        who = f"worker {exc.worker} (pid {exc.pid})" if exc.worker is not None else "the workers"
+        doing = str(exc).split("; it is ", 1)[1] if "; it is " in str(exc) else None
+        return RuntimeError(f"DataLoader timed out after {self._timeout} seconds waiting for a batch from {who}"
+                            + (f", which is {doing}" if doing else ""))
 
     def _get_in_slices(self, between: Callable[[], Any], timeout: float | None) -> tuple[int, Any]:
         """Short waits (a timed-out one loses nothing) with ``between()`` in between, honouring the loader's
