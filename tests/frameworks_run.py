@@ -168,6 +168,60 @@ def lightning_resume(out: str, kind: str, workers: str, phase: str) -> None:
         fit(os.path.join(out, "resumed.jsonl"), ckpt=os.path.join(out, "ckpt", ckpt))
 
 
+def accelerate_resume(out: str, phase: str) -> None:
+    """Accelerate keeping bridgeflow's workers: the loader is not prepared; a DistributedSampler shards it
+    and AllRanksState checkpoints every rank's position. ``full``: 2 epochs uninterrupted; ``killed``: the
+    same, ``save_state()`` after step 4, every rank SIGKILLed at step 6; ``resume``: ``load_state()`` in new
+    processes and the rest. Each rank appends its steps to ``OUT/<phase>-<rank>.jsonl``."""
+    from accelerate import Accelerator
+
+    from bridgeflow.adapters.torch import AllRanksState
+
+    acc = Accelerator(cpu=True)
+    torch.manual_seed(SEED + acc.process_index)  # each rank's global RNG its own: the workers' seeds differ
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = acc.prepare(model, opt)
+    dataset = Ids(40)
+    sampler = tud.DistributedSampler(dataset, num_replicas=acc.num_processes, rank=acc.process_index,
+                                     shuffle=True, seed=SEED)
+    loader = DataLoader(dataset, batch_size=BATCH, sampler=sampler, num_workers=2)
+    progress = {"epoch": 0}
+
+    class Progress:
+        def state_dict(self):
+            return dict(progress)
+
+        def load_state_dict(self, state):
+            progress.update(state)
+
+    acc.register_for_checkpointing(AllRanksState(loader), Progress())
+    folder = os.path.join(out, "ckpt")
+    if phase == "resume":
+        acc.load_state(folder)
+    path = os.path.join(out, f"{phase}-{acc.process_index}.jsonl")
+    step = 0
+    while progress["epoch"] < 2:
+        sampler.set_epoch(progress["epoch"])
+        for x, ids in loader:
+            with open(path, "a") as f:
+                f.write(json.dumps([progress["epoch"], [int(i) for i in ids], torch.rand(()).item()]) + "\n")
+            loss = model(x).sum()
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            step += 1
+            if phase == "killed" and step == 4:
+                acc.save_state(folder)
+            if phase == "killed" and step == 6:
+                os.kill(os.getpid(), signal.SIGKILL)
+        progress["epoch"] += 1
+    acc.wait_for_everyone()
+    loader.close()
+    sys.stdout.flush()
+    os._exit(0)  # see accelerate()
+
+
 if __name__ == "__main__":
     {"lightning_ddp": lightning_ddp, "accelerate": accelerate,
-     "lightning_resume": lightning_resume}[sys.argv[1]](*sys.argv[2:])
+     "lightning_resume": lightning_resume, "accelerate_resume": accelerate_resume}[sys.argv[1]](*sys.argv[2:])
