@@ -633,3 +633,36 @@ def test_batches_held_by_the_consumer_keep_their_values(leak_check):
     assert all(torch.equal(b, torch.tensor([[2 * k] * 256, [2 * k + 1] * 256], dtype=torch.int32))
                for k, b in enumerate(held))
     del held, loader
+
+
+class NapDataset(tud.Dataset):
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int):
+        time.sleep(0.01)
+        return i
+
+
+def test_stats_in_the_shape_of_a_pipelines(leak_check):
+    """Issue 22: the loader's own figures (buffer fill, consumer wait, workers busy) keyed as df.stats() keys
+    its stages, a DataFlow dataset's stages under the loader's path; bottleneck() reads them."""
+    import bridgeflow as bf
+    from bridgeflow.pipeline import bottleneck
+
+    loader = DataLoader(NapDataset(), batch_size=4, num_workers=2)
+    assert loader.stats() == {}
+    batches = list(loader)
+    stats = loader.stats()["DataLoader"]  # kept after the iterator is gone
+    assert stats["batches"] == len(batches) == 6 and stats["workers"] == 2
+    assert 0 < stats["consumer_wait_frac"] <= 1 and stats["consumer_wait_s"] > 0
+    assert 0 <= stats["buffer_fill"] <= 1 and 0 < stats["workers_busy"] <= 1
+    assert bottleneck(loader.stats()).startswith(("the workers of DataLoader", "what feeds the workers of DataLoader",
+                                                   "the consumer: DataLoader"))
+    flow = bf.MultiProcessMapData(bf.DataFromList([[i] for i in range(12)], shuffle=False), 2, lambda dp: dp)
+    with DataLoader(flow, batch_size=4) as loader:
+        assert len(list(loader)) == 3
+        stats = loader.stats()
+        assert stats["DataLoader"]["batches"] == 3 and "workers_busy" not in stats["DataLoader"]
+        assert stats["DataLoader/MultiProcessMapData"]["datapoints"] == 12
+    flow.close()

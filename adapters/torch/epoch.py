@@ -32,6 +32,7 @@ import collections
 import itertools
 import logging
 import operator
+import time
 import warnings
 import weakref
 from typing import Any
@@ -112,6 +113,10 @@ class EpochIterator(_compat.TorchIteratorNames):
         self._pinner: Any = None
         self.closed = False
         self._source: Any = None
+        self._pool_source: PoolSource | None = None
+        self._since: float | None = None  # when the first batch was asked for (stats)
+        self._wait_s = 0.0  # time spent waiting for the source (stats)
+        self._batches = 0
         self._flow_fetcher: Fetcher | None = None  # a DataFlow read as a stream here: its samples
         self._seed_group = _compat.seed_group() if isinstance(self._dataset, _compat.IterDataPipe) else None
         self._start(loader, record, resume)
@@ -130,7 +135,7 @@ class EpochIterator(_compat.TorchIteratorNames):
                 if resume is None and self._source.state is not None:  # before its first batch too
                     record.note_worker_state(0, 1, self._source.state)
             else:
-                self._source = PoolSource(spec, loader, self._unordered)
+                self._source = self._pool_source = PoolSource(spec, loader, self._unordered)
                 if self._shared_seed is not None and resume is None:
                     # torch's multi-process iterator draws the DataPipe seed a second time for its own copy
                     # (its workers keep the first): drawn too, so the generator's later draws stay torch's
@@ -295,7 +300,15 @@ class EpochIterator(_compat.TorchIteratorNames):
         return len(self._index_sampler)
 
     def __next__(self) -> Any:
-        data = self._next_data()
+        t0 = time.perf_counter()
+        if self._since is None:
+            self._since = t0
+            if self._pool_source is not None:
+                self._pool_source.started()
+        try:
+            data = self._next_data()
+        finally:  # the time the caller waited for the loader: with num_workers=0, the reading itself
+            self._wait_s += time.perf_counter() - t0
         self._count_yield()
         if self._pin_inline:
             data = self._pin(data)
@@ -382,13 +395,29 @@ class EpochIterator(_compat.TorchIteratorNames):
             record.flow_ended = self._flow_fetcher.ended
             if record.problem is None:
                 record.flow, record.problem = flow_state(self._dataset)
+        if loader is not None:
+            loader._bf_last_stats = self.stats()  # what stats() shows once this iterator is gone
         if self._persistent_workers:
             close_source(self._flow_fetcher)
         else:
             self.shutdown()
 
+    def stats(self) -> dict[str, float]:
+        """This iterator's figures since its first batch was asked for (see ``DataLoader.stats()``)."""
+        if self._since is None:
+            return {}
+        elapsed = max(time.perf_counter() - self._since, 1e-9)
+        out = {"batches": self._batches, "workers": self._num_workers, "consumer_wait_s": self._wait_s,
+               "consumer_wait_frac": min(1.0, self._wait_s / elapsed)}
+        if self._pool_source is not None and not self.closed:
+            counters = self._pool_source.counters(self._since)
+            out["buffer_fill"] = min(1.0, counters.pop("ready_average") / max(self._depth, 1))
+            out.update(counters)
+        return out
+
     def _count_yield(self) -> None:
         """One more batch handed out; torch's warning when an iterable gives more than its ``len()``."""
+        self._batches += 1
         self.yielded += 1
         if self._kind == ITERABLE and self._len_called is not None and self.yielded > self._len_called:
             msg = (f"Length of IterableDataset {self._dataset} was reported to be {self._len_called} (when "

@@ -285,6 +285,36 @@ class DataLoader(_tud.DataLoader[T_co]):
         self._iterator = None
         self._bf_pending = checked
 
+    # --- statistics ---------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """The loader's figures in the shape of a DataFlow's ``df.stats()``, so that
+        :func:`bridgeflow.pipeline.bottleneck` reads them: under ``"DataLoader"`` the latest iterator's
+        (``batches``, ``workers``, ``consumer_wait_s`` and ``consumer_wait_frac``: your loop's time spent
+        waiting for batches; with workers ``buffer_fill``: how full the ``prefetch_factor * num_workers``
+        batches in flight were when asked, and ``workers_busy``: the share of the workers' time spent
+        reading and collating), and a DataFlow dataset's stages under ``"DataLoader/<their path>"``.
+
+        Example:
+            >>> from bridgeflow.pipeline import bottleneck
+            >>> loader = DataLoader(list(range(8)), batch_size=4)
+            >>> _ = list(loader)
+            >>> sorted(loader.stats()["DataLoader"])
+            ['batches', 'consumer_wait_frac', 'consumer_wait_s', 'workers']
+            >>> bottleneck(loader.stats()).startswith("the ")
+            True
+        """
+        out: dict[str, dict[str, float]] = {}
+        latest = self._bf_latest() if self.__dict__.get("_bf_latest") is not None else None
+        own = latest.stats() if latest is not None and not latest.closed else {}
+        own = own or self.__dict__.get("_bf_last_stats") or {}
+        if own:
+            out["DataLoader"] = own
+        if isinstance(self.dataset, DataFlow):
+            for path, values in self.dataset.stats().items():
+                out[f"DataLoader/{path}"] = values
+        return out
+
     # --- shared-memory slabs ------------------------------------------------------------------------
 
     def set_mapping_hooks(self, hooks: Any) -> None:

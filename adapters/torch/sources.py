@@ -109,6 +109,7 @@ class PoolSource:
     def __init__(self, spec: WorkerSpec, loader: Any, unordered: bool) -> None:
         self._timeout = loader.timeout
         self._closed = False
+        self._busy_before: float | None = None  # the workers' busy seconds when the first batch was asked for
         self._put_error: BaseException | None = None
         options = {"ordered": False} if unordered else {}
         self._pool = WorkerPool(functools.partial(init_worker, spec), spec.num_workers, processes=True,
@@ -197,6 +198,22 @@ class PoolSource:
         for worker in range(pool.num_workers):
             pool.put(Reset(shared_seed), worker=worker)
         return [self.get() for _ in range(pool.num_workers)]
+
+    def counters(self, since: float | None) -> dict[str, float]:
+        """The pool's figures for :meth:`~bridgeflow.adapters.torch.DataLoader.stats`: the average number
+        of batches ready when asked, and the share of the workers' time spent reading and collating since
+        ``since`` (a ``time.perf_counter()``)."""
+        out = {"ready_average": self._pool.fill_average()}
+        busy = self._pool.busy_seconds()
+        if busy is not None and since is not None and self._busy_before is not None:
+            elapsed = max(time.perf_counter() - since, 1e-9)
+            out["workers_busy"] = min(1.0, max(0.0, busy - self._busy_before) / (elapsed * self._pool.num_workers))
+        return out
+
+    def started(self) -> None:
+        """The consumer asks for its first batch: the workers' busy time counts from here."""
+        if self._busy_before is None:
+            self._busy_before = self._pool.busy_seconds()
 
     def set_mapping_hooks(self, hooks: Any) -> None:
         self._pool.set_mapping_hooks(hooks)  # closed too: its mappings still held by batches follow
