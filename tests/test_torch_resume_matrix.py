@@ -241,3 +241,37 @@ def test_torchdata_constructor_keyword():
     for bad in (-1, 1.5, "2", True):
         with pytest.raises(ValueError, match="snapshot_every_n_steps"):
             DataLoader(Ids(), snapshot_every_n_steps=bad)
+
+
+class WorkerRng(tud.Dataset):
+    """Samples drawn from the worker's torch RNG, which is also the dataset's state (torchdata's
+    DummyMapDataset): only the uninterrupted run's worker seeds give the same samples."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int):
+        return i, torch.randint(1000, ()).item()
+
+    def state_dict(self):
+        return {"rng": torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(torch.tensor(state["rng"], dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_state_taken_before_iter_resumes_in_a_new_process(persistent, leak_check):
+    """torchdata's TestInitialState: the state of a loader never iterated, loaded in a process whose global
+    RNG differs, gives the uninterrupted run's workers' seeds and samples (the first epoch's draws start
+    where the state says)."""
+    torch.manual_seed(3)
+    loader = DataLoader(WorkerRng(), batch_size=BATCH, shuffle=True, num_workers=2, persistent_workers=persistent)
+    state = saved(loader)
+    ref = [plain(b) for _ in range(2) for b in loader]
+    loader.close()
+    torch.manual_seed(4)
+    again = DataLoader(WorkerRng(), batch_size=BATCH, shuffle=True, num_workers=2, persistent_workers=persistent)
+    again.load_state_dict(state)
+    assert [plain(b) for _ in range(2) for b in again] == ref
+    again.close()
