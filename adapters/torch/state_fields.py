@@ -142,6 +142,11 @@ def check_fields(state: dict, facts: LoaderFacts) -> None:
         c.fail("workers", workers, "workers' states in a state taken before any epoch")
     for i, entry in enumerate(workers or ()):
         _check_worker_entry(c, f"workers[{i}]", entry, facts)
+        if entry is None and facts.dataset_stateful and i < min(yielded, max(1, facts.num_workers)):
+            c.fail(f"workers[{i}]", None, "this worker delivered a batch of a dataset with a state, but "
+                   "its state is missing")
+    if not started and not finished and state.get("base_seed") is not None:
+        c.fail("base_seed", state["base_seed"], "a base seed in a state taken before any epoch")
     if not started:
         for field in ("rng_first", "sampler_epoch", "last_worker", "exhausted"):
             if state.get(field) is not None:
@@ -151,8 +156,9 @@ def check_fields(state: dict, facts: LoaderFacts) -> None:
         c.fail("base_seed", None, "an epoch in progress needs its workers' base seed")
     first = state.get("rng_first")
     c.rngs("rng_first", first)
-    if first is None and yielded and facts.kind == "map":
-        c.fail("rng_first", None, f"{yielded} batches of indices were drawn from RNGs the state does not hold")
+    if first is None and facts.kind == "map" and (yielded or facts.num_workers):
+        # only an epoch without workers, before its first batch, has drawn no index yet
+        c.fail("rng_first", None, "the epoch's indices were drawn from RNGs the state does not hold")
     if first is not None and set(first) != facts.epoch_rngs:
         c.fail("rng_first", sorted(first), f"expected the RNG states the sampler draws from, "
                f"{sorted(facts.epoch_rngs)}")
