@@ -142,7 +142,7 @@ def check_fields(state: dict, facts: LoaderFacts) -> None:
         c.fail("workers", workers, "workers' states in a state taken before any epoch")
     for i, entry in enumerate(workers or ()):
         _check_worker_entry(c, f"workers[{i}]", entry, facts)
-        if entry is None and facts.dataset_stateful and i < min(yielded, max(1, facts.num_workers)):
+        if entry is None and i < min(yielded, max(1, facts.num_workers)):  # the list: the dataset has states
             c.fail(f"workers[{i}]", None, "this worker delivered a batch of a dataset with a state, but "
                    "its state is missing")
     if not started and not finished and state.get("base_seed") is not None:
