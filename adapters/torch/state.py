@@ -230,9 +230,10 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
         "dataset": None, "flow": None,
     }
     is_flow = loader._bf_kind == "collate"
-    if not is_flow and loader.num_workers == 0 and is_stateful(loader._bf_items()):
-        # with workers, the copies that are read are the workers' (their states come with their batches):
-        # this process's copy may have no state at all (torchdata asks the workers only, too)
+    own_view = loader.__dict__.get("_bf_view") is not None  # a DataFlow's view: its position lives here
+    if not is_flow and (loader.num_workers == 0 or own_view) and is_stateful(loader._bf_items()):
+        # with workers, a dataset's copies that are read are the workers' (their states come with their
+        # batches): this process's copy may have no state at all (torchdata asks the workers only, too)
         state["dataset"] = loader._bf_items().state_dict()
     rng_next = record.rng_next if record is not None else None
     if record is None and draws_global(loader):  # never iterated: its first draws start from here
