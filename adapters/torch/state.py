@@ -300,7 +300,7 @@ def check_state(loader: Any, state: Any) -> dict:
         kind=loader._bf_kind, num_workers=loader.num_workers, epoch_length=_epoch_length(loader),
         dataset_stateful=is_stateful(loader._bf_items()), rng_sizes=sizes, generators=gens,
         epoch_rngs=gens | ({GLOBAL_RNG} if _uses_global_rng(loader) else set()),
-        draws_global=draws_global(loader), error=ResumeStateError))
+        draws_global=draws_global(loader), error=ResumeStateError, rng_valid=_valid_rng))
     gens = _generators(loader)
     for path in list(state.get("rng_now") or ()) + list(state.get("rng_first") or ()):
         if path != GLOBAL_RNG and path not in gens:
@@ -314,6 +314,15 @@ def check_state(loader: Any, state: Any) -> dict:
             raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a dataset state but the dataset, "
                                    f"a {type(target).__name__}, has no load_state_dict()")
     return copy.deepcopy(state)
+
+
+def _valid_rng(raw: bytes) -> bool:
+    """Whether torch takes ``raw`` as a CPU generator's state (tried on a scratch generator)."""
+    try:
+        torch.Generator().set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    except RuntimeError:
+        return False
+    return True
 
 
 def apply_generators(loader: Any, rng: dict[str, str] | None) -> None:

@@ -38,6 +38,7 @@ class LoaderFacts:
     epoch_rngs: set[str]  # what an epoch's first index draws from (rng_first holds): generators, "torch"
     draws_global: bool  # an epoch's start draws from torch's global RNG (rng_next says where from)
     error: Callable[[str], Exception]
+    rng_valid: Callable[[bytes], bool] | None = None  # whether torch takes these bytes as a CPU RNG state
 
 
 def _show(value: Any) -> str:
@@ -76,6 +77,8 @@ class _Checker:
             self.fail(field, value, "not valid base64")
         if len(raw) != size:
             self.fail(field, f"<{len(raw)} bytes>", f"an RNG state of {size} bytes expected")
+        if self.facts.rng_valid is not None and not self.facts.rng_valid(raw):
+            self.fail(field, f"<{len(raw)} bytes>", "not a valid RNG state (torch refuses it)")
 
     def rngs(self, field: str, value: Any) -> None:
         if value is None:
@@ -177,6 +180,10 @@ def check_fields(state: dict, facts: LoaderFacts) -> None:
             c.fail("exhausted", exhausted, "a map-style dataset's workers never run out")
         for i, flag in enumerate(exhausted):
             c.boolean(f"exhausted[{i}]", flag)
+    last, turn = state.get("last_worker"), (yielded - 1) % max(1, facts.num_workers)
+    if last is not None and yielded and not any(exhausted or ()) and last != turn:
+        # batches go to the workers in turn from worker 0 while none has run out
+        c.fail("last_worker", last, f"batch {yielded} of an epoch goes to worker {turn}")
 
 
 def _check_worker_entry(c: _Checker, field: str, entry: Any, facts: LoaderFacts) -> None:
