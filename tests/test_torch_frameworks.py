@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -176,3 +177,79 @@ def test_accelerate_two_processes_shard_and_accumulate_like_torch(tmp_path):
     for epoch in range(2):
         seen = [set(i for ids, _ in rec["bridgeflow"]["epochs"][epoch] for i in ids) for rec in ranks]
         assert seen[0] | seen[1] == set(range(N))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["map", "dataflow"])
+def test_lightning_resumes_a_killed_run_exactly(kind, num_workers, tmp_path):
+    """Issue 21's case: shuffled without a generator, a checkpoint every 6 steps, the process SIGKILLed at
+    step 8, a new process resumes from step 6 (Lightning restores no RNG): every remaining step of every
+    epoch is the uninterrupted run's, the epochs after the resumed one included."""
+    base = [sys.executable, "frameworks_run.py", "lightning_resume", str(tmp_path), kind, str(num_workers)]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    for phase, code in (("full", -signal.SIGKILL), ("resume", 0)):  # full: then the run killed at step 8
+        proc = subprocess.run(base + [phase], env=env, capture_output=True, text=True, timeout=240, cwd=HERE)
+        assert proc.returncode == code, proc.stderr[-3000:]
+    steps = {name: [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+             for name in ("full", "killed", "resumed")}
+    assert len(steps["full"]) == 30 and steps["killed"] == steps["full"][:8]  # killed at step 8
+    assert [s[1] for s in steps["resumed"]] == list(range(6, 30))
+    assert steps["resumed"] == steps["full"][6:]
+    assert steps["full"][:10] != steps["full"][10:20]  # each epoch reshuffles
+
+
+@pytest.mark.slow
+def test_lightning_ddp_spawn_with_the_import_inside_the_hook(tmp_path):
+    """bridgeflow first imported inside train_dataloader(): Lightning re-creates the loader with its
+    DistributedSampler (torch's __init__ is called by keyword, so the recorded call takes sampler=)."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "frameworks_late_import.py", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=240, cwd=HERE)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("late-*.json"))]
+    assert len(ranks) == 2
+    for rec in ranks:
+        assert rec["class"] == "bridgeflow.adapters.torch.loader.DataLoader"
+        assert rec["sampler"] == "DistributedSampler"
+    for epoch in range(2):
+        shards = [set(rec["ids"][epoch]) for rec in ranks]
+        assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(22))
+
+
+@pytest.mark.slow
+def test_accelerate_resumes_every_rank_with_bridgeflows_workers(tmp_path):
+    """The documented route (loader not prepared, a DistributedSampler, AllRanksState registered for
+    checkpointing): save_state() after step 4, every rank SIGKILLed at step 6, load_state() in new
+    processes; each rank's remaining steps over 2 epochs (sample ids and a draw from its global RNG, which
+    Accelerate restores) equal the uninterrupted run's."""
+    for phase, ok in (("full", True), ("killed", False), ("resume", True)):
+        env = dict(os.environ, PYTHONWARNINGS="ignore")
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "frameworks_run.py",
+                               "accelerate_resume", str(tmp_path), phase],
+                              env=env, capture_output=True, text=True, timeout=240, cwd=HERE)
+        assert (proc.returncode == 0) == ok, proc.stdout[-2000:] + proc.stderr[-3000:]
+    steps = {(phase, rank): [json.loads(line) for line in (tmp_path / f"{phase}-{rank}.jsonl").read_text().splitlines()]
+             for phase in ("full", "killed", "resume") for rank in (0, 1)}
+    for rank in (0, 1):
+        full = steps["full", rank]
+        assert len(full) == 14 and steps["killed", rank] == full[:6]
+        assert steps["resume", rank] == full[4:]
+    assert steps["full", 0][0][1] != steps["full", 1][0][1]  # each rank its own shard
+
+
+def test_all_ranks_state_refuses_another_world_size(leak_check):
+    from bridgeflow.adapters.torch import AllRanksState, ResumeStateError
+
+    loader = DataLoader(Ids(), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(1))
+    it = iter(loader)
+    next(it)
+    state = AllRanksState(loader).state_dict()
+    assert state["world_size"] == 1 and state["ranks"][0]["yielded"] == 1
+    again = DataLoader(Ids(), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(1))
+    AllRanksState(again).load_state_dict(state)
+    assert [b[1].tolist() for b in again] == [b[1].tolist() for b in it]
+    with pytest.raises(ResumeStateError, match="saved with world size 2, this job has world size 1"):
+        AllRanksState(again).load_state_dict({**state, "world_size": 2, "ranks": state["ranks"] * 2})
+    loader.close()

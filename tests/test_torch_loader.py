@@ -100,6 +100,15 @@ class SlowDataset(tud.Dataset):
         return i
 
 
+class StuckDataset(tud.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        time.sleep(60)
+        return i
+
+
 class DyingDataset(tud.Dataset):
     def __len__(self) -> int:
         return 8
@@ -351,7 +360,22 @@ def test_timeout_raises_like_torch(leak_check):
             list(loader)
         messages.append(str(info.value))
         del loader, info
-    assert messages[0] == messages[1] == "DataLoader timed out after 0.5 seconds"
+    assert messages[0] == "DataLoader timed out after 0.5 seconds"
+    assert messages[1].startswith(messages[0] + " waiting for a batch from worker 0 (pid ")  # torch's words first
+
+
+def test_timeout_comes_at_the_time_asked_and_names_the_worker(leak_check):
+    """Issue 24: timeout=3 raised at 4.2-4.7 s (the stuck workers were given a clean close's grace first)."""
+    loader = DataLoader(StuckDataset(), batch_size=1, num_workers=2, timeout=3)
+    it = iter(loader)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"after 3 seconds waiting for a batch from worker 0 \(pid \d+\), "
+                                           r"which is sleeping, in __getitem__") as info:
+        next(it)
+    took = time.monotonic() - started
+    assert 3 <= took < 4.0, took  # the worker's stack is read (up to 0.5 s); no close grace after it
+    del it, info
+    loader.close()
 
 
 def test_dead_worker_becomes_an_error_naming_it(leak_check):
@@ -609,3 +633,36 @@ def test_batches_held_by_the_consumer_keep_their_values(leak_check):
     assert all(torch.equal(b, torch.tensor([[2 * k] * 256, [2 * k + 1] * 256], dtype=torch.int32))
                for k, b in enumerate(held))
     del held, loader
+
+
+class NapDataset(tud.Dataset):
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int):
+        time.sleep(0.01)
+        return i
+
+
+def test_stats_in_the_shape_of_a_pipelines(leak_check):
+    """Issue 22: the loader's own figures (buffer fill, consumer wait, workers busy) keyed as df.stats() keys
+    its stages, a DataFlow dataset's stages under the loader's path; bottleneck() reads them."""
+    import bridgeflow as bf
+    from bridgeflow.pipeline import bottleneck
+
+    loader = DataLoader(NapDataset(), batch_size=4, num_workers=2)
+    assert loader.stats() == {}
+    batches = list(loader)
+    stats = loader.stats()["DataLoader"]  # kept after the iterator is gone
+    assert stats["batches"] == len(batches) == 6 and stats["workers"] == 2
+    assert 0 < stats["consumer_wait_frac"] <= 1 and stats["consumer_wait_s"] > 0
+    assert 0 <= stats["buffer_fill"] <= 1 and 0 < stats["workers_busy"] <= 1
+    assert bottleneck(loader.stats()).startswith(("the workers of DataLoader", "what feeds the workers of DataLoader",
+                                                   "the consumer: DataLoader"))
+    flow = bf.MultiProcessMapData(bf.DataFromList([[i] for i in range(12)], shuffle=False), 2, lambda dp: dp)
+    with DataLoader(flow, batch_size=4) as loader:
+        assert len(list(loader)) == 3
+        stats = loader.stats()
+        assert stats["DataLoader"]["batches"] == 3 and "workers_busy" not in stats["DataLoader"]
+        assert stats["DataLoader/MultiProcessMapData"]["datapoints"] == 12
+    flow.close()

@@ -270,7 +270,7 @@ def test_torch_save_roundtrip_with_weights_only(leak_check):
 def test_state_before_iterating_and_loading_nothing(leak_check):
     loader = DataLoader(Tagged(6), batch_size=2, shuffle=True, generator=_gen())
     state = loader.state_dict()
-    assert state["started"] is False and state["version"] == 1
+    assert state["started"] is False and state["version"] == 2
     first = [plain(b) for b in loader]
     again = DataLoader(Tagged(6), batch_size=2, shuffle=True, generator=_gen())
     again.load_state_dict(state)
@@ -538,8 +538,8 @@ def test_state_of_another_dataset_length_is_refused():
 
 def test_newer_format_and_foreign_states_are_refused():
     state = _state_after_one(batch_size=3)
-    with pytest.raises(ValueError, match="format version 2, newer than this bridgeflow reads"):
-        DataLoader(Tagged(), batch_size=3).load_state_dict({**state, "version": 2})
+    with pytest.raises(ValueError, match="format version 3, newer than this bridgeflow reads"):
+        DataLoader(Tagged(), batch_size=3).load_state_dict({**state, "version": 3})
     with pytest.raises(ValueError, match="not a state of bridgeflow's DataLoader"):
         DataLoader(Tagged(), batch_size=3).load_state_dict({"_num_yielded": 1, "_sampler_iter_yielded": 1})
 

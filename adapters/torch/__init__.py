@@ -12,7 +12,8 @@ from .epoch import LoaderStateError
 from .flows import UnsplitFlowWarning
 from .loader import DataLoader
 from .prefetcher import CUDAPrefetcher, DeviceUnavailableError
+from .ranks import AllRanksState
 from .state import ResumeStateError
 
-__all__ = ["CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "LoaderStateError", "ResumeStateError",
-           "UnsplitFlowWarning"]
+__all__ = ["AllRanksState", "CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "LoaderStateError",
+           "ResumeStateError", "UnsplitFlowWarning"]

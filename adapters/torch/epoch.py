@@ -32,6 +32,7 @@ import collections
 import itertools
 import logging
 import operator
+import time
 import warnings
 import weakref
 from typing import Any
@@ -55,7 +56,7 @@ from .fetch import (
 )
 from .pin_memory import PinThread, loader_pinner, pins, update_pinner
 from .sources import Failed, LocalSource, PoolSource
-from .state import EpochRecord, apply_generators, flow_state, replayed_indices
+from .state import EpochRecord, apply_generators, flow_state, loader_draws, replayed_indices
 
 __all__ = ["EpochIterator", "LoaderStateError"]
 
@@ -112,6 +113,10 @@ class EpochIterator(_compat.TorchIteratorNames):
         self._pinner: Any = None
         self.closed = False
         self._source: Any = None
+        self._pool_source: PoolSource | None = None
+        self._since: float | None = None  # when the first batch was asked for (stats)
+        self._wait_s = 0.0  # time spent waiting for the source (stats)
+        self._batches = 0
         self._flow_fetcher: Fetcher | None = None  # a DataFlow read as a stream here: its samples
         self._seed_group = _compat.seed_group() if isinstance(self._dataset, _compat.IterDataPipe) else None
         self._start(loader, record, resume)
@@ -123,12 +128,14 @@ class EpochIterator(_compat.TorchIteratorNames):
             auto_collation=self._auto_collation, collate_fn=loader.collate_fn, drop_last=self._drop_last,
             base_seed=self._base_seed, num_workers=max(1, workers), worker_init_fn=loader.worker_init_fn,
             shared_seed=self._shared_seed, world_size=self._world_size, rank=self._rank,
-            saved=resume.get("workers") if resume else None)
+            saved=resume.get("workers") if resume else self._kept_workers)
         try:
             if workers == 0:
                 self._source = LocalSource(spec)
+                if resume is None and self._source.state is not None:  # before its first batch too
+                    record.note_worker_state(0, 1, self._source.state)
             else:
-                self._source = PoolSource(spec, loader, self._unordered)
+                self._source = self._pool_source = PoolSource(spec, loader, self._unordered)
                 if self._shared_seed is not None and resume is None:
                     # torch's multi-process iterator draws the DataPipe seed a second time for its own copy
                     # (its workers keep the first): drawn too, so the generator's later draws stay torch's
@@ -137,6 +144,10 @@ class EpochIterator(_compat.TorchIteratorNames):
                 if pins(loader):  # pinned in a background thread, as torch's loader does
                     self._source = PinThread(self._source, loader_pinner(loader), depth=self._depth + 1)
             self._finalizer = weakref.finalize(self, self._source.close)
+            if self._kept_workers is not None:  # restored at the saved epoch's end: now a fresh epoch on them
+                for worker, state in self._source.reset(self._shared_seed):
+                    if state is not None:
+                        record.note_worker_state(worker, self._num_workers, state)
             self._start_epoch(resume)
         except BaseException:
             self.shutdown()
@@ -149,18 +160,24 @@ class EpochIterator(_compat.TorchIteratorNames):
         their seeds, as torch's ``_reset`` does). Draws from the loader's generator in torch's order."""
         self._record = record
         self._len_called = loader._IterableDataset_len_called
+        self._kept_workers = None
         if first:
             self._shared_seed = None
-            self._new_shared_seed(loader, resume)
+            if resume is not None:
+                self._new_shared_seed(loader, resume)
         if resume is None:
             self._sampler_iter = iter(self._index_sampler)
-            if first:
-                # a state saved between two epochs of persistent workers keeps their seed: torch draws none then
-                kept = loader.__dict__.pop("_bf_kept_base_seed", None)
-                self._base_seed = (kept if kept is not None else
-                                   torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
-            else:
-                self._new_shared_seed(loader, None)
+            with loader_draws(loader, record):  # torch's draws, in torch's order
+                if first:
+                    self._new_shared_seed(loader, None)
+                    # a state saved between two epochs of persistent workers keeps their seed (torch draws
+                    # none then) and their datasets' states
+                    kept = loader.__dict__.pop("_bf_kept", None) or {}
+                    self._kept_workers = kept.get("workers")
+                    self._base_seed = (kept["base_seed"] if kept else torch.empty(
+                        (), dtype=torch.int64).random_(generator=loader.generator).item())
+                else:
+                    self._new_shared_seed(loader, None)
             self._rng_pending = self._kind == MAP
             self.yielded = 0
         else:
@@ -170,12 +187,14 @@ class EpochIterator(_compat.TorchIteratorNames):
             else:  # placeholders: nothing to replay; the generators continue from where they were
                 apply_generators(loader, resume.get("rng_now"))
                 self._sampler_iter = iter(self._index_sampler)
-            self._rng_pending = False
+            # a state taken before the epoch's first index was drawn: drawn as an uninterrupted epoch draws it
+            self._rng_pending = self._kind == MAP and resume.get("rng_first") is None
             self.yielded = resume["yielded"]
             record.rng_first, record.sampler_epoch = resume.get("rng_first"), resume.get("sampler_epoch")
             record.yielded, record.last_worker = resume["yielded"], resume.get("last_worker")
             record.workers, record.exhausted = resume.get("workers"), resume.get("exhausted")
             record.flow, record.flow_ended = resume.get("flow"), resume.get("flow_ended", False)
+            record.rng_next = resume.get("rng_next")
         record.base_seed, record.shared_seed = self._base_seed, self._shared_seed
 
     def _new_shared_seed(self, loader: Any, resume: dict | None) -> None:
@@ -232,7 +251,9 @@ class EpochIterator(_compat.TorchIteratorNames):
             self._rng_pending = False
             loader = self._loader_ref()
             if loader is not None:
-                self._record.snapshot_rngs(loader)
+                with loader_draws(loader, self._record):  # the sampler draws its epoch's seed now
+                    self._record.snapshot_rngs(loader)
+                    return next(self._sampler_iter)
         return next(self._sampler_iter)
 
     def _next_task(self) -> Any:
@@ -279,7 +300,15 @@ class EpochIterator(_compat.TorchIteratorNames):
         return len(self._index_sampler)
 
     def __next__(self) -> Any:
-        data = self._next_data()
+        t0 = time.perf_counter()
+        if self._since is None:
+            self._since = t0
+            if self._pool_source is not None:
+                self._pool_source.started()
+        try:
+            data = self._next_data()
+        finally:  # the time the caller waited for the loader: with num_workers=0, the reading itself
+            self._wait_s += time.perf_counter() - t0
         self._count_yield()
         if self._pin_inline:
             data = self._pin(data)
@@ -359,17 +388,36 @@ class EpochIterator(_compat.TorchIteratorNames):
     def _end_epoch(self) -> None:
         record = self._record
         record.finished = True
+        loader = self._loader_ref()
+        if loader is not None:
+            record.note_epoch_end(loader)
         if self._flow_fetcher is not None:
             record.flow_ended = self._flow_fetcher.ended
             if record.problem is None:
                 record.flow, record.problem = flow_state(self._dataset)
+        if loader is not None:
+            loader._bf_last_stats = self.stats()  # what stats() shows once this iterator is gone
         if self._persistent_workers:
             close_source(self._flow_fetcher)
         else:
             self.shutdown()
 
+    def stats(self) -> dict[str, float]:
+        """This iterator's figures since its first batch was asked for (see ``DataLoader.stats()``)."""
+        if self._since is None:
+            return {}
+        elapsed = max(time.perf_counter() - self._since, 1e-9)
+        out = {"batches": self._batches, "workers": self._num_workers, "consumer_wait_s": self._wait_s,
+               "consumer_wait_frac": min(1.0, self._wait_s / elapsed)}
+        if self._pool_source is not None and not self.closed:
+            counters = self._pool_source.counters(self._since)
+            out["buffer_fill"] = min(1.0, counters.pop("ready_average") / max(self._depth, 1))
+            out.update(counters)
+        return out
+
     def _count_yield(self) -> None:
         """One more batch handed out; torch's warning when an iterable gives more than its ``len()``."""
+        self._batches += 1
         self.yielded += 1
         if self._kind == ITERABLE and self._len_called is not None and self.yielded > self._len_called:
             msg = (f"Length of IterableDataset {self._dataset} was reported to be {self._len_called} (when "

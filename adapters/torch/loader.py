@@ -66,7 +66,7 @@ from .flows import (
     split_source,
     warn_unsplit,
 )
-from .state import EpochRecord, apply_generators, check_state, export_state
+from .state import EpochRecord, apply_generators, chain_from, check_state, export_state
 
 __all__ = ["DataLoader"]
 
@@ -97,9 +97,13 @@ def _check_flow_args(flow: DataFlow, shuffle: Any, sampler: Any, batch_sampler: 
 class DataLoader(_tud.DataLoader[T_co]):
     """Drop-in replacement for ``torch.utils.data.DataLoader`` running on bridgeflow's worker pool.
 
-    Takes exactly torch's arguments (see the module docstring for the few differences). ``dataset`` may
-    be a map-style dataset, a ``torch.utils.data.IterableDataset`` (DataPipes included) or a bridgeflow
-    ``DataFlow``.
+    Takes exactly torch's arguments (see the module docstring for the few differences), plus torchdata
+    ``StatefulDataLoader``'s one keyword, ``snapshot_every_n_steps`` (an integer >= 0 or None, kept as an
+    attribute): it changes nothing here. torchdata sends the workers' states to the main process every n
+    steps and replays up to n - 1 batches at a resume; bridgeflow's workers send their dataset's state with
+    every batch (only datasets with ``state_dict()`` have one, and it costs one small pickle per batch),
+    so ``state_dict()`` is exact at every step whatever n is. ``dataset`` may be a map-style dataset, a
+    ``torch.utils.data.IterableDataset`` (DataPipes included) or a bridgeflow ``DataFlow``.
 
     Example:
         >>> loader = DataLoader(list(range(6)), batch_size=2, shuffle=True,
@@ -122,7 +126,8 @@ class DataLoader(_tud.DataLoader[T_co]):
                  timeout: float = 0, worker_init_fn: Callable[[int], None] | None = None,
                  multiprocessing_context: Any = None, generator: Any = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
-                 pin_memory_device: str = "", in_order: bool = True) -> None:
+                 pin_memory_device: str = "", in_order: bool = True,
+                 snapshot_every_n_steps: int | None = 1) -> None:
         is_flow = isinstance(dataset, DataFlow)
         by_index = is_flow and indexable(dataset)  # read as a map-style dataset (see .flows)
         if by_index and sampler is None and batch_sampler is None and shuffles_itself(dataset):
@@ -134,10 +139,21 @@ class DataLoader(_tud.DataLoader[T_co]):
             _check_flow_args(dataset, shuffle, sampler, batch_sampler)
             shuffle, sampler = None, _compat.InfiniteConstantSampler()
         split = is_flow and not by_index and split_source(dataset) is not None
-        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
-                         pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
-                         prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-                         pin_memory_device=pin_memory_device, in_order=in_order)
+        if snapshot_every_n_steps is not None and (
+                isinstance(snapshot_every_n_steps, bool) or not isinstance(snapshot_every_n_steps, int)
+                or snapshot_every_n_steps < 0):
+            raise ValueError(f"snapshot_every_n_steps should be a non-negative integer or None, but got "
+                             f"snapshot_every_n_steps={snapshot_every_n_steps!r}")
+        # by keyword: a framework that recorded this call (Lightning, when the class is imported inside its
+        # hook) and re-creates it with its own sampler= must not collide with a positional argument
+        super().__init__(dataset=dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+                         batch_sampler=batch_sampler, num_workers=num_workers, collate_fn=collate_fn,
+                         pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
+                         worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+                         generator=generator, prefetch_factor=prefetch_factor,
+                         persistent_workers=persistent_workers, pin_memory_device=pin_memory_device,
+                         in_order=in_order)
+        self.snapshot_every_n_steps = snapshot_every_n_steps  # accepted, changes nothing (see the class doc)
         self._bf_view = FlowItems(dataset) if by_index else FlowShards(dataset) if split else None
         self._bf_stream = is_flow and not by_index  # a flow with one reader at a time
         if is_flow and not by_index:
@@ -191,11 +207,14 @@ class DataLoader(_tud.DataLoader[T_co]):
             self._bf_items().load_state_dict(state["dataset"])
         if state.get("flow") is not None:
             self.dataset.load_state_dict(state["flow"])
+        chain_from(self, state)
         if state["started"] and not state["finished"]:
             return state
         apply_generators(self, state.get("rng_now"))
         if state.get("base_seed") is not None and self.persistent_workers and self.num_workers > 0:
-            self._bf_kept_base_seed = state["base_seed"]  # the next epoch runs on the same workers' seeds
+            # the next epoch runs on the same workers: their seeds, and their datasets' states at the end
+            # of the saved epoch (restored in each worker before its next iter(dataset))
+            self._bf_kept = {"base_seed": state["base_seed"], "workers": state.get("workers")}
         return None
 
     def __iter__(self) -> Any:
@@ -265,6 +284,36 @@ class DataLoader(_tud.DataLoader[T_co]):
             it.shutdown()
         self._iterator = None
         self._bf_pending = checked
+
+    # --- statistics ---------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """The loader's figures in the shape of a DataFlow's ``df.stats()``, so that
+        :func:`bridgeflow.pipeline.bottleneck` reads them: under ``"DataLoader"`` the latest iterator's
+        (``batches``, ``workers``, ``consumer_wait_s`` and ``consumer_wait_frac``: your loop's time spent
+        waiting for batches; with workers ``buffer_fill``: how full the ``prefetch_factor * num_workers``
+        batches in flight were when asked, and ``workers_busy``: the share of the workers' time spent
+        reading and collating), and a DataFlow dataset's stages under ``"DataLoader/<their path>"``.
+
+        Example:
+            >>> from bridgeflow.pipeline import bottleneck
+            >>> loader = DataLoader(list(range(8)), batch_size=4)
+            >>> _ = list(loader)
+            >>> sorted(loader.stats()["DataLoader"])
+            ['batches', 'consumer_wait_frac', 'consumer_wait_s', 'workers']
+            >>> bottleneck(loader.stats()).startswith("the ")
+            True
+        """
+        out: dict[str, dict[str, float]] = {}
+        latest = self._bf_latest() if self.__dict__.get("_bf_latest") is not None else None
+        own = latest.stats() if latest is not None and not latest.closed else {}
+        own = own or self.__dict__.get("_bf_last_stats") or {}
+        if own:
+            out["DataLoader"] = own
+        if isinstance(self.dataset, DataFlow):
+            for path, values in self.dataset.stats().items():
+                out[f"DataLoader/{path}"] = values
+        return out
 
     # --- shared-memory slabs ------------------------------------------------------------------------
 

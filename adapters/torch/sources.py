@@ -53,6 +53,12 @@ class LocalSource:
             raise self._task.error
         self._tasks: collections.deque = collections.deque()
 
+    @property
+    def state(self) -> Any:
+        """The dataset's state (and its iterator's) as read here, None when it has none."""
+        fetcher = self._task.fetcher
+        return fetcher.state() if fetcher is not None and fetcher.stateful else None
+
     def put(self, task: Any, worker: int | None) -> None:
         self._tasks.append(task)
 
@@ -103,6 +109,7 @@ class PoolSource:
     def __init__(self, spec: WorkerSpec, loader: Any, unordered: bool) -> None:
         self._timeout = loader.timeout
         self._closed = False
+        self._busy_before: float | None = None  # the workers' busy seconds when the first batch was asked for
         self._put_error: BaseException | None = None
         options = {"ordered": False} if unordered else {}
         self._pool = WorkerPool(functools.partial(init_worker, spec), spec.num_workers, processes=True,
@@ -138,14 +145,25 @@ class PoolSource:
             else:
                 worker, value = self._get_in_slices(between, timeout)
         except WorkerTimeoutError as exc:
-            self.close()
-            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from exc
+            raise self._timed_out(exc) from exc
         except WorkerError as exc:
             self.close()
             raise with_torch_wording(exc) from exc.__cause__
         except Exception as exc:  # the dataset's error
             return None, Failed(exc)  # type: ignore[return-value]
         return worker, _unpacked(value)
+
+    def _timed_out(self, exc: WorkerTimeoutError) -> RuntimeError:
+        """torch's words, then the worker waited on, its pid and what it is doing; the workers are stopped
+        first without the grace a clean close gives (they are stuck), so the error comes at the time asked."""
+        for proc in self.workers:  # bridgeflow's workers outlive SIGTERM's grace; their segments are swept
+            if proc.exitcode is None:
+                proc.kill()
+        self.close()
+        who = f"worker {exc.worker} (pid {exc.pid})" if exc.worker is not None else "the workers"
+        doing = str(exc).split("; it is ", 1)[1] if "; it is " in str(exc) else None
+        return RuntimeError(f"DataLoader timed out after {self._timeout} seconds waiting for a batch from {who}"
+                            + (f", which is {doing}" if doing else ""))
 
     def _get_in_slices(self, between: Callable[[], Any], timeout: float | None) -> tuple[int, Any]:
         """Short waits (a timed-out one loses nothing) with ``between()`` in between, honouring the loader's
@@ -180,6 +198,22 @@ class PoolSource:
         for worker in range(pool.num_workers):
             pool.put(Reset(shared_seed), worker=worker)
         return [self.get() for _ in range(pool.num_workers)]
+
+    def counters(self, since: float | None) -> dict[str, float]:
+        """The pool's figures for :meth:`~bridgeflow.adapters.torch.DataLoader.stats`: the average number
+        of batches ready when asked, and the share of the workers' time spent reading and collating since
+        ``since`` (a ``time.perf_counter()``)."""
+        out = {"ready_average": self._pool.fill_average()}
+        busy = self._pool.busy_seconds()
+        if busy is not None and since is not None and self._busy_before is not None:
+            elapsed = max(time.perf_counter() - since, 1e-9)
+            out["workers_busy"] = min(1.0, max(0.0, busy - self._busy_before) / (elapsed * self._pool.num_workers))
+        return out
+
+    def started(self) -> None:
+        """The consumer asks for its first batch: the workers' busy time counts from here."""
+        if self._busy_before is None:
+            self._busy_before = self._pool.busy_seconds()
 
     def set_mapping_hooks(self, hooks: Any) -> None:
         self._pool.set_mapping_hooks(hooks)  # closed too: its mappings still held by batches follow

@@ -39,6 +39,7 @@ from typing import Any
 from bridgeflow.errors import BridgeflowError
 
 from ._compat import InfiniteConstantSampler, torch
+from .state_fields import LoaderFacts, check_fields
 
 __all__ = [
     "FORMAT",
@@ -46,17 +47,20 @@ __all__ = [
     "EpochRecord",
     "apply_generators",
     "ResumeStateError",
+    "chain_from",
     "check_state",
+    "draws_global",
     "export_state",
     "flow_state",
     "is_stateful",
+    "loader_draws",
     "replayed_indices",
 ]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "bridgeflow.adapters.torch.DataLoader"
-VERSION = 1
+VERSION = 2  # 2: rng_next/rng_saved (where the next epoch draws from)
 GLOBAL_RNG = "torch"  # key of torch's default CPU generator among the RNG snapshots
 
 _tud = torch.utils.data
@@ -182,6 +186,7 @@ class EpochRecord:
         self.flow_ended = False  # the flow ran out while the last delivered batch was read: the epoch is over
         self.problem: str | None = None  # why this epoch's position cannot be exported
         self.length = _epoch_length(loader)
+        self.rng_next: str | None = None  # torch's global RNG after this epoch's draws (see loader_draws)
 
     def at_flow_end(self) -> bool:
         """A DataFlow epoch whose position is unknown but whose batches (by length) were all delivered:
@@ -196,6 +201,12 @@ class EpochRecord:
         self.rng_first = snap
         holder = _epoch_holder(loader)
         self.sampler_epoch = None if holder is None else [holder[0], holder[1].epoch]
+
+    def note_epoch_end(self, loader: Any) -> None:
+        """The epoch ran out: the next one's draws start from torch's global RNG as it is now (what this
+        process drew since the epoch's start, a dataset read here, counts too), unless drawn from a chain."""
+        if self.rng_next is not None and loader.__dict__.get("_bf_rng_chain") is None:
+            self.rng_next = _encode(torch.get_rng_state())
 
     def note_worker_state(self, worker: int, num_workers: int, state: Any) -> None:
         if self.workers is None:
@@ -219,14 +230,25 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
         "dataset": None, "flow": None,
     }
     is_flow = loader._bf_kind == "collate"
-    if not is_flow and is_stateful(loader._bf_items()):
+    own_view = loader.__dict__.get("_bf_view") is not None  # a DataFlow's view: its position lives here
+    if not is_flow and (loader.num_workers == 0 or own_view) and is_stateful(loader._bf_items()):
+        # with workers, a dataset's copies that are read are the workers' (their states come with their
+        # batches): this process's copy may have no state at all (torchdata asks the workers only, too)
         state["dataset"] = loader._bf_items().state_dict()
+    rng_next = record.rng_next if record is not None else None
+    if record is None and draws_global(loader):  # never iterated: its first draws start from here
+        rng_next = loader.__dict__.get("_bf_rng_chain") or _encode(torch.get_rng_state())
+    if rng_next is not None:
+        state["rng_next"] = rng_next
+        state["rng_saved"] = _encode(torch.get_rng_state())
     boundary = record is None or record.finished or (is_flow and record.at_flow_end())
     if boundary:
         state["finished"] = record is not None
         it = getattr(loader, "_iterator", None)
         if record is not None and loader.persistent_workers and it is not None and not it.closed:
             state["base_seed"] = record.base_seed  # the workers' seeds: kept into the next epoch, not drawn
+            # the workers' dataset copies live on into the next epoch: their states at this epoch's end
+            state["workers"] = copy.deepcopy(record.workers)
         if is_flow:
             state["flow"] = flow_state(loader.dataset)[0]
         return state
@@ -256,20 +278,29 @@ def check_state(loader: Any, state: Any) -> dict:
         raise ResumeStateError("DataLoader.load_state_dict: not a state of bridgeflow's DataLoader (no "
                                f"'format': {FORMAT!r} entry); states of other loaders cannot be loaded")
     version = state.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ResumeStateError(f"DataLoader.load_state_dict: state['version'] = {version!r}: not a format version")
+    if version > VERSION:
         raise ResumeStateError(f"DataLoader.load_state_dict: the state has format version {version!r}, newer "
                                f"than this bridgeflow reads ({VERSION}); upgrade bridgeflow to load it")
-    saved, here = state["config"], _config(loader)
+    saved, here = state.get("config"), _config(loader)
+    if not isinstance(saved, dict):
+        raise ResumeStateError(f"DataLoader.load_state_dict: state['config'] = {saved!r:.80}: expected the "
+                               "saving loader's settings (a mapping)")
     for key in ("kind", "batch_size", "drop_last", "samplers", "distributed"):
         if saved.get(key) != here.get(key):
             raise _mismatch({"samplers": "sampler types", "kind": "dataset kind"}.get(key, key),
                             saved.get(key), here.get(key))
     if saved.get("length") is not None and here.get("length") is not None and saved["length"] != here["length"]:
         raise _mismatch("dataset length", saved["length"], here["length"])
-    per_worker = state.get("workers") is not None or state.get("exhausted") is not None
-    if state.get("started") and per_worker and saved.get("num_workers") != here.get("num_workers"):
-        raise _mismatch("num_workers (the workers' dataset states are per worker)", saved.get("num_workers"),
-                        here.get("num_workers"))
+    sizes = {path: g.get_state().numel() for path, g in _generators(loader).items()}
+    sizes[GLOBAL_RNG] = torch.get_rng_state().numel()
+    gens = set(_generators(loader))
+    check_fields(state, LoaderFacts(
+        kind=loader._bf_kind, num_workers=loader.num_workers, epoch_length=_epoch_length(loader),
+        dataset_stateful=is_stateful(loader._bf_items()), rng_sizes=sizes, generators=gens,
+        epoch_rngs=gens | ({GLOBAL_RNG} if _uses_global_rng(loader) else set()),
+        draws_global=draws_global(loader), error=ResumeStateError, rng_valid=_valid_rng))
     gens = _generators(loader)
     for path in list(state.get("rng_now") or ()) + list(state.get("rng_first") or ()):
         if path != GLOBAL_RNG and path not in gens:
@@ -283,6 +314,15 @@ def check_state(loader: Any, state: Any) -> dict:
             raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a dataset state but the dataset, "
                                    f"a {type(target).__name__}, has no load_state_dict()")
     return copy.deepcopy(state)
+
+
+def _valid_rng(raw: bytes) -> bool:
+    """Whether torch takes ``raw`` as a CPU generator's state (tried on a scratch generator)."""
+    try:
+        torch.Generator().set_state(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    except RuntimeError:
+        return False
+    return True
 
 
 def apply_generators(loader: Any, rng: dict[str, str] | None) -> None:
@@ -305,6 +345,49 @@ def _rngs_of_epoch_start(loader: Any, rng: dict[str, str]) -> Iterator[None]:
     finally:
         if saved_global is not None:  # the replay borrowed the global RNG; the user's state is theirs
             torch.set_rng_state(saved_global)
+
+
+def draws_global(loader: Any) -> bool:
+    """Whether an epoch's start draws from torch's global RNG (the workers' base seed without a
+    ``generator``, or a sampler without a generator of its own)."""
+    return loader.generator is None or _uses_global_rng(loader)
+
+
+@contextlib.contextmanager
+def loader_draws(loader: Any, record: EpochRecord) -> Iterator[None]:
+    """Around the draws an epoch's start makes (base seed, DataPipe seed, the sampler's first index).
+
+    Uninterrupted, they come from torch's global RNG, as torch's loader draws them, and the record notes
+    the global RNG after them: where the next epoch's draws start when nothing else draws in between. A
+    loader resumed from such a state in a process whose global RNG was not restored (Lightning restores
+    none) draws from that saved RNG instead, kept as ``loader._bf_rng_chain`` from epoch to epoch, so every
+    later epoch is the uninterrupted run's without a ``generator``; the process's global RNG is untouched.
+    """
+    if not draws_global(loader):
+        yield
+        return
+    chain = loader.__dict__.get("_bf_rng_chain")
+    if chain is None:
+        yield
+        record.rng_next = _encode(torch.get_rng_state())
+        return
+    saved = torch.get_rng_state()
+    torch.set_rng_state(_decode(chain))
+    try:
+        yield
+    finally:
+        loader._bf_rng_chain = record.rng_next = _encode(torch.get_rng_state())
+        torch.set_rng_state(saved)
+
+
+def chain_from(loader: Any, state: dict) -> None:
+    """After loading ``state``: draw later epochs from its saved global RNG (see :func:`loader_draws`),
+    unless this process's global RNG is where it was when the state was taken (a framework restored it:
+    Accelerate does), then from the global RNG as torch does."""
+    rng_next = state.get("rng_next")
+    restored = state.get("rng_saved") is not None and torch.equal(torch.get_rng_state(),
+                                                                   _decode(state["rng_saved"]))
+    loader._bf_rng_chain = None if rng_next is None or restored else rng_next
 
 
 def replayed_indices(loader: Any, state: dict, skip: int) -> Iterator[Any]:
