@@ -21,8 +21,8 @@ How each part resumes:
   worker attaches its state to its batches; the state of the last delivered batch of each worker is kept
   and restored in that worker (torchdata's convention). An iterable dataset without one is fast-forwarded
   by reading and dropping ``k`` batches (logged);
-- **DataFlows** delegate to the flow's ``state_dict()``/``load_state_dict()`` (see the README's "Resuming"),
-  recorded before each batch's samples are pulled.
+- **DataFlows** delegate to the flow's ``state_dict()``/``load_state_dict()`` (see the docs' Resuming page,
+  ``docs/resuming.md``), recorded before each batch's samples are pulled.
 
 RNG states are base64 text, so a state is ``torch.save``-able and JSON-able when the dataset states are.
 """
