@@ -544,6 +544,34 @@ def test_newer_format_and_foreign_states_are_refused():
         DataLoader(Tagged(), batch_size=3).load_state_dict({"_num_yielded": 1, "_sampler_iter_yielded": 1})
 
 
+def test_a_field_edited_into_another_valid_value_is_refused_by_the_checksum():
+    """A one-character change inside a generator's RNG state can still be a valid RNG state (the mutation
+    fuzz found one): no field check sees it, the state's checksum does. The checksum survives JSON and
+    torch.save, and a state without one (built by hand) is still taken on its fields."""
+    def loader():
+        return DataLoader(Tagged(40), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))
+
+    first = loader()
+    it = iter(first)
+    next(it)
+    state = first.state_dict()
+    expected = [b[0].tolist() for b in it]
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    for copy in (json.loads(json.dumps(state)), torch.load(buf, weights_only=True)):
+        again = loader()
+        again.load_state_dict(copy)
+        assert [b[0].tolist() for b in again] == expected
+    (path, rng), = state["rng_now"].items()
+    at = len(rng) // 2  # a byte of the Mersenne Twister's 624 words: any value is a valid state
+    edited = {**state, "rng_now": {path: rng[:at] + ("B" if rng[at] == "A" else "A") + rng[at + 1:]}}
+    with pytest.raises(ResumeStateError, match=r"state\[check\].*do not match the checksum"):
+        loader().load_state_dict(edited)
+    unchecked = {k: v for k, v in edited.items() if k != "check"}
+    loader().load_state_dict(unchecked)  # no checksum: the fields' checks alone, which pass
+
+
 def test_iterable_state_needs_the_same_worker_count(leak_check):
     loader = DataLoader(UnevenStream(), batch_size=2, num_workers=2)
     it = iter(loader)

@@ -39,7 +39,7 @@ from typing import Any
 from bridgeflow.errors import BridgeflowError
 
 from ._compat import InfiniteConstantSampler, torch
-from .state_fields import LoaderFacts, check_fields
+from .state_fields import LoaderFacts, check_fields, fields_checksum
 
 __all__ = [
     "FORMAT",
@@ -223,7 +223,13 @@ class EpochRecord:
 
 
 def export_state(loader: Any, record: EpochRecord | None) -> dict:
-    """The loader's state as plain data (see the module docstring)."""
+    """The loader's state as plain data (see the module docstring), with the checksum of its own fields."""
+    state = _export_state(loader, record)
+    state["check"] = fields_checksum(state)
+    return state
+
+
+def _export_state(loader: Any, record: EpochRecord | None) -> dict:
     state: dict[str, Any] = {
         "format": FORMAT, "version": VERSION, "config": _config(loader), "started": False, "finished": False,
         "yielded": 0, "rng_now": {path: _encode(g.get_state()) for path, g in _generators(loader).items()},
@@ -313,6 +319,11 @@ def check_state(loader: Any, state: Any) -> dict:
         if state.get(key) is not None and not is_stateful(target):
             raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a dataset state but the dataset, "
                                    f"a {type(target).__name__}, has no load_state_dict()")
+    saved = state.get("check")
+    if saved is not None and saved != fields_checksum(state):  # a state without one (by hand) is taken as is
+        raise ResumeStateError(f"DataLoader.load_state_dict: state[check] = {saved!r:.40}: the state's fields do "
+                               "not match the checksum it was saved with (it was changed or damaged after "
+                               "state_dict() returned it)")
     return copy.deepcopy(state)
 
 

@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LoaderFacts", "check_fields"]
+__all__ = ["LoaderFacts", "check_fields", "fields_checksum"]
 
 INT64 = (-(1 << 63), 1 << 63)
 _KNOWN = {"format", "version", "config", "started", "finished", "yielded", "rng_now", "dataset", "flow",
           "base_seed", "shared_seed", "rng_first", "sampler_epoch", "last_worker", "exhausted", "workers",
-          "flow_ended", "rng_next", "rng_saved"}
+          "flow_ended", "rng_next", "rng_saved", "check"}
+# the fields that hold the dataset's or the flow's own states (theirs to check), outside the checksum
+_THEIRS = ("dataset", "workers", "flow", "check")
 
 
 @dataclass
@@ -197,3 +200,30 @@ def _check_worker_entry(c: _Checker, field: str, entry: Any, facts: LoaderFacts)
         c.fail(f"{field}.iter", entry["iter"], "a map-style dataset has no iterator state")
     if entry.get("ended") is not None:
         c.boolean(f"{field}.ended", entry["ended"])
+
+
+
+def _crc(value: Any, crc: int) -> int:
+    """Fold ``value`` into ``crc`` as it reads after a ``json`` round trip (mapping keys as text, in order;
+    tuples as lists), each string length-prefixed so that moving text between fields changes the sum."""
+    if isinstance(value, dict):
+        for key in sorted(value, key=str):
+            text = str(key).encode()
+            crc = _crc(value[key], zlib.crc32(b"k%d:%s" % (len(text), text), crc))
+        return zlib.crc32(b"}", crc)
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            crc = _crc(item, zlib.crc32(b",", crc))
+        return zlib.crc32(b"]", crc)
+    if isinstance(value, str):
+        text = value.encode()
+        return zlib.crc32(text, zlib.crc32(b"s%d:" % len(text), crc))
+    return zlib.crc32(f"{type(value).__name__}:{value!r}".encode(), crc)
+
+
+def fields_checksum(state: dict) -> str:
+    """A CRC-32 of the loader's own fields of ``state`` (all but the dataset's and the flow's states), the
+    same after ``json`` or ``torch.save`` round trips: the ``check`` field of a state. The field checks cannot
+    see every change (a generator's RNG state edited into another valid one resumes another order); this
+    sees any change of these fields."""
+    return f"{_crc({k: v for k, v in state.items() if k not in _THEIRS}, 0):08x}"
