@@ -222,8 +222,17 @@ def _crc(value: Any, crc: int) -> int:
 
 
 def fields_checksum(state: dict) -> str:
-    """A CRC-32 of the loader's own fields of ``state`` (all but the dataset's and the flow's states), the
-    same after ``json`` or ``torch.save`` round trips: the ``check`` field of a state. The field checks cannot
-    see every change (a generator's RNG state edited into another valid one resumes another order); this
-    sees any change of these fields."""
-    return f"{_crc({k: v for k, v in state.items() if k not in _THEIRS}, 0):08x}"
+    """A CRC-32 of the loader's own fields of ``state`` (of the dataset's, the workers' and the flow's states
+    only which are there), the same after ``json`` or ``torch.save`` round trips: the ``check`` field of a
+    state. The field checks cannot see every change (a generator's RNG state edited into another valid one
+    resumes another order, a worker's state dropped restarts that worker); this sees any change of these."""
+    own = {k: v for k, v in state.items() if k not in _THEIRS}
+    for key in ("dataset", "flow"):  # whether there is one is the loader's business, what it holds is not
+        own[key + "?"] = state.get(key) is not None
+    workers = state.get("workers")
+    if isinstance(workers, (list, tuple)):  # per worker: whether it has an entry, its 'ended', which states
+        own["workers?"] = [{k: v if k == "ended" else v is not None for k, v in w.items()} if isinstance(w, dict)
+                           else w is not None for w in workers]
+    else:
+        own["workers?"] = workers is not None
+    return f"{_crc(own, 0):08x}"
