@@ -246,7 +246,10 @@ class RepeatedDataPoint(ProxyDataFlow):
     """Yield every datapoint ``num`` times in a row (the same object each time).
 
     Its state is its child's state before the current datapoint plus the repeats done, so it asks its
-    child for a state once per datapoint read.
+    child for a state once per datapoint read; once the current datapoint's repeats are all done, it is the
+    child's state after it (an unordered parallel child would give another datapoint first on a resume that
+    read the current one again). A state taken part-way through a datapoint's repeats over an unordered
+    child cannot be exact: the child's next datapoint on resume may be another one.
     """
 
     def __init__(self, ds: DataFlow, num: int) -> None:
@@ -283,7 +286,7 @@ class RepeatedDataPoint(ProxyDataFlow):
             skip = 0
 
     def _own_state(self) -> dict:
-        if epoch_live(self):
+        if epoch_live(self) and self._rep < self.num:
             return {"num": self.num, "rep": self._rep, "child": unless_error(self._before)}
         return {"num": self.num, "rep": 0, "child": child_state(self.ds)}
 
