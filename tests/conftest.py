@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import socket
 import sys
 import threading
 import time
@@ -131,3 +132,17 @@ def results_of_forked_children(target, args: tuple, n: int = 3, timeout: float =
         p.join(timeout=30)
         assert p.exitcode == 0, f"a reader exited with {p.exitcode}"
     return results
+
+
+def free_tcp() -> str:
+    """A TCP address on loopback with a port free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def exit_with_parent(ppid: int) -> None:
+    """Run in a daemon thread of a forked helper process: end it once its parent is gone (no orphans)."""
+    while os.getppid() == ppid:
+        time.sleep(0.2)
+    os._exit(1)

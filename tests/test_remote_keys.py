@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -28,25 +27,14 @@ from bridgeflow.remote import (
     send_dataflow_zmq,
 )
 from bridgeflow.remote import _protocol as P
+from conftest import exit_with_parent, free_tcp
 
 FORK = mp.get_context("fork")
 N = 50
 
 
-def free_tcp() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
-def _exit_with_parent(ppid: int) -> None:
-    while os.getppid() == ppid:
-        time.sleep(0.2)
-    os._exit(1)
-
-
 def _produce(addr, keys, bind, n=N, delay=0.0):
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()  # no orphans
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()  # no orphans
 
     def gen():
         for i in range(n):

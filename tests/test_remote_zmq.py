@@ -28,29 +28,17 @@ from bridgeflow.remote.zmq_flow import _QUEUE_DEPTH
 from bridgeflow.serialize.codec import encode_frames
 from bridgeflow.serialize.errors import PickleNotAllowedError
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
-from conftest import wait_for
+from conftest import exit_with_parent, free_tcp, wait_for
 
 FORK = mp.get_context("fork")
-
-
-def free_tcp() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
 def expected(base: int, n: int, shape=(2, 3)) -> list:
     return [[np.full(shape, (base + i) % 251, np.uint8), base + i] for i in range(n)]
 
 
-def _exit_with_parent(ppid: int) -> None:
-    while os.getppid() == ppid:
-        time.sleep(0.2)
-    os._exit(1)
-
-
 def _produce(addr, n, base, epochs, delay=0.0, shape=(2, 3), counter=None, hwm=50, fail_at=None, codec="bridgeflow"):
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()  # no orphans
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()  # no orphans
     def gen():
         for i in range(n):
             if delay:
@@ -431,7 +419,7 @@ class ThrottledProxy:
 
 
 def _produce_big(addr, sizes, whole=False):
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
     if whole:  # the transport as it was: every datapoint as one ZeroMQ message
         from bridgeflow.remote import _protocol as P
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import socket
 import threading
 import time
 
@@ -22,24 +21,13 @@ from bridgeflow.remote import (
     send_dataflow_zmq,
 )
 from bridgeflow.serialize.errors import PickleNotAllowedError
+from conftest import exit_with_parent, free_tcp
 
 FORK = mp.get_context("fork")
 
 
-def free_tcp() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
-
-
-def _exit_with_parent(ppid: int) -> None:
-    while os.getppid() == ppid:
-        time.sleep(0.2)
-    os._exit(1)
-
-
 def _produce(addr, n, base, *, bind=False, epochs=1, shape=(2, 3), delay=0.0, fail_at=None, **kw):
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()  # no orphans
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()  # no orphans
 
     def gen():
         for i in range(n):
