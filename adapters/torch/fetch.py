@@ -28,11 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from bridgeflow.parallel.shm import INBAND_LIMIT
-
-from . import _compat
+from . import _compat, convert
 from ._compat import torch
-from .convert import pack, slab_bytes, unsendable
 from .state import is_stateful
 
 __all__ = [
@@ -237,7 +234,8 @@ def _state_of(fetcher: Fetcher) -> Any:
 class WorkerTask:
     """The task function of one worker (``in_worker``), or of the in-process reader of ``num_workers=0``
     (no ``worker_init_fn``, collation as outside workers, batches returned as they are): holds its fetcher
-    and a pending start-up error."""
+    and a pending start-up error. In a worker, ``writer`` is its result writer: batches are collated into
+    the shared memory they are sent in, and tensors are sent out of band (:func:`.convert.install`)."""
 
     def __init__(self, spec: WorkerSpec, worker_id: int, dataset: Any, in_worker: bool = True,
                  writer: Any = None) -> None:
@@ -245,13 +243,14 @@ class WorkerTask:
         self.worker_id = worker_id
         self.dataset = dataset
         self.in_worker = in_worker
-        self.writer = writer  # the worker's result writer: batches are built in the slab they are sent in
         self.error: BaseException | None = None
         self.fetcher: Fetcher | None = None
         self.failed: BaseException | None = None  # the start-up error, once reported
+        if writer is not None:
+            convert.install(writer)
         self.collate_fn = resolve_collate(spec.collate_fn, in_worker, None if writer is None else writer.alloc)
-        # default collation: each sample is checked for what cannot be sent (and named by its index)
-        self._check_samples = spec.kind == MAP and (isinstance(self.collate_fn, FastCollate)
+        # torch's own collation of map-style samples: a value it cannot take is named by its sample's index
+        self._names_samples = spec.kind == MAP and (isinstance(self.collate_fn, FastCollate)
                                                     or not spec.auto_collation)
         try:
             if isinstance(dataset, (_compat.IterDataPipe, _compat.MapDataPipe)):
@@ -290,7 +289,7 @@ class WorkerTask:
                 f"DataLoader worker {self.worker_id} cannot load data: its start-up failed earlier with "
                 f"{self.failed!r} (raised with its first batch)") from self.failed
         try:
-            data = self._fetch(task) if self.in_worker else self.fetcher.fetch(task)
+            data = self._fetch(task)
         except StopIteration:
             if self.spec.kind == ITERABLE:
                 if self.fetcher.stateful:
@@ -302,32 +301,41 @@ class WorkerTask:
         return data
 
     def _fetch(self, task: Any) -> Any:
-        """In a worker: read the samples, reserve a slab for their bytes, collate into it, box the tensors."""
+        """Read the task's samples and collate them: nothing more per sample than torch does. When torch's
+        collation fails on a value that could not be sent either, the error names that value's sample."""
         fetcher = self.fetcher
         samples = fetcher.read(task)
-        if self._check_samples:
-            for i, sample in zip(task, samples) if self.spec.auto_collation else [(task, samples)]:
-                _check_sendable(sample, self.worker_id, f"the sample at index {i!r}")
-        if self.writer is not None:
-            nbytes = slab_bytes(samples)
-            if nbytes >= INBAND_LIMIT:  # smaller ones travel inside the message
-                self.writer.reserve(nbytes)
-        data = pack(fetcher.collate_fn(samples))
-        if not self._check_samples:
-            what = f"the batch of indices {task!r}" if self.spec.kind == MAP else "a batch of its stream"
-            _check_sendable(data, self.worker_id, what)
-        return data
+        try:
+            return fetcher.collate_fn(samples)
+        except Exception as exc:
+            if self.in_worker and self._names_samples and self.spec.auto_collation:
+                for i, sample in zip(task, samples):
+                    error = self._unsendable_error(sample, f"the sample at index {i!r}")
+                    if error is not None:
+                        raise error from exc
+            raise
 
+    def explain_unsendable(self, task: Any, result: Any, exc: BaseException) -> BaseException | None:
+        """The worker loop could not send ``result`` (``exc``): a ``TypeError`` naming the value that cannot
+        be sent, its type, and the sample (by index) or batch it came from; None when none is found."""
+        if isinstance(task, Reset):
+            return None
+        if self._names_samples and not self.spec.auto_collation:
+            what = f"the sample at index {task!r}"
+        elif self.spec.kind == MAP:
+            what = f"the batch of indices {task!r}"
+        else:
+            what = "a batch of its stream"
+        return self._unsendable_error(result.data if type(result) is WithState else result, what)
 
-def _check_sendable(obj: Any, worker_id: int, what: str) -> None:
-    """A clear error, naming the value's type and where it came from, for what cannot leave the worker
-    (an open file, a lock): without it the pickling of the whole result would fail, nameless."""
-    found = unsendable(obj)
-    if found is not None:
-        value, exc = found
-        raise TypeError(f"DataLoader worker {worker_id}: {what} holds a {type(value).__module__}."
-                        f"{type(value).__qualname__} ({exc}), which cannot be sent to the main process; return "
-                        "tensors, arrays, numbers, strings or containers of them from the dataset")
+    def _unsendable_error(self, value: Any, what: str) -> TypeError | None:
+        found = convert.unsendable(value)
+        if found is None:
+            return None
+        leaf, exc = found
+        return TypeError(f"DataLoader worker {self.worker_id}: {what} holds a {type(leaf).__module__}."
+                         f"{type(leaf).__qualname__} ({exc}), which cannot be sent to the main process; return "
+                         "tensors, arrays, numbers, strings or containers of them from the dataset")
 
 
 def _generator(seed: int) -> Any:

@@ -3,9 +3,10 @@
 - :class:`LocalSource` (``num_workers=0``) runs the workers' task function in this process, one task at a
   time, so both sources give the same values and markers;
 - :class:`PoolSource` sends tasks to a bridgeflow :class:`~bridgeflow.parallel.pool.WorkerPool` of processes
-  and receives their batches through shared memory, tensors rebuilt without a copy (:mod:`.convert`). A dead
-  worker or the loader's ``timeout`` ends it with torch's words; a wait in a reading thread is cut into
-  short slices (``between`` runs between them) so that stopping never waits for a slow worker.
+  and receives their batches through shared memory, tensors rebuilt without a copy as they are unpickled
+  (:mod:`.convert`). A dead worker or the loader's ``timeout`` ends it with torch's words; a wait in a
+  reading thread is cut into short slices (``between`` runs between them) so that stopping never waits for
+  a slow worker.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from typing import Any
 from bridgeflow.errors import WorkerError, WorkerTimeoutError
 from bridgeflow.parallel.pool import EXHAUSTED, WorkerPool
 
-from .convert import unpack
-from .fetch import Reset, WithState, WorkerSpec, WorkerTask, close_source, init_worker
+from .fetch import Reset, WorkerSpec, WorkerTask, close_source, init_worker
 
 __all__ = ["Failed", "LocalSource", "PoolSource"]
 
@@ -95,12 +95,6 @@ def with_torch_wording(err: WorkerError) -> WorkerError:
     return new
 
 
-def _unpacked(value: Any) -> Any:
-    if type(value) is WithState:
-        return WithState(unpack(value.data), value.state)
-    return unpack(value)
-
-
 class PoolSource:
     """Batches made by ``spec.num_workers`` worker processes (see the module doc)."""
 
@@ -151,7 +145,7 @@ class PoolSource:
             raise with_torch_wording(exc) from exc.__cause__
         except Exception as exc:  # the dataset's error
             return None, Failed(exc)  # type: ignore[return-value]
-        return worker, _unpacked(value)
+        return worker, value
 
     def _timed_out(self, exc: WorkerTimeoutError) -> RuntimeError:
         """torch's words, then the worker waited on, its pid and what it is doing; the workers are stopped
