@@ -46,7 +46,7 @@ def test_a_batch_is_collated_in_the_slab_it_is_sent_in(leak_check):
     try:
         task = _task(Views(), writer)
         for first in (0, 4):  # the first batch starts a slab of its own size; the next one is sized alike
-            images, labels = task([first, first + 1, first + 2, first + 3])
+            images, labels = task([first, first + 1, first + 2, first + 3]).value
             assert _slab_of(writer, images.numpy())  # stacked in place
             message = writer.dumps([images, labels])
             assert len(message) < 2048  # offsets, no pixel

@@ -683,3 +683,24 @@ def test_stats_in_the_shape_of_a_pipelines(leak_check):
         assert stats["DataLoader"]["batches"] == 3 and "workers_busy" not in stats["DataLoader"]
         assert stats["DataLoader/MultiProcessMapData"]["datapoints"] == 12
     flow.close()
+
+
+def test_stats_keep_the_last_epochs_figures_after_a_break(leak_check):
+    """A loop that breaks out of the epoch (the iterator is dropped, its workers stop): stats() still says what
+    that epoch did, until the next epoch starts."""
+    loader = DataLoader(NapDataset(), batch_size=4, num_workers=2)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    stats = loader.stats()["DataLoader"]
+    assert stats["batches"] == 3 and stats["workers"] == 2 and 0 < stats["consumer_wait_frac"] <= 1
+    assert 0 <= stats["buffer_fill"] <= 1 and 0 <= stats["workers_busy"] <= 1
+    first = dict(stats)
+    time.sleep(0.05)
+    assert loader.stats()["DataLoader"] == first  # frozen: the epoch is over
+    with DataLoader(NapDataset(), batch_size=4, num_workers=2, persistent_workers=True) as persistent:
+        it = iter(persistent)
+        next(it)
+        del it
+        assert persistent.stats()["DataLoader"]["batches"] == 1
+        assert len(list(persistent)) == 6 and persistent.stats()["DataLoader"]["batches"] == 6

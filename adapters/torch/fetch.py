@@ -10,8 +10,8 @@ A fetcher reads one task's samples from the dataset and collates them, with torc
   only collation runs in the workers).
 
 A dataset (or the iterator ``iter(dataset)`` returns) with ``state_dict()``/``load_state_dict()`` has its
-state read after each batch (:meth:`Fetcher.state`) and sent along with it (:class:`WithState`), and
-restored when a fetcher is made from a saved state: torchdata's convention.
+state read after each batch (:meth:`Fetcher.state`) and sent along with it (:class:`~.result.Result`'s
+``state``), and restored when a fetcher is made from a saved state: torchdata's convention.
 
 :func:`init_worker` is the pool's ``init_fn``: it seeds ``random``, ``torch`` and ``numpy`` and sets
 ``torch.utils.data.get_worker_info()`` as torch's worker loop does, runs ``worker_init_fn``, and returns the
@@ -30,6 +30,7 @@ import numpy as np
 
 from . import _compat, convert
 from ._compat import torch
+from .result import BATCH, ENDED, STARTED, STOPPED, Result
 from .state import is_stateful
 
 __all__ = [
@@ -39,9 +40,6 @@ __all__ = [
     "Fetcher",
     "FastCollate",
     "Reset",
-    "StopFromDataset",
-    "StreamEnded",
-    "WithState",
     "WorkerSpec",
     "WorkerTask",
     "close_source",
@@ -153,7 +151,7 @@ class WorkerSpec:
 
 class Reset:
     """Task that restarts a persistent worker's fetcher for a new epoch (a fresh ``iter(dataset)``); its
-    result is the worker's dataset state at the start of that epoch (None without one)."""
+    result (``STARTED``) holds the worker's dataset state at the start of that epoch."""
 
     __slots__ = ("shared_seed",)
 
@@ -162,42 +160,6 @@ class Reset:
 
     def __reduce__(self):
         return (Reset, (self.shared_seed,))
-
-
-class WithState:
-    """A worker's result plus its dataset's state right after producing it (an exception if reading the
-    state failed: the batch still arrives, a later ``state_dict()`` says why it cannot)."""
-
-    __slots__ = ("data", "state")
-
-    def __init__(self, data: Any, state: Any) -> None:
-        self.data = data
-        self.state = state
-
-    def __reduce__(self):
-        return (WithState, (self.data, self.state))
-
-
-class StreamEnded:
-    """Result standing for a worker's iterable running out, with its dataset's state at that moment (a
-    stream that rewinds itself at its end has already done so: a resume must start from there)."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, state: Any) -> None:
-        self.state = state
-
-    def __reduce__(self):
-        return (StreamEnded, (self.state,))
-
-
-class StopFromDataset:
-    """Result standing for a ``StopIteration`` raised by a map-style dataset (torch re-raises it)."""
-
-    __slots__ = ()
-
-    def __reduce__(self):
-        return (StopFromDataset, ())
 
 
 class FastCollate:
@@ -222,13 +184,6 @@ class FastCollate:
 def resolve_collate(fn: Callable, in_worker: bool, alloc: Callable | None = None) -> Callable:
     """The function that really collates: :class:`FastCollate` stands in for torch's default collate."""
     return FastCollate(in_worker, alloc) if fn is _compat.default_collate else fn
-
-
-def _state_of(fetcher: Fetcher) -> Any:
-    try:
-        return fetcher.state()
-    except Exception as exc:
-        return exc
 
 
 class WorkerTask:
@@ -267,7 +222,7 @@ class WorkerTask:
         s = self.spec
         return make_fetcher(s.kind, self.dataset, s.auto_collation, self.collate_fn, s.drop_last, saved)
 
-    def __call__(self, task: Any) -> Any:
+    def __call__(self, task: Any) -> Result:
         if isinstance(task, Reset):  # a new epoch of persistent workers: a fresh iter(dataset), as torch
             if task.shared_seed is not None and isinstance(self.dataset, _compat.IterDataPipe):
                 self.dataset = _compat.apply_random_seed(self.dataset, _generator(task.shared_seed))
@@ -276,29 +231,32 @@ class WorkerTask:
             except Exception as exc:  # reported by this worker's first batch, as at start-up
                 self.fetcher = None
                 self.error = self.error or exc
-                return None
-            return _state_of(self.fetcher) if self.fetcher.stateful else None
+                return Result(STARTED)
+            return Result(STARTED, state=self._state())
         if self.error is not None:
             error, self.error = self.error, None
             self.failed = error
             raise error
         if self.fetcher is None:
             if self.spec.kind == ITERABLE:  # its stream ended with that error: the worker is exhausted
-                raise StopIteration
+                return Result(ENDED)
             raise RuntimeError(
                 f"DataLoader worker {self.worker_id} cannot load data: its start-up failed earlier with "
                 f"{self.failed!r} (raised with its first batch)") from self.failed
         try:
             data = self._fetch(task)
         except StopIteration:
-            if self.spec.kind == ITERABLE:
-                if self.fetcher.stateful:
-                    return StreamEnded(_state_of(self.fetcher))
-                raise
-            return StopFromDataset()
-        if self.fetcher.stateful:
-            return WithState(data, _state_of(self.fetcher))
-        return data
+            return Result(ENDED if self.spec.kind == ITERABLE else STOPPED, state=self._state())
+        return Result(BATCH, data, self._state())
+
+    def _state(self) -> Any:
+        """The dataset's state now (None without one; the exception if reading it failed)."""
+        if not self.fetcher.stateful:
+            return None
+        try:
+            return self.fetcher.state()
+        except Exception as exc:
+            return exc
 
     def _fetch(self, task: Any) -> Any:
         """Read the task's samples and collate them: nothing more per sample than torch does. When torch's
@@ -326,7 +284,7 @@ class WorkerTask:
             what = f"the batch of indices {task!r}"
         else:
             what = "a batch of its stream"
-        return self._unsendable_error(result.data if type(result) is WithState else result, what)
+        return self._unsendable_error(result.value, what)
 
     def _unsendable_error(self, value: Any, what: str) -> TypeError | None:
         found = convert.unsendable(value)
