@@ -1,15 +1,93 @@
-"""Shared test fixtures: a hang guard, and a check that nothing outlives a test."""
+"""Shared test fixtures: a hang guard, a check that nothing outlives a test, and ``need()`` for optional
+packages."""
 
 from __future__ import annotations
 
+import configparser
 import faulthandler
+import functools
+import importlib
 import os
+import re
 import socket
 import sys
 import threading
 import time
+from types import ModuleType
 
 import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# distributions whose import name is not their own name
+_IMPORT_NAMES = {"opencv-python-headless": "cv2", "pillow": "PIL", "pyzmq": "zmq", "tensorflow-cpu": "tensorflow",
+                 "zlib-ng": "zlib_ng"}
+
+
+@functools.cache
+def _extras() -> dict[str, dict[str, str]]:
+    """setup.cfg's extras: extra -> {import name: distribution}."""
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    out: dict[str, dict[str, str]] = {}
+    for extra, requirements in cfg["options.extras_require"].items():
+        dists = [re.match(r"[A-Za-z0-9_.-]+", line.strip()).group(0).lower()
+                 for line in requirements.splitlines() if line.strip()]
+        out[extra] = {_IMPORT_NAMES.get(d, d.replace("-", "_")): d for d in dists}
+    return out
+
+
+@functools.cache
+def installed_by_ci() -> frozenset[str]:
+    """Import names of the packages this CI job installed: a test that needs one of them fails when it is
+    missing (an install bug) instead of skipping. Off CI, nothing: a missing package skips its tests.
+
+    ``BRIDGEFLOW_TEST_EXTRAS`` names the extras the job installed (``.ci/run`` sets it to what it passed
+    to pip: ``lmdb,hdf5,msgpack,zmq,test`` for the core jobs); under ``CI`` without it, every extra.
+    """
+    if not os.environ.get("CI"):
+        return frozenset()
+    extras = _extras()
+    chosen = os.environ.get("BRIDGEFLOW_TEST_EXTRAS")
+    names = list(extras) if chosen is None else [e.strip() for e in chosen.split(",") if e.strip()]
+    unknown = [e for e in names if e not in extras]
+    if unknown:
+        raise pytest.UsageError(f"BRIDGEFLOW_TEST_EXTRAS names extras setup.cfg does not have: {unknown}")
+    return frozenset(m for e in names for m in extras[e])
+
+
+def need(module: str) -> ModuleType:
+    """Import ``module`` (``"torch"``, ``"lightning.pytorch"``) for the test or test file that calls this; when
+    it is not installed, skip with the extra that installs it, or fail under CI when the job installed it.
+
+    At the top of a test file (before the imports from that package) it skips the whole file; in a test,
+    that test.
+    """
+    __tracebackhide__ = True  # a skip names the test file that needs the package, not this one
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        top = module.split(".")[0]
+        missing = (exc.name or top).split(".")[0]
+        extra = next((e for e, names in _extras().items() if top in names and e != "all"), None)
+        how = f'pip install -e ".[{extra}]"' if extra else f"pip install {top}"
+        why = f"needs {top} ({how})" + (f": it imports {missing}, which is missing" if missing != top else "")
+        if top in installed_by_ci() or missing in installed_by_ci():
+            pytest.fail(f"{why}, but this CI job installed it: a test that skips here would hide an install "
+                        f"bug ({exc})", pytrace=False)
+        pytest.skip(why, allow_module_level=True)
+
+
+def have(module: str) -> bool:
+    """Whether ``module`` is installed, for a test that checks more with it and still checks the rest without;
+    under CI, a job that installed it fails the test when it is missing, as :func:`need` does."""
+    __tracebackhide__ = True
+    try:
+        need(module)
+    except pytest.skip.Exception:
+        return False
+    return True
+
 
 # A test that hangs longer than this dumps every thread's stack and ends the run, so CI fails instead
 # of stalling until its own limit.

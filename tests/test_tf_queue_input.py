@@ -11,12 +11,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
-from bridgeflow import BatchData, DataFlow, DataFromList, FakeData, MapData
-from bridgeflow.adapters.tensorflow import InputSourceError, QueueInput
+from bridgeflow import BatchData, DataFlow, DataFromList, FakeData, MapData, MultiProcessMapData
 from bridgeflow.errors import DatapointError
 from bridgeflow.testing import assert_same_datapoints
+from conftest import need
+
+need("tensorflow")
+
+import tensorflow as tf
+
+from bridgeflow.adapters.tensorflow import InputSourceError, QueueInput
 
 
 def tuple_points(n: int) -> list:

@@ -14,11 +14,16 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
-import torch.utils.data as tud
 from test_torch_loader import ArrayDataset, assert_same, failing_init_fn, outcomes
 
 import bridgeflow
+from conftest import need
+
+need("torch")
+
+import torch
+import torch.utils.data as tud
+
 from bridgeflow.adapters.torch import DataLoader
 
 

@@ -15,15 +15,19 @@ import time
 
 import numpy as np
 import pytest
+
+import bridgeflow
+from bridgeflow.errors import WorkerError
+from conftest import need, wait_for
+
+need("torch")
+
 import torch
 import torch.utils.data as tud
 from test_torch_state import CountingFlow, Failing, Tagged, UnevenStream, _pipeline, check_resume, plain
 from torch_backends import FakePinnedMemory
 
-import bridgeflow
 from bridgeflow.adapters.torch import DataLoader
-from bridgeflow.errors import WorkerError
-from conftest import wait_for
 
 PIN_THREAD = "bf-pin-memory"
 
