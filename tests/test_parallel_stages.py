@@ -437,6 +437,32 @@ def test_early_break_then_close_leaks_nothing(kind, leak_check):
     df.close()  # idempotent
 
 
+@pytest.mark.parametrize("kind", ["thread", "fork", "spawn"])
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_closed_stage_starts_new_workers_when_read_again(kind, strict, leak_check):
+    """``with df`` (or ``with QueueInput(df)``) twice: close() stops the workers, and the next pass starts new
+    ones (it used to raise "closed") and reads the source's next epoch: the one a stage left open reads when
+    strict; when not strict, a complete epoch (the read-ahead into the source's next epoch is dropped)."""
+
+    def build():
+        src = bf.DataFromList(list(range(40)), shuffle=True, seed=5)
+        if kind == "thread":
+            return MultiThreadMapData(src, 2, image_of, buffer_size=8, strict=strict)
+        return MultiProcessMapData(src, 2, image_of, buffer_size=8, start_method=kind, strict=strict)
+
+    ids = lambda df: [int(dp[1]) for dp in df]
+    with build() as df:
+        expected = [ids(df), ids(df)]
+    df = build()
+    got = []
+    for _ in range(2):
+        with df:
+            got.append(ids(df))
+    assert sorted(got[1]) == list(range(40)) and got[0] == expected[0]
+    if strict:
+        assert got[1] == expected[1]
+
+
 def test_consumer_exception_then_del_leaks_nothing(leak_check):
     def consume():
         df = bf.BatchData(make("fork", image_of), 8)

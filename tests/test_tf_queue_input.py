@@ -84,6 +84,17 @@ def test_eager_iteration_of_dict_datapoints(leak_check):
     assert_same_datapoints(got, points)
 
 
+def test_a_second_queue_input_over_the_same_flow_reads_it_again(leak_check):
+    """``with QueueInput(df)`` closes ``df`` when the block ends (its workers stop); a second ``QueueInput(df)``
+    starts them again (it used to fail: the stage was closed)."""
+    points = tuple_points(9)
+    df = MultiProcessMapData(DataFromList(points, shuffle=False), 2, tuple, start_method="fork")
+    for _ in range(2):
+        with QueueInput(df, queue_size=3) as qi:
+            got = [as_numpy(dp) for dp in qi]
+        assert_same_datapoints(got, points)
+
+
 def test_graph_mode_session_gets_every_datapoint(leak_check):
     points = tuple_points(17)
     g = tf.Graph()
