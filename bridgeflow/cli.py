@@ -69,6 +69,13 @@ def _int_at_least(low: int) -> Any:
     return _arg_type(convert, f"an integer >= {low}")
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .batch import BatchData
     from .sources import FakeData
@@ -90,7 +97,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.batch:
         df = BatchData(df, args.batch)
     with df:
-        TestDataSpeed(df, size=args.size, warmup=args.warmup, progress=not args.quiet).start()
+        TestDataSpeed(df, size=args.size, warmup=args.warmup, progress=not args.quiet,
+                      min_seconds=args.seconds).start()
     return 0
 
 
@@ -119,6 +127,9 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="wrap the flow in BatchData of this size")
     bench.add_argument("--size", type=_int_at_least(1), default=2000, help="datapoints to time (default 2000)")
     bench.add_argument("--warmup", type=_int_at_least(0), default=50, help="datapoints to skip before timing")
+    bench.add_argument("--seconds", type=_arg_type(_seconds, "a number of seconds >= 0"), default=2.0,
+                       help="time --size datapoints again until this long has passed (default 2): a rate "
+                       "measured over milliseconds varies several-fold between runs")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
                        help="on an error, print the full traceback (default: one line)")

@@ -185,12 +185,17 @@ def test_inspect_and_bench(tmp_path, capsys):
     assert "count:   30" in cap.out and "codec:   bridgeflow" in cap.out
     assert "checksum: crc32 per value, checked on every read" in cap.out
     assert "shape=(4, 5)" in cap.out and "float32" in cap.out and "datapoint 1" not in cap.out
-    args = argparse.Namespace(size=50, warmup=5, quiet=True, batch=0)
+    args = argparse.Namespace(size=50, warmup=5, quiet=True, batch=0, seconds=0.2)
     assert bench_file(str(path), args) == 0
     out = capsys.readouterr().out
     assert "sequential read" in out and "shuffled read" in out and out.count("datapoints/s") == 2
-    # 30 datapoints timed 50 times after 5 untimed: it says it read the file more than once
-    assert out.count("timing 50 datapoints after 5 untimed: 1.8 passes over the file (pass --size") == 2
+    # 30 datapoints timed 50 at a time after 5 untimed: it says it read the file more than once
+    assert out.count("timing rounds of 50 datapoints for at least 0.2 s after 5 untimed; a round reads the file "
+                     "1.7 times (pass --size") == 2
+    # rounds of 50 again until 0.2 s have passed: a count of whole rounds, timed over at least that long
+    for line in (ln for ln in out.splitlines() if ln.endswith("datapoints/s")):
+        n, seconds = line.split(" datapoints in ")[0], line.split(" datapoints in ")[1].split("s:")[0]
+        assert int(n) % 50 == 0 and int(n) > 50 and float(seconds) >= 0.2, line
 
 
 def test_errors_name_the_problem(tmp_path, capsys):

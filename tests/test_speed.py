@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 
@@ -72,6 +73,19 @@ def test_iterating_runs_the_test_then_yields():
     df = TestDataSpeed(DataFromList([[1], [2]], shuffle=False), size=4, progress=False, file=out)
     assert list(df) == [[1], [2]]
     assert "4 datapoints in" in out.getvalue()
+
+
+def test_min_seconds_times_more_rounds_of_size(capsys):
+    out = io.StringIO()
+    speed = TestDataSpeed(FakeData([[2]], size=7), size=5, progress=True, file=out, min_seconds=0.2)
+    rate = speed.start()
+    n, seconds = out.getvalue().split(" datapoints in ")[0], out.getvalue().split(" datapoints in ")[1].split("s:")[0]
+    assert int(n) % 5 == 0 and int(n) > 5 and float(seconds) >= 0.2  # whole rounds of 5, over 0.2 s at least
+    assert rate == pytest.approx(int(n) / float(seconds), rel=0.01)
+    totals = [int(t) for t in re.findall(r"/(\d+) \[", capsys.readouterr().err)]
+    assert totals[0] == 5 and max(totals) > 5  # the bar's total grew with the rounds
+    with pytest.raises(ValueError, match="min_seconds >= 0"):
+        TestDataSpeed(DataFromList([[1]]), size=3, min_seconds=-1)
 
 
 def test_progress_bar_goes_to_stderr(capsys):

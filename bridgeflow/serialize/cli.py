@@ -243,12 +243,13 @@ def bench_file(path: str, args: argparse.Namespace) -> int:
             return 0
         size = int(getattr(args, "size", 2000))
         warmup = int(getattr(args, "warmup", 0))
-        passes = (size + warmup) / len(ds)
-        print(f"{path}: {'shuffled' if shuffle else 'sequential'} read, {len(ds)} datapoints; timing {size} "
-              f"datapoints after {warmup} untimed: {passes:.1f} passes over the file"
-              + (" (pass --size to change)" if passes > 1.5 else ""))
+        seconds = float(getattr(args, "seconds", 2.0))
+        passes = size / len(ds)
+        print(f"{path}: {'shuffled' if shuffle else 'sequential'} read, {len(ds)} datapoints; timing rounds of "
+              f"{size} datapoints" + (f" for at least {seconds:g} s" if seconds else "") + f" after {warmup} untimed"
+              + (f"; a round reads the file {passes:.1f} times (pass --size to change)" if passes > 1.5 else ""))
         with ds:
-            TestDataSpeed(ds, size=size, warmup=warmup, progress=not quiet).start()
+            TestDataSpeed(ds, size=size, warmup=warmup, progress=not quiet, min_seconds=seconds).start()
     return 0
 
 
@@ -308,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--size", type=int, default=2000)
     bench.add_argument("--warmup", type=int, default=0)
     bench.add_argument("--quiet", action="store_true")
+    bench.add_argument("--seconds", type=float, default=2.0)
     bench.add_argument("--batch", type=int, default=0)
     bench.set_defaults(func=lambda a: bench_file(a.target, a))
     args = parser.parse_args(argv)
