@@ -138,6 +138,10 @@ def test_demo():
     assert "256 fake 3x64x64" in out.stdout
     rates = [float(r.replace(",", "")) for r in re.findall(r"([\d,.]+) (?:images|datapoints)/s", out.stdout)]
     assert rates and all(r > 0 for r in rates), out.stdout
+    # the CPUs the workers share are said before the speed-up they limit
+    lines = out.stdout.splitlines()
+    step = next(i for i, line in enumerate(lines) if line.startswith("3. "))
+    assert re.search(r"\(\d+ CPUs? here", lines[step]) and re.search(r"\(\d+\.\d\dx\)$", lines[step + 1]), out.stdout
 
 
 @pytest.mark.parametrize("args, message", [
