@@ -145,15 +145,38 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _AboveProgressBars(logging.StreamHandler):
+    """Log lines on stderr, written above the progress bar this process shows, not glued to its end."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self._pid = os.getpid()  # a worker forked from here has a copy of the bars, not the bars on screen
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm = sys.modules.get("tqdm")  # loaded when a bar was made
+        if tqdm is None or os.getpid() != self._pid or not tqdm.tqdm._instances:
+            super().emit(record)
+            return
+        try:
+            tqdm.tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
 # Modules that add their own sub-commands with ``register(subparsers)``.
 _COMMAND_MODULES: tuple[str, ...] = ("bridgeflow.serialize.cli", "bridgeflow.remote.cli")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
+    try:
+        parser = _build_parser()  # imports the commands' modules
+    except KeyboardInterrupt:
+        print("bridgeflow: interrupted", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    handler = _AboveProgressBars()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
