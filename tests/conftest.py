@@ -9,6 +9,7 @@ import functools
 import importlib
 import os
 import re
+import signal
 import socket
 import sys
 import threading
@@ -88,6 +89,11 @@ def have(module: str) -> bool:
         return False
     return True
 
+
+# A suite started with SIGINT ignored (a background job of a script, nohup) passes that on to the processes
+# its tests start, which then never see the Ctrl-C a test sends them: give them Python's handler back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A test that hangs longer than this dumps every thread's stack and ends the run, so CI fails instead
 # of stalling until its own limit.
