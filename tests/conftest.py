@@ -99,6 +99,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # of stalling until its own limit.
 HANG_TIMEOUT_S = float(os.environ.get("BRIDGEFLOW_TEST_HANG_TIMEOUT", "240"))
 
+# A bound on a wait that ends within a second when the code works and much later, or never, when it does not (a
+# timeout that does not fire, a dead worker nobody notices). Generous, so that a busy machine does not fail it:
+# the tests assert what ended the wait and in what order, not how fast (benchmarks measure speed).
+PROMPTLY_S = 30.0
+
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "bf"  # bridgeflow's shared-memory segments are named bf<pid>_...
 

@@ -88,7 +88,7 @@ def test_core_works_without_torch_and_tensorflow():
 def test_cli_works_without_torch_and_tensorflow():
     out = run_python(BLOCK + """
     from bridgeflow.cli import main
-    code = main(["bench", "--fake", "3x8x8,1", "--size", "20", "--quiet"])
+    code = main(["bench", "--fake", "3x8x8,1", "--size", "20", "--quiet", "--seconds", "0"])
     assert code == 0
     """)
     assert "20 datapoints in" in out.stdout

@@ -15,7 +15,7 @@ import pytest
 from bridgeflow import BatchData, DataFlow, DataFromList, FakeData, MapData, MultiProcessMapData
 from bridgeflow.errors import DatapointError
 from bridgeflow.testing import assert_same_datapoints
-from conftest import need
+from conftest import PROMPTLY_S, need
 
 need("tensorflow")
 
@@ -310,7 +310,7 @@ def test_graph_close_with_the_producer_blocked_and_the_session_open(leak_check):
             assert qi._thread.alive
             t0 = time.monotonic()
             qi.close()
-            assert time.monotonic() - t0 < 5 and not qi._thread.alive
+            assert time.monotonic() - t0 < PROMPTLY_S and not qi._thread.alive
             drained = 0
             with pytest.raises(tf.errors.OutOfRangeError):
                 while True:
