@@ -110,7 +110,10 @@ SHM_PREFIX = "bf"  # bridgeflow's shared-memory segments are named bf<pid>_...
 
 # pytest captures file descriptor 2 while a test runs, so a dump written there is lost when the guard ends
 # the run; CI names a file instead (and prints it when the tests fail), headed by the test that hung.
+# Under pytest-xdist each worker process writes a file of its own: FILE.gw0, FILE.gw1, ...
 _HANG_LOG = os.environ.get("BRIDGEFLOW_TEST_HANG_LOG")
+if _HANG_LOG and os.environ.get("PYTEST_XDIST_WORKER"):
+    _HANG_LOG += "." + os.environ["PYTEST_XDIST_WORKER"]
 _hang_file = open(_HANG_LOG, "w") if _HANG_LOG else None  # open for the whole run
 
 
