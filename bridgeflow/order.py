@@ -15,6 +15,7 @@ they are), so tracking it costs nothing per datapoint.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -31,11 +32,12 @@ Run = Sequence[int]  # a range (sequential reads) or a list of indices (shuffled
 
 
 def iterator_position(it: Any, run_length: int) -> int:
-    """How many items a ``list_iterator`` or ``range_iterator`` has handed out."""
-    reduced = it.__reduce__()
-    if len(reduced) > 2:
-        return int(reduced[2])
-    return run_length  # an exhausted list iterator forgets its list
+    """How many items of its ``run_length`` a ``list_iterator`` or ``range_iterator`` has handed out.
+
+    From the items it has left, which every Python version gives alike (a ``range_iterator``'s
+    ``__reduce__`` holds its position only up to 3.11: from 3.12 it holds the range that is left).
+    """
+    return run_length - operator.length_hint(it)
 
 
 class EpochOrder:

@@ -165,7 +165,8 @@ class FakeData(RNGDataFlow):
 
     def _own_state(self) -> dict:
         """The random generator's state now and the position in the epoch (datapoints are not replayed)."""
-        pos = self._start + iterator_position(self._it, 0) if epoch_live(self) else 0
+        end = self.size if self.size is not None else sys.maxsize
+        pos = self._start + iterator_position(self._it, end - self._start) if epoch_live(self) else 0
         return {"size": self.size, "rng": rng_state(getattr(self, "rng", None)),
                 "fixed": self.__dict__.get("_fixed_rng"), "pos": pos}
 

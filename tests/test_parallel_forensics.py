@@ -117,11 +117,9 @@ def test_every_parallel_stage_takes_a_timeout(make, leak_check):
     df = make()
     name = type(df).__name__
     df.reset_state()
-    t0 = time.monotonic()
     pattern = rf"worker \d .*of {name} has not returned task #\d+ after 0.5 s"
     with pytest.raises(WorkerTimeoutError, match=pattern) as info:
-        list(df)
-    assert time.monotonic() - t0 < 2.5
+        list(df)  # raised while the task is stuck: had it waited 2 s for it, list() would have ended
     assert info.value.stage == name
     if "Thread" in name:  # a thread cannot be stopped: wait for it before closing
         time.sleep(1.6)

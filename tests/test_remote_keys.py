@@ -122,7 +122,8 @@ def test_the_keys_command_makes_a_folder(tmp_path):
     assert load_keys(tmp_path / "k").source == str(tmp_path / "k")
     proc = subprocess.run([sys.executable, "-m", "bridgeflow.cli", "keys", str(tmp_path / "k")], capture_output=True,
                           text=True, timeout=60)
-    assert proc.returncode == 1 and "already holds keys" in proc.stderr
+    assert proc.returncode == 1 and "already holds keys" in proc.stderr and "pass --overwrite" in proc.stderr
+    assert "overwrite=True" not in proc.stderr  # the command's option, not the function's argument
 
 
 # --- with keys: encrypted, authenticated -------------------------------------------------------------

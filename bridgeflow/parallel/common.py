@@ -146,11 +146,15 @@ class ParallelStage(ProxyDataFlow):
         return self._stats.as_dict(self._pool, self._capacity) if hasattr(self, "_stats") else {}
 
     def _live_pool(self) -> WorkerPool:
-        """The pool to iterate with: a new one when the last iteration was interrupted mid-receive."""
+        """The pool to iterate with: a new one when the stage was closed since (as a closed reader opens its
+        file again: ``with QueueInput(df)`` twice, ``with df`` then another loop), or when the last
+        iteration was interrupted mid-receive."""
         pool = self._pool
         if pool is None:
-            raise RuntimeError(f"{type(self).__name__} is closed; call reset_state() to start it again")
-        if pool.interrupted:
+            log.debug("%s: closed since reset_state(); starting new workers", type(self).__name__)
+            self._stats = _StageStats()
+            pool = self._pool = self._new_pool().start()
+        elif pool.interrupted:
             log.warning("%s: the last iteration was interrupted while receiving a result; starting new workers",
                         type(self).__name__)
             self._close_pool()

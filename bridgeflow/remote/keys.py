@@ -63,7 +63,7 @@ def generate_keys(folder: str | os.PathLike, *, overwrite: bool = False) -> Curv
     present = [f for f in _FILES if os.path.exists(os.path.join(path, f))]
     if present and not overwrite:
         raise FileExistsError(f"{path} already holds keys ({', '.join(present)}); pass overwrite=True "
-                              "(--overwrite) to replace them (every machine then needs the new folder)")
+                              "to replace them (every machine then needs the new folder)")
     os.makedirs(path, mode=0o700, exist_ok=True)
     for name in ("server", "client"):
         public, secret = zmq.auth.create_certificates(path, name)

@@ -141,6 +141,7 @@ def _open(pin: PinnedFile, path: str) -> Any:
         if same:
             return f
         f.close()
+    pin.ensure()  # a replaced file is refused here: raised in h5py's callbacks, 3.13 makes it a SystemError
     try:
         return h5py.File(pin.fileobj(), "r")
     except OSError as exc:
