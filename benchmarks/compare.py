@@ -204,11 +204,12 @@ def run_serialize(case: str, config: str, data: str, epochs: int) -> dict:
 
     from bridgeflow.serialize import HDF5Serializer, LMDBSerializer
 
-    kind, tag, order_kind = case.split("_")
+    kind, *_, order_kind = case.split("_")  # lmdb_<size>_<order>, hdf5_<order>
     shuffled = order_kind == "shuffled"
     if kind == "hdf5":
         path, n = os.path.join(data, "150k.h5"), SIZES["150k"][1]
     else:
+        tag = case.split("_")[1]
         path, n = os.path.join(data, f"{tag}.lmdb"), SIZES[tag][1]
     rng = np.random.default_rng(1)
     if config == "bridgeflow":
