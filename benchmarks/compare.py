@@ -22,7 +22,8 @@ torch`` selects: each takes a minute):
   place (``buffers=True``, the physical reference: nothing is copied);
 - ``hdf5_seq``, ``hdf5_shuffled``: ``HDF5Serializer`` reads against raw h5py item reads of the same file;
 - ``jpeg``: JPEG bytes in LMDB, decoded (simplejpeg when installed, else cv2), RandomResizedCrop(224)
-  (``GoogleNetRandomCropAndResize``) and a flip, CHW, in a 2-worker ``MultiProcessMapData`` with
+  (``GoogleNetRandomCropAndResize``) and a flip, CHW (a view, copied once: into the batch), in a 2-worker
+  ``MultiProcessMapData`` with
   ``BatchData(64)`` fused, against the decoder floor: decode + crop + resize of the same images in one
   process; CPU per image is the figure;
 - ``torch:NAME``: bench_torch.py's case NAME (head's script, run on each tree), one repetition per run;
@@ -287,8 +288,8 @@ def run_jpeg(config: str, data: str, epochs: int) -> dict:
 
         return measure(None, floor_epoch, epochs)
 
-    def mapf(dp):
-        return [np.ascontiguousarray(augment.augment(decode(dp[0])).transpose(2, 0, 1)), dp[1]]
+    def mapf(dp):  # CHW as a view: the worker's copy into the batch is the one copy it needs
+        return [augment.augment(decode(dp[0])).transpose(2, 0, 1), dp[1]]
 
     stage = MultiProcessMapData(bf.LMDBSerializer.load(path, shuffle=True, seed=0), 2, mapf, start_method="fork")
     with bf.BatchData(stage, BATCH) as df:
