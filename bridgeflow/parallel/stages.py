@@ -37,7 +37,6 @@ from typing import Any
 
 from .._renamed import renamed_keywords
 from ..base import DataFlow, epoch_live
-from ..batch import batch_datapoints
 from ..errors import LengthUnknownError
 from ..state import StateMismatchError, check_count, child_state, field, load_child
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
@@ -50,7 +49,7 @@ from .common import (
     seed_worker_globals,
     warn_if_oversubscribed,
 )
-from .fused import BatchPlan, BatchTask, Stacked, WorkerBatching, batch_bytes
+from .fused import BatchPlan, BatchTask, WorkerBatching, map_group
 from .pool import WorkerContext, WorkerPool
 from .progress import SNAPSHOT_EVERY, SourceLedger, check_source_position
 from .runners import MultiProcessRunner, MultiThreadRunner
@@ -65,22 +64,20 @@ def _map_init(map_func: Callable[[Any], Any], ctx: WorkerContext) -> Callable[[A
     writer = ctx.writer
     who = f"map_func {getattr(map_func, '__qualname__', map_func)!s}"
 
+    def map_one(payload: Any) -> Any:
+        out = map_func(payload)
+        return out if out is None or type(out) in _DATAPOINT_TYPES else check_datapoint(out, who)
+
+    reserve = None
+    if writer is not None:  # stack straight into shared memory: the only copy of the bytes
+        def reserve(nbytes: int) -> Any:
+            writer.reserve(nbytes)
+            return writer.alloc
+
     def run(payload: Any) -> Any:
         if type(payload) is not BatchTask:
-            out = map_func(payload)
-            return out if out is None or type(out) in _DATAPOINT_TYPES else check_datapoint(out, who)
-        mapped = []
-        for dp in payload.items:
-            out = map_func(dp)
-            if out is not None:
-                mapped.append(out if type(out) in _DATAPOINT_TYPES else check_datapoint(out, who))
-        if len(mapped) != payload.size:
-            return mapped
-        alloc = None
-        if writer is not None:  # stack straight into shared memory: the only copy of the bytes
-            writer.reserve(batch_bytes(mapped) + 4096)
-            alloc = writer.alloc
-        return Stacked(batch_datapoints(mapped, payload.use_list, payload.pad_value, alloc))
+            return map_one(payload)
+        return map_group(payload, map_one, reserve)
 
     return run
 

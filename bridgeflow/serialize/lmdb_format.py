@@ -64,7 +64,7 @@ from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray, new_bytearray_f
 from ._lmdb_tree import LMDBTree, walk_lmdb
 from ._pinned import PinnedFile
 from .atomic import atomic_path, write_error
-from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, decode, encode
+from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, decode, decode_many, encode
 from .errors import CorruptDataError, EncodeError, PickleNotAllowedError, UnsupportedFormatError
 from .tensorpack_codec import decode_tensorpack
 from .tensorpack_lmdb import lmdb_layout, tensorpack_index, tensorpack_key
@@ -470,11 +470,16 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                 continue
             stop = run.stop  # a range: sequential
             at = end = 0  # datapoints at..end-1 lie in ``block``, read from byte ``base`` of the file
+            batch = None  # and decoded together, when they are alike
             for i in it:
                 if not at <= i < end:
                     at, end, base, block = self._block(fd, i, stop)
+                    batch = self._decode_block(at, end, base, block)
                 if i >= end:  # a large value: read alone
                     yield get(fd, i)
+                    continue
+                if batch is not None:
+                    yield batch[i - at]
                     continue
                 a, size = self._offsets[i] - base, self._sizes[i]
                 if self.format == "tensorpack":
@@ -501,6 +506,30 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
             except DECODE_ERRORS as exc:
                 raise self._damaged(i, exc) from exc
             yield dp
+
+    def _decode_block(self, at: int, end: int, base: int, block: memoryview | None) -> list | None:
+        """The datapoints ``at..end-1`` of a block of small values, their CRCs checked and their values decoded
+        together (:func:`~bridgeflow.serialize.codec.decode_many`: the arrays are views of the block), or
+        ``None`` where they are not alike: then each goes the usual way, which names a damaged one."""
+        if block is None or end - at < 2 or self.format != "bridgeflow" or self._unpickle:
+            return None
+        sizes = self._index.sizes[at:end]
+        size = int(sizes[0])
+        if (sizes != size).any():
+            return None
+        starts = self._index.offsets[at:end] - base
+        length = size - _CRC.size if self._crc else size
+        if self._crc:
+            crc32_of = crc32()
+            got = np.fromiter((crc32_of(block[s:s + length]) for s in starts.tolist()), np.uint32, len(starts))
+            raw = np.frombuffer(block, np.uint8)
+            stored = raw[(starts + length)[:, None] + np.arange(_CRC.size)].copy().view("<u4").ravel()
+            if (got != stored).any():
+                return None
+        try:
+            return decode_many(block, starts, length)
+        except DECODE_ERRORS:
+            return None
 
     def _block(self, fd: int, i: int, stop: int) -> tuple[int, int, int, memoryview | None]:
         """``(i, end, base, bytes)``: the small values of datapoints ``i..end-1`` that lie close together in
