@@ -159,6 +159,7 @@ class ProcessChannel:
         self.task_conns: list[Any] = []
         self.result_conns: list[Any] = []
         self.dump_conns: list[Any] = []  # where a worker's stack arrives when asked for
+        self.dumps: list[forensics.DumpPipe] = []  # ... and whether it is ready to be asked
         self.readers: list[shm.SlabReader] = []
         self.writers: list[shm.SlabWriter] = []  # the consumer's side of the task slabs
         self.ctl: shm.ControlSegment | None = None
@@ -238,6 +239,7 @@ class ProcessChannel:
         self.task_conns.append(task_w)
         self.result_conns.append(result_r)
         self.dump_conns.append(dump_r)
+        self.dumps.append(forensics.DumpPipe(dump_r.fileno()))
         self.readers.append(shm.SlabReader(view[base:base + MAX_SLABS] if view else None, self.hooks))
         self.writers.append(shm.SlabWriter(f"{self.prefix}t{ctx.worker_id}_",
                                            view[base + MAX_SLABS:base + 2 * MAX_SLABS] if view else None,
@@ -328,8 +330,8 @@ class ProcessChannel:
         return text, code
 
     def inspect(self, worker: int, wait: float = 1.0) -> tuple[str, str]:
-        fd = self.dump_conns[worker].fileno() if wait > 0 and worker < len(self.dump_conns) else None
-        return forensics.describe_worker(self.procs[worker].pid, fd, wait)
+        dump = self.dumps[worker] if worker < len(self.dumps) else None
+        return forensics.describe_worker(self.procs[worker].pid, dump, wait)
 
     def _counters(self, at: int) -> int | None:
         if self.ctl is None:
@@ -369,7 +371,7 @@ class ProcessChannel:
         for conn in self.task_conns + self.result_conns + self.dump_conns:
             conn.close()
         self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
-        self.prefix, self.dump_conns = "", []
+        self.prefix, self.dump_conns, self.dumps = "", [], []
         if self.ctl is not None:  # our copy of the lock's descriptor; the owner keeps the lock
             self.ctl.close()
             self.ctl = None
@@ -405,6 +407,7 @@ class ProcessChannel:
             self.ctl.close()
             self.ctl = None
         self.procs, self.task_conns, self.result_conns, self.writers, self.dump_conns = [], [], [], [], []
+        self.dumps = []
 
 
 def unguarded_main() -> str | None:
