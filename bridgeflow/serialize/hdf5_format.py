@@ -100,18 +100,23 @@ class HDF5Serializer:
         h5py = _h5py()
         names = None if data_paths is None else [str(p) for p in data_paths]
         target = os.fspath(path)
-        with atomic_path(path, overwrite=overwrite, sidecars=()) as tmp, hdf5_output(h5py, target, tmp) as f:
+        with atomic_path(path, overwrite=overwrite, sidecars=()) as tmp, \
+                hdf5_output(h5py, target, tmp) as (f, check):
             writer = HDF5Writer(f, names, source_length(df))
             desc = f"HDF5 {os.path.basename(target)}"
             for i, dp in enumerate(iterate_source(df, progress=progress, desc=desc)):
                 try:
                     writer.add(dp, i)
                 except OSError as exc:  # libhdf5 failed to write (the source's own errors are not caught here)
+                    check(exc)
                     raise write_error(target, exc, tmp) from exc
+                check()  # a write that failed inside libhdf5 (see _hdf5_write._Sink)
             try:
                 writer.finish(None if classes is None else classes_json(classes))
             except OSError as exc:
+                check(exc)
                 raise write_error(target, exc, tmp) from exc
+            check()
         return writer.count
 
     @staticmethod
