@@ -69,8 +69,10 @@ class DatasetNotFoundError(SerializationError, FileNotFoundError):
 
 
 class DatasetChangedError(SerializationError):
-    """A reader used in another process (or after ``close()``) finds another file at its path than the one
-    it was opened on (the file was replaced or removed): load the path again to read the new file."""
+    """The file a reader reads changed under it: a reader used in another process (or after ``close()``)
+    finds another file at its path than the one it was opened on (replaced or removed), or another
+    process committed to the LMDB file since the reader opened it (it is being written: a value read now
+    could be another key's). Load the path again to read the file as it is now."""
 
 
 class ComponentNotFoundError(SerializationError, KeyError):
