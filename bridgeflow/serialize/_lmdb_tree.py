@@ -170,6 +170,9 @@ def walk_lmdb(pin: PinnedFile, name: str) -> LMDBTree:
         before = pin.pread(8, _TXNID_AT), pin.pread(8, _psize(pin) + _TXNID_AT)
         try:
             tree = _walk(pin, name)
+        except MemoryError as exc:  # a sound but large file, under a memory limit: say which
+            raise MemoryError(f"{name}: not enough memory to index the entries of this {pin.size()}-byte LMDB "
+                              "file (about 20 bytes and its key's length an entry)") from exc
         except CorruptDataError:
             if (pin.pread(8, _TXNID_AT), pin.pread(8, _psize(pin) + _TXNID_AT)) == before:
                 raise  # damage, not a writer's commit meanwhile

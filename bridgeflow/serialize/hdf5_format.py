@@ -337,6 +337,9 @@ class HDF5Data(IndexedSource):
             except BridgeflowError:
                 f.close()
                 raise
+            except MemoryError as exc:
+                f.close()
+                raise MemoryError(f"{self.path}: not enough memory to read the row index of its columns") from exc
             except (OSError, KeyError, ValueError, TypeError) as exc:
                 f.close()
                 raise CorruptDataError(f"{self.path}: damaged HDF5 file ({exc})") from exc
