@@ -915,3 +915,22 @@ def test_more_worker_processes_than_cpus_warn_once_per_request():
         warnings.simplefilter("error")
         MultiProcessMapData(source(), cpus, image_of).close()
         MultiThreadMapData(source(), cpus + 4, image_of).close()  # threads: no word
+
+
+def test_a_runner_over_an_unshuffled_flow_warns_of_the_repeats_it_yields(leak_check):
+    """tensorpack's MultiProcessRunnerZMQ assumes i.i.d. datapoints; over a flow in a fixed order its workers
+    give the same datapoints in the same order, and an epoch repeats them: said once, by name."""
+    from bridgeflow.parallel import MultiProcessRunnerZMQ
+
+    with pytest.warns(bf.UnshardedWarning, match=r"MultiProcessRunnerZMQ: its 2 workers each iterate their own copy "
+                                                  r"of the flow, and nothing in it shuffles") as caught:
+        df = MultiProcessRunnerZMQ(bf.DataFromList(list(range(2000)), shuffle=False), 2)
+    assert caught[0].filename == __file__  # names the line that made the stage
+    with df:
+        df.reset_state()
+        epoch = [dp for dp in df]
+    assert len(epoch) == 2000 and len(set(epoch)) < 2000  # what the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MultiProcessRunner(bf.DataFromList(list(range(20)), shuffle=True), 4, 2).close()  # random: i.i.d.
+        MultiProcessRunner(bf.DataFromList(list(range(20)), shuffle=False), 4, 1).close()  # one copy

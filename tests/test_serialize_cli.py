@@ -338,6 +338,55 @@ def test_images_that_do_not_decode_are_refused_by_default_or_skipped_each_named(
         ImageFolderData(root, bad_images="error")[ImageFolderData(root).files.index([str(bad), 1])]
 
 
+SLOW_MAP = textwrap.dedent("""
+    import os
+    import time
+    import numpy as np
+    from bridgeflow import DataFromList, MapData
+
+    def slow(dp):
+        open(os.path.join(os.path.dirname(__file__), "started"), "w").close()  # a worker maps
+        time.sleep(0.05)
+        return [np.zeros(1000, np.uint8), dp[0]]
+
+    def flow():
+        return MapData(DataFromList([[i] for i in range(100_000)], shuffle=False), slow)
+""")
+
+
+@pytest.mark.parametrize("delay", [0.01, 0.05, 0.15])
+def test_a_double_ctrl_c_with_workers_leaves_no_shared_memory(tmp_path, delay):
+    """Two Ctrl-C to ``bridgeflow serialize --workers 2``: the second came while the first stopped the pool's
+    workers and left its 608-byte control segment in /dev/shm. Cleaning up now finishes first."""
+    import signal
+    import time
+
+    from conftest import SHM_DIR
+
+    (tmp_path / "slow_map.py").write_text(SLOW_MAP)
+    proc = subprocess.Popen([sys.executable, "-m", "bridgeflow.cli", "serialize", str(tmp_path / "slow_map.py") +
+                             ":flow", str(tmp_path / "out.lmdb"), "--workers", "2", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline and not (tmp_path / "started").exists():
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, signal.SIGINT)  # the terminal sends Ctrl-C to the whole group
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode in (130, -signal.SIGINT), err[-1000:]  # -2: the second came after the CLI's handler
+    deadline = time.monotonic() + 5  # orphaned workers sweep within a second or two
+    while time.monotonic() < deadline and [n for n in os.listdir(SHM_DIR) if n.startswith(f"bf{proc.pid}_")]:
+        time.sleep(0.1)
+    assert [n for n in os.listdir(SHM_DIR) if n.startswith(f"bf{proc.pid}_")] == []
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".out.lmdb")]
+
+
 SLOW_FLOW = textwrap.dedent("""
     import os
     import time

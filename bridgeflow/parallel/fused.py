@@ -229,7 +229,7 @@ class BatchPlan:
     def next_result(self, in_flight: int) -> bool:
         """Send groups until ``in_flight`` are out; True while this epoch has a result still to get."""
         pool = self.pool
-        while not self.exhausted and pool.outstanding < in_flight and self.ends < 2:
+        while not self.exhausted and pool.outstanding < in_flight and self.ends < 2 and not pool.saturated:
             group = next(self.groups, None)
             if group is None:  # a strict epoch's groups are all sent
                 self.exhausted = True

@@ -13,7 +13,9 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
 import pickle
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,7 +23,9 @@ from typing import Any
 from .._renamed import renamed_keywords
 from ..base import DataFlow, epoch_live, pending_state
 from ..errors import LengthUnknownError
+from ..pipeline import iter_flows
 from ..rng import worker_seed_scope
+from ..shard import UnshardedWarning
 from ..state import StateError, StateMismatchError, check_count, check_plain, field
 from .common import (
     ParallelStage,
@@ -222,6 +226,36 @@ def _check_counts(who: str, sig: str, old: str, num_prefetch: Any, count: Any, n
                       UserWarning, stacklevel=5)  # the caller, above the two decorators
 
 
+def _warn_if_copies_repeat(ds: DataFlow, workers: int, who: str) -> None:
+    """Several workers each iterate a copy of ``ds``: say that this assumes i.i.d. datapoints, and warn
+    (:class:`~bridgeflow.UnshardedWarning`) when nothing in ``ds`` shuffles, since every worker then gives
+    the same datapoints in the same order and an epoch holds each of them up to ``workers`` times."""
+    if workers < 2:
+        return
+    flows = [flow for _, flow in iter_flows(ds)]
+    if any(getattr(flow, "_fed_from_outside", False) for flow in flows):
+        return  # each worker receives its own part from outside
+    if any(getattr(flow, "shuffle", False) is True for flow in flows):
+        log.info("%s: %d workers each iterate a copy of the flow, which assumes its datapoints are i.i.d. (a "
+                 "random or shuffled source): an epoch may hold a datapoint more than once", who, workers)
+        return
+    warnings.warn(f"{who}: its {workers} workers each iterate their own copy of the flow, and nothing in it "
+                  f"shuffles, so every worker gives the same datapoints in the same order and an epoch holds each "
+                  f"of them up to {workers} times. A runner assumes i.i.d. datapoints (a shuffled or random source); "
+                  "to read a dataset once with the work done in parallel, use MultiProcessMapData(source, num_proc, "
+                  "map_func) (silence with warnings.simplefilter('ignore', bridgeflow.UnshardedWarning))",
+                  UnshardedWarning, stacklevel=_outside_bridgeflow())
+
+
+def _outside_bridgeflow() -> int:
+    """The ``stacklevel`` that names the first caller outside bridgeflow (the line that made the stage)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class MultiProcessRunner(_RunnerStage):
     """Run ``num_proc`` copies of ``ds`` in worker processes; yield their datapoints as they come.
 
@@ -252,6 +286,7 @@ class MultiProcessRunner(_RunnerStage):
                       num_prefetch, num_proc, "num_proc", self.__dict__.pop("_bf_positional", False), "processes")
         super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed, timeout=timeout,
                          stall_warning=stall_warning)
+        _warn_if_copies_repeat(ds, self.num_workers, type(self).__name__)
         warn_if_oversubscribed(self.num_workers, type(self).__name__, "num_proc",
                                f" (num_prefetch={self.num_prefetch}, num_proc={self.num_workers}: the counts go in "
                                "tensorpack's order, (ds, num_prefetch, num_proc))", stacklevel=5)

@@ -255,20 +255,21 @@ class _MapStage(ParallelStage):
     def _strict_epoch(self, pool: WorkerPool, source: Iterator) -> Iterator:
         ledger = self._ledger
         more = True
-        try:
-            while more and pool.outstanding < self.buffer_size:
+
+        def refill() -> None:
+            nonlocal more
+            while more and pool.outstanding < self.buffer_size and not pool.saturated:  # bytes bound it too
                 try:
                     self._put(pool, source)
                 except StopIteration:
                     more = False
-            while pool.outstanding:
+
+        try:
+            refill()
+            while pool.outstanding:  # none only once the source ran out (a saturated pool holds tasks)
                 out = self._get(pool)
                 self._took(pool)
-                if more:
-                    try:
-                        self._put(pool, source)
-                    except StopIteration:
-                        more = False
+                refill()
                 if out is not None:
                     self._stats.datapoints += 1
                     yield out
@@ -284,7 +285,7 @@ class _MapStage(ParallelStage):
         carry = self._carry
         buffer_size = self.buffer_size
         while self._taken < size:
-            while pool.outstanding < buffer_size:
+            while pool.outstanding < buffer_size and not pool.saturated:  # bytes bound it too
                 self._put(pool, carry)
             out = self._get(pool)
             self._took(pool)

@@ -113,7 +113,10 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
     try:
         task_fn = init_fn(ctx)
     except BaseException as exc:  # reported to the consumer, which raises it
-        send([(ERROR, INIT, pack_exception(exc, by_pickle))], 0.0)
+        try:
+            send([(ERROR, INIT, pack_exception(exc, by_pickle))], 0.0)
+        except (BrokenPipeError, EOFError, ConnectionError):
+            return  # the consumer is gone
         while recv() is not None:  # stay until told to stop, so tasks sent meanwhile find us alive
             pass
         return
@@ -199,7 +202,10 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
     except FileNotFoundError:
         err = shm.SegmentVanishedError(f"the control segment {shm.SHM_DIR}/{ctl_name} of this pool vanished "
                                        "before the worker started: another process removed it")
-        result_conn.send_bytes(shm.SlabWriter("", None, 0).dumps([(ERROR, FATAL, pack_exception(err, True))]))
+        try:
+            result_conn.send_bytes(shm.SlabWriter("", None, 0).dumps([(ERROR, FATAL, pack_exception(err, True))]))
+        except OSError:  # the consumer closed the pool while this (spawned, slow) worker was starting
+            pass
         return
     base = ctl_base(ctx.worker_id)
     view = ctl.view if ctl is not None else None

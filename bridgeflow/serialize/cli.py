@@ -78,16 +78,19 @@ def _parallel_map(df: DataFlow, workers: int) -> DataFlow:
 
 
 def open_source(spec: str, *, decode: bool = False, workers: int = 0, allow_pickle: bool = False,
-                split: str | None = None, non_images: str = "skip", bad_images: str = "error") -> DataFlow:
+                split: str | None = None, non_images: str = "skip", bad_images: str = "error",
+                allow_external: bool = False) -> DataFlow:
     """The flow ``bridgeflow serialize`` reads: an image folder, a dataset file, or ``module:function``.
     ``bad_images``: images that do not decode are refused (``"error"``), left out and named (``"skip"``),
-    or stored unchecked (``"keep"``)."""
+    or stored unchecked (``"keep"``). ``allow_external``: an HDF5 source may read data lying in other
+    files (see :func:`~bridgeflow.serialize.load_dataset`)."""
     return _open_source(spec, decode=decode, workers=workers, allow_pickle=allow_pickle, split=split,
-                        non_images=non_images, bad_images=bad_images)[0]
+                        non_images=non_images, bad_images=bad_images, allow_external=allow_external)[0]
 
 
 def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, split: str | None, non_images: str,
-                 bad_images: str = "error") -> tuple[DataFlow, list[str] | None, list[str], int | None]:
+                 bad_images: str = "error",
+                 allow_external: bool = False) -> tuple[DataFlow, list[str] | None, list[str], int | None]:
     """(flow, class names to store or None, files skipped as not images, images found or None)."""
     if split is not None and not (os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "data.mdb"))):
         raise ValueError("--split applies to image folders only")
@@ -107,7 +110,7 @@ def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, s
     elif os.path.exists(spec):
         if decode:
             raise ValueError("--decode applies to image folders only")
-        df = load_dataset(spec, allow_pickle=allow_pickle)
+        df = load_dataset(spec, allow_pickle=allow_pickle, allow_external=allow_external)
         classes = getattr(df, "classes", None)  # a conversion keeps the label names
         if workers:
             log.warning("--workers ignored: reading %s has no map stage to parallelize", spec)
@@ -166,7 +169,8 @@ def _cmd_serialize(args: argparse.Namespace) -> int:
     with sigterm_unwinds():  # SIGTERM (timeout, Slurm) cleans up like Ctrl-C
         df, classes, skipped, images = _open_source(args.source, decode=args.decode, workers=args.workers,
                                                     allow_pickle=args.allow_pickle, split=args.split,
-                                                    non_images=args.non_images, bad_images=args.bad_images)
+                                                    non_images=args.non_images, bad_images=args.bad_images,
+                                                    allow_external=args.allow_external)
         undecodable: list[str] = []
         if args.bad_images == "skip" and images is not None:
             df = _drop_undecodable(df, undecodable)
@@ -240,7 +244,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from ..transforms import describe_datapoint
 
     path = args.path
-    ds = load_dataset(path, allow_pickle=args.allow_pickle)
+    ds = load_dataset(path, allow_pickle=args.allow_pickle, allow_external=args.allow_external)
     fmt = detect_format(path)
     print(f"path:    {path}")
     layout = getattr(ds, "format", None)
@@ -278,7 +282,8 @@ def bench_file(path: str, args: argparse.Namespace) -> int:
 
     quiet = bool(getattr(args, "quiet", False))
     for shuffle in (False, True):
-        ds = load_dataset(path, shuffle=shuffle, seed=0, allow_pickle=bool(getattr(args, "allow_pickle", False)))
+        ds = load_dataset(path, shuffle=shuffle, seed=0, allow_pickle=bool(getattr(args, "allow_pickle", False)),
+                          allow_external=bool(getattr(args, "allow_external", False)))
         if len(ds) == 0:
             print(f"{path}: empty dataset, nothing to measure")
             return 0
@@ -321,6 +326,9 @@ def register(subparsers: Any) -> None:
     ser.add_argument("--codec", default="bridgeflow", choices=("bridgeflow", "pickle"),
                      help="LMDB value codec (pickle stores any object; readers must pass --allow-pickle)")
     ser.add_argument("--allow-pickle", action="store_true", help="read a pickle-codec LMDB source")
+    ser.add_argument("--allow-external", action="store_true", help="HDF5 source: read data lying in other files "
+                     "(external links, external storage, virtual datasets; refused by default), only for a "
+                     "file you trust")
     ser.add_argument("--write-frequency", type=int, default=5000, help="LMDB: datapoints per commit")
     ser.add_argument("--no-checksum", dest="checksum", action="store_false", help="LMDB: store no CRC-32 with "
                      "each value (by default every value carries one, checked on every read; HDF5 and npz "
@@ -336,6 +344,8 @@ def register(subparsers: Any) -> None:
     ins.add_argument("path", help="an LMDB, HDF5 or npz dataset")
     ins.add_argument("--num", type=int, default=2, help="datapoints to describe (default 2)")
     ins.add_argument("--allow-pickle", action="store_true", help="describe a pickle-codec LMDB")
+    ins.add_argument("--allow-external", action="store_true", help="HDF5: read data lying in other files "
+                     "(refused by default), only for a file you trust")
     ins.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
                      help="on an error, print the full traceback (default: one line)")
     ins.set_defaults(func=_cmd_inspect)
