@@ -103,7 +103,7 @@ their codec and format version; the default codec never unpickles. How: :doc:`..
                    "bridgeflow.DatasetNotFoundError", "bridgeflow.TargetExistsError",
                    "bridgeflow.serialize.DatasetWriteError", "bridgeflow.serialize.EncodeError",
                    "bridgeflow.serialize.PickleNotAllowedError", "bridgeflow.serialize.UnsupportedFormatError",
-                   "bridgeflow.serialize.ComponentNotFoundError"],
+                   "bridgeflow.serialize.ComponentNotFoundError", "bridgeflow.serialize.ExternalDataError"],
     }),
     "cli": ("The command line", """
 ``bridgeflow COMMAND --help`` prints what follows; the options of every command, as this version's parser

@@ -131,8 +131,15 @@ def cut_error(pin: PinnedFile, name: str, offset: int, size: int, what: str) -> 
                             f"{offset}..{offset + size}); it is no longer readable")
 
 
-def written_error(pin: PinnedFile, name: str, txnid: int) -> DatasetChangedError:
-    """The error for a file to which a writer committed since its tree was read (at ``txnid``)."""
+def written_error(pin: PinnedFile, name: str, txnid: int) -> DatasetChangedError | CorruptDataError:
+    """The error for a file to which a writer committed since its tree was read (at ``txnid``), or for one cut
+    short meanwhile: the meta pages the readers watch then read back short, and no writer is to blame."""
+    try:
+        psize = _psize(pin)
+        if psize == 0 or pin.size() < 2 * psize:
+            return cut_error(pin, name, 0, 2 * (psize or 4096), "its meta pages")
+    except (OSError, struct.error, CorruptDataError):
+        pass
     try:
         now = max(struct.unpack("<Q", pin.pread(8, at))[0] for at in (_TXNID_AT, _psize(pin) + _TXNID_AT))
     except (OSError, struct.error):
