@@ -333,7 +333,7 @@ class UnbatchData(ProxyDataFlow):
             return {"index": self._index, "held": None, "child": unless_error(self._before)}
         held = None
         if self._batch is not None and self._index < self._size:
-            held = pack_held([_rest(self._batch, self._index)], type(self).__name__, self._loose)
+            held = pack_held([_rest(self._batch, self._index)], self._loose)
         return {"index": 0, "held": held, "child": child_state(self.ds)}
 
     def _unbatch(self, source: Iterator, skip: int) -> Iterator:

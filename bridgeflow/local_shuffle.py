@@ -200,7 +200,7 @@ class _Stream:
         """The snapshot to rebuild from and the datapoints handed out since it (to replay, not yield); over an
         unordered stage, the buffer's datapoints and the states now."""
         if self.loose is not None:
-            held = pack_held([item[1] for item in self.queue], type(self.flow).__name__, self.loose)
+            held = pack_held([item[1] for item in self.queue], self.loose)
             return {"source": child_state(self.flow.ds), "rng": rng_state(self.flow.rng), "count": self.count,
                     "fill": 0, "replay": 0, "held": held, "ended": self.ended, "left": self.left}
         if not self.snaps and self.error is None:  # nothing read yet: the stream starts from here

@@ -298,12 +298,12 @@ def check_plain(value: Any, where: str = "the state") -> None:
                                      "data (dicts, lists, strings, numbers, booleans, None)")
 
 
-def pack_held(items: list, who: str, stage: str) -> str:
+def pack_held(items: list, stage: str) -> str:
     """Datapoints a flow holds (the rest of a batch, a datapoint's remaining repeats, a cache, a buffer, a
     stage's work in flight) as text for its state: the bridgeflow codec (arrays, numbers, strings, bytes,
     lists, tuples, dicts; never pickle), in base64. A state over an unordered stage (``stage``) keeps them,
     since the stage would not give them again; a datapoint the codec cannot store makes the state refused
-    (:class:`NotResumableError` naming the flow ``who`` and the stage)."""
+    (:class:`NotResumableError` naming the stage; the base puts the flow's path in front)."""
     # Imported here: importing bridgeflow.serialize runs its package, whose readers import the flows.
     from .serialize.codec import encode
 
@@ -311,8 +311,8 @@ def pack_held(items: list, who: str, stage: str) -> str:
         raw = encode(items)
     except (TypeError, ValueError) as exc:  # EncodeError, or an array dtype the codec does not store
         raise NotResumableError(
-            f"{who} holds datapoints of the unordered {stage} that its state must keep (that stage would give "
-            f"others on a resume), and they cannot be stored as plain data: {exc}") from None
+            f"it holds datapoints of the unordered {stage} under it, which its state must keep (that stage would "
+            f"give others on a resume), and they cannot be stored as plain data: {exc}") from None
     return base64.b64encode(raw).decode("ascii")
 
 

@@ -309,7 +309,7 @@ class RepeatedDataPoint(ProxyDataFlow):
             if self._loose is None:
                 return {"num": self.num, "rep": self._rep, "held": None, "child": unless_error(self._before)}
             if self._dp is not None:
-                held = pack_held([self._dp], type(self).__name__, self._loose)
+                held = pack_held([self._dp], self._loose)
                 return {"num": self.num, "rep": self._rep, "held": held, "child": child_state(self.ds)}
         return {"num": self.num, "rep": 0, "held": None, "child": child_state(self.ds)}
 
@@ -498,7 +498,7 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
                 return {"filled": True, "child": unless_error(self._start), "pos": 0, "held": None,
                         "order": self._order.state(live), "rng": None}
             if self._held is None:  # the cache does not change once filled: packed once
-                self._held = pack_held(self._cache, type(self).__name__, loose)
+                self._held = pack_held(self._cache, loose)
             return {"filled": True, "child": child_state(self.ds), "pos": 0, "held": self._held,
                     "order": self._order.state(live), "rng": None}
         rng = rng_state(getattr(self, "rng", None))  # the cache's shuffle will be drawn from it
@@ -508,7 +508,7 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
             return {"filled": False, "child": unless_error(self._start), "pos": len(self._buffer), "held": None,
                     "order": None, "rng": rng}
         return {"filled": False, "child": child_state(self.ds), "pos": len(self._buffer),
-                "held": pack_held(self._buffer, type(self).__name__, loose), "order": None, "rng": rng}
+                "held": pack_held(self._buffer, loose), "order": None, "rng": rng}
 
     def _take_state(self, state: dict) -> None:
         if state["filled"] and state["order"] is None:

@@ -432,8 +432,8 @@ def test_a_held_datapoint_the_codec_cannot_store_refuses_the_state_naming_both(l
     with bf.RepeatedDataPoint(stage, 2) as f:
         it = iter(f)
         next(it)
-        with pytest.raises(NotResumableError, match=r"^RepeatedDataPoint: RepeatedDataPoint holds datapoints of "
-                                                    r"the unordered MultiThreadMapData .* Opaque"):
+        with pytest.raises(NotResumableError, match=r"^RepeatedDataPoint: it holds datapoints of the unordered "
+                                                    r"MultiThreadMapData under it.*test_state_parallel\.Opaque"):
             f.state_dict()
         next(it)
         assert "held" in f.state_dict()  # between two datapoints: nothing held, a state again

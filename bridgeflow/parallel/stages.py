@@ -441,7 +441,7 @@ class _MapStage(ParallelStage):
             held = None
         else:  # the source's state now, and what was pulled from it and not received
             source, replay, skip = child_state(self.ds), 0, sorted([s - ledger.low, n] for s, n in ledger.done.items())
-            held = pack_held(self._in_flight(ledger), type(self).__name__, loose)
+            held = pack_held(self._in_flight(ledger), loose)
         live = epoch_live(self)
         plan = self._plan if live else self._batched
         pending = self._partial[:2] if self._partial is not None else None
