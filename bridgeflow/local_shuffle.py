@@ -99,13 +99,19 @@ class _Stream:
     def _run(self, resumed: bool) -> Iterator:
         flow = self.flow
         ds, rng, queue = flow.ds, flow.rng, self.queue
-        reuse, interval, one_pass = flow.num_reuse, flow.shuffle_interval, flow.one_pass
+        size, reuse, interval, one_pass = flow.buffer_size, flow.num_reuse, flow.shuffle_interval, flow.one_pass
         source = iter(ds) if not self.ended else iter(())
         fresh = not resumed  # this pass of the source has to yield something (a resumed one may be at its end)
         got = False
         try:
             if self.left:  # resumed part-way through putting the last datapoint read in num_reuse times
-                yield from self._put(queue[-1])
+                item = queue[-1]
+                for left in range(self.left - 1, -1, -1):
+                    queue.append(item)  # the buffer is full: each put pushes the oldest out
+                    out = queue.popleft()
+                    self.yields += 1
+                    self.left = left
+                    yield out[1]
             while not self.ended:
                 if self.pulled >= self.next_snap:
                     self._snapshot()
@@ -129,8 +135,14 @@ class _Stream:
                 if self.count >= interval:
                     self.count = 0
                     self._shuffle(rng)
-                self.left = reuse
-                yield from self._put(item)
+                for left in range(reuse - 1, -1, -1):  # appended first, so a state taken at the yield sees
+                    full = len(queue) >= size  # the buffer whole (and how many puts of the item are left)
+                    queue.append(item)
+                    if full:
+                        out = queue.popleft()
+                        self.yields += 1
+                        self.left = left
+                        yield out[1]
             if not self.ended:
                 self.ended = True
                 self._shuffle(rng)  # one pass: drain what is left, shuffled
@@ -142,19 +154,6 @@ class _Stream:
             close = getattr(source, "close", None)
             if close is not None:
                 close()
-
-    def _put(self, item: tuple) -> Iterator:
-        """Put ``item`` in ``self.left`` more times; once the buffer is full, each put pushes the oldest out
-        (appended first, so that a state taken at the yield sees the buffer whole)."""
-        queue, size = self.queue, self.flow.buffer_size
-        while self.left:
-            self.left -= 1
-            full = len(queue) >= size
-            queue.append(item)
-            if full:
-                out = queue.popleft()
-                self.yields += 1
-                yield out[1]
 
     def _shuffle(self, rng: np.random.RandomState) -> None:
         items = list(self.queue)

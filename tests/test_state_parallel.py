@@ -351,6 +351,7 @@ WRAPPERS = {
     "RepeatedDataPoint": lambda s: bf.RepeatedDataPoint(s, 3),
     "CacheData": lambda s: bf.CacheData(s, shuffle=True, seed=4),
     "LocallyShuffleData": lambda s: bf.LocallyShuffleData(s, 5, seed=4, one_pass=True),
+    "LocallyShuffleData num_reuse": lambda s: bf.LocallyShuffleData(s, 5, num_reuse=2, seed=4, one_pass=True),
     "nested ordered stage": lambda s: MultiThreadMapData(s, 2, jittery_keep, buffer_size=5, strict=True),
     "nested unordered stage": lambda s: MultiThreadMapData(s, 2, jittery_keep, buffer_size=5, strict=True,
                                                            ordered=False),
@@ -372,7 +373,7 @@ def test_a_wrapper_over_an_unordered_stage_resumes_every_datapoint_once(wrapper,
     make = lambda: WRAPPERS[wrapper](_unique(kind))
     with make() as f:
         ref = [_ids(list(f)) for _ in range(3)]
-    times = 3 if wrapper == "RepeatedDataPoint" else 1
+    times = {"RepeatedDataPoint": 3, "LocallyShuffleData num_reuse": 2}.get(wrapper, 1)
     assert ref[0] == sorted(list(range(40)) * times)
     assert ref[1] == (ref[0] if wrapper == "CacheData" else sorted(list(range(40, 80)) * times))
     for e in range(2):
