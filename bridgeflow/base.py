@@ -36,10 +36,10 @@ error is about) and calls *hooks* that subclasses fill, as torchdata's ``BaseNod
 States, the contract:
 
 - **What a state is.** Plain data (ints, floats, strings, lists, dicts, None), so ``json`` and ``torch.save``
-  store it. Every level of the pipeline has a dict with the flow's ``class``, a format ``version``, a
-  ``check`` (a CRC-32 of the level's fields, each child's state counted by its own ``check``, so the
-  outermost one covers the tree) and the fields the flow declares in ``state_fields``; the children's
-  states nest in them (``"child"``, ``"children"``, a stage's ``"source"``).
+  store it. Every level of the pipeline has a dict with the flow's ``class``, a format ``version`` and the
+  fields the flow declares in ``state_fields``; the children's states nest in them (``"child"``,
+  ``"children"``, a stage's ``"source"``). The outermost level also has ``check``, a CRC-32 of the whole
+  tree as JSON writes it.
 - **What it promises.** Loaded into a freshly built flow of the same structure (before or after
   ``reset_state()``, before its first ``iter()``), the flow yields what the interrupted one would have
   yielded next: the rest of the epoch, then the following epochs, shuffles and random choices included. A
@@ -61,9 +61,10 @@ States, the contract:
   ``map_func`` is not replayed.
 - **What a load checks, before anything uses the state.** The header; each declared field's type and
   range (a count no larger than the epoch, a replay no longer than what a stage can have in flight, a
-  valid generator state...); no missing or unknown field; the checksum (so a field changed into another
-  valid value is refused too; a state without ``check``, made by hand, is taken on its fields); the flow's
-  own cross-field checks; then the children's states, each the same way.
+  valid generator state...); no missing or unknown field; the flow's own checks between fields; the
+  children's states, each the same way; then, once every field of the tree passed, the outermost
+  ``check`` (so a field changed into another valid value is refused too, and the flows are left as they
+  were; a state without ``check``, made by hand, is taken on its fields).
 - **The errors.** :class:`~bridgeflow.state.StateMismatchError` (a ``ValueError``): a state of another
   structure, length, file or newer format, or damaged; its message starts with the path of the flow at
   fault and names the field and the value (``BatchData/MapData/DataFromList: field 'pos' of the state is
@@ -128,6 +129,17 @@ class ReadAhead(Protocol):
 
 
 _claim_lock = threading.Lock()
+
+
+class _Nesting(threading.local):
+    """How deep this thread is in ``state_dict()`` and ``load_state_dict()`` calls: the outermost state of
+    a tree carries the tree's checksum, and the outermost load checks it."""
+
+    saving = 0
+    loading = 0
+
+
+_nesting = _Nesting()
 
 
 def _new_claim_lock() -> None:
@@ -230,6 +242,8 @@ class DataFlow:
             out = reader.delivered_state(self)
             if out is not None:
                 return out
+        depth = _nesting.saving
+        _nesting.saving = depth + 1  # the children's states are taken inside this call
         try:
             reason = self._why_not_resumable()
             if reason:
@@ -237,12 +251,17 @@ class DataFlow:
             out = copy.deepcopy(self.__loaded) if self.__loaded is not None else self._own_state()
         except StateError as exc:
             raise exc.within(type(self).__name__) from None
+        finally:
+            _nesting.saving = depth
         if not isinstance(out, dict):
             raise TypeError(f"{type(self).__name__}.state_dict() returned a {type(out).__name__}, not a dict")
         out["class"] = type(self).__name__
         out["version"] = type(self).state_version
         out.pop("check", None)
-        out["check"] = checksum(out)
+        if depth == 0:  # the outermost state: one sum over the whole tree
+            check = checksum(out)
+            if check is not None:
+                out["check"] = check
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -254,6 +273,8 @@ class DataFlow:
             super(owner, self)._take_state(state)
             return
         self.__read_ahead = None
+        depth = _nesting.loading
+        _nesting.loading = depth + 1  # the children's states are loaded inside this call
         try:
             check_header(self, state, type(self).state_version)
             reason = self._why_not_resumable()
@@ -261,13 +282,20 @@ class DataFlow:
                 raise NotResumableError(reason)
             fields = type(self).state_fields
             if fields is None:  # a flow that checks its own state (and loads its children)
-                verify_checksum(state)
                 self._take_state(state)
             else:
                 apply_fields(self, state, fields)
+            self.__loaded = state
+            if depth == 0:  # every field of the tree passed: now the sum, which sees the rest
+                try:
+                    verify_checksum(state)
+                except StateError:
+                    self._forget_loaded()
+                    raise
         except StateError as exc:
             raise exc.within(type(self).__name__) from None
-        self.__loaded = state
+        finally:
+            _nesting.loading = depth
 
     def attach_read_ahead(self, reader: ReadAhead) -> None:
         """Let ``reader``, which takes this flow's datapoints ahead of its own consumer, answer
@@ -431,6 +459,13 @@ class DataFlow:
 
     def _reset_done(self) -> bool:
         return self.__reset_done
+
+    def _forget_loaded(self) -> None:
+        """Drop the states loaded into this flow and the flows under it (a state refused as a whole)."""
+        self.__loaded = None
+        for child in _children_of(self):
+            if isinstance(child, DataFlow):
+                child._forget_loaded()
 
     def _pending_state(self) -> dict | None:
         return self.__loaded

@@ -304,7 +304,7 @@ class UnbatchData(ProxyDataFlow):
     be another one, it is the child's state after the current batch plus the batch's rest (``held``).
     """
 
-    state_fields = (Count("index"), Held(count=lambda flow, items: 1), Child())
+    state_fields = (Count("index"), Held(count=1), Child())
 
     def __init__(self, ds: DataFlow) -> None:
         super().__init__(ds)

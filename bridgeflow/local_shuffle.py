@@ -257,7 +257,7 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
               lambda f: f"64 buffers (buffer_size={f.buffer_size}) and the reads between two snapshots, each "
                         f"datapoint handed out num_reuse={f.num_reuse} times"),
         Count("taken", lambda f: None if f.one_pass else f._epoch_size(), "the epoch's length"),
-        Rng("rng"), Held(), Flag("ended", optional=True),
+        Rng("rng"), Held(most=lambda f: f.buffer_size), Flag("ended", optional=True),
         Count("left", lambda f: f.num_reuse - 1, "num_reuse puts of a datapoint", optional=True), Child("source"),
     )
 

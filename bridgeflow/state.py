@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -113,46 +114,20 @@ def check_header(flow: Any, state: Any, version: int) -> None:
 # --- the checksum ----------------------------------------------------------------------------------
 
 
-def _is_state(value: Any) -> bool:
-    return isinstance(value, dict) and "class" in value and "version" in value
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
-def _crc(value: Any, crc: int) -> int:
-    """Fold ``value`` into ``crc`` as it reads after a ``json`` round trip (keys as text, sorted; tuples as
-    lists), strings length-prefixed; a flow state nested in it (a child's) counts by its own checksum."""
-    kind = type(value)
-    if kind is str:
-        text = value.encode()
-        return zlib.crc32(text, zlib.crc32(b"s%d:" % len(text), crc))
-    if kind is dict:
-        if "class" in value and "version" in value:
-            check = value.get("check")
-            return _crc(check if isinstance(check, str) else None, zlib.crc32(b"state", crc))
-        for key in sorted(value, key=str):
-            text = str(key).encode()
-            crc = _crc(value[key], zlib.crc32(b"k%d:%s" % (len(text), text), crc))
-        return zlib.crc32(b"}", crc)
-    if kind is list or kind is tuple:
-        for item in value:
-            crc = _crc(item, zlib.crc32(b",", crc))
-        return zlib.crc32(b"]", crc)
-    if isinstance(value, (dict, list, tuple, str)):  # a subclass (OrderedDict, namedtuple): as its base
-        return _crc(dict(value) if isinstance(value, dict) else str(value) if isinstance(value, str)
-                    else list(value), crc)
-    return zlib.crc32(f"{kind.__name__}:{value!r}".encode(), crc)
-
-
-def checksum(state: dict) -> str:
-    """The ``check`` field of a state: a CRC-32 of its fields (``check`` aside) as JSON reads them, each
-    child's state counted by its own ``check``, so the sum of the outermost state covers the whole tree and
-    survives ``json`` and ``torch.save``. Field checks see a value no saved state can hold; this sees a value
-    that another saved state could hold (another position, a generator state changed into another valid one)."""
-    crc = 0
-    for key in sorted(state, key=str):
-        if key != "check":
-            text = str(key).encode()
-            crc = _crc(state[key], zlib.crc32(b"k%d:%s" % (len(text), text), crc))
-    return f"{crc:08x}"
+def checksum(state: dict) -> str | None:
+    """The ``check`` field of the outermost state of a tree: a CRC-32 of the whole tree (``check`` aside) as
+    JSON writes it, which reads the same after a ``json`` or ``torch.save`` round trip (tuples as lists, keys as
+    text, in their order). Field checks see a value no saved state can hold; this sees a value another saved
+    state could hold (another position, a generator state changed into another valid one). None for a state
+    JSON cannot write (a custom flow's numpy number): it is then taken on its fields."""
+    try:
+        text = _ENCODER.encode({k: v for k, v in state.items() if k != "check"})
+    except (TypeError, ValueError):
+        return None
+    return f"{zlib.crc32(text.encode()):08x}"
 
 
 def verify_checksum(state: dict) -> None:
@@ -161,7 +136,7 @@ def verify_checksum(state: dict) -> None:
     if "check" not in state:
         return
     saved = state["check"]
-    if not isinstance(saved, str) or saved != checksum(state):
+    if not isinstance(saved, str) or saved != checksum(state):  # a state the sum was not made of is refused
         raise StateMismatchError(f"the state's checksum {saved!r:.20} does not match its fields: it was changed "
                                  "after state_dict() saved it (its fields may each look valid)")
 

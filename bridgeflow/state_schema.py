@@ -3,11 +3,11 @@
 A flow that saves its own position declares ``state_fields``, a tuple of :class:`Field`\\ s, beside its
 ``_own_state()`` (which returns exactly those fields). ``load_state_dict`` then, before anything else uses
 the state: checks the header (class, version), refuses a field the flow does not save and a missing one,
-checks each field's type and range (the bound and where it comes from are part of the declaration), checks
-the checksum, runs the flow's ``_take_state`` (checks between fields, if any) and loads the children's
-states. A refusal is a :class:`~bridgeflow.state.StateMismatchError` naming the flow's path, the field and
-its value, e.g. ``BatchData/MapData/DataFromList: field 'pos' of the state is 14, above 12, the most this
-flow can save: the epoch's length``.
+checks each field's type and range (the bound and where it comes from are part of the declaration), runs
+the flow's ``_take_state`` (checks between fields, if any) and loads the children's states; the outermost
+load then checks the checksum of the whole tree. A refusal is a :class:`~bridgeflow.state.StateMismatchError`
+naming the flow's path, the field and its value, e.g. ``BatchData/MapData/DataFromList: field 'pos' of the
+state is 14, above 12, the most this flow can save: the epoch's length``.
 
 The kinds: :class:`Count` (an integer from 0 to a bound), :class:`Flag`, :class:`Same` (equal to the
 flow's own setting), :class:`Rng`/:class:`Rngs` (random generator states), :class:`Held` (datapoints a
@@ -34,7 +34,6 @@ from .state import (
     load_child,
     set_rng_state,
     unpack_held,
-    verify_checksum,
 )
 
 __all__ = ["Child", "Children", "Count", "Field", "Flag", "Held", "Part", "Rng", "Rngs", "Same", "Value",
@@ -169,23 +168,25 @@ class Rngs(Field):
 
 
 class Held(Field):
-    """Datapoints the flow holds, packed by :func:`~bridgeflow.state.pack_held` (None when it holds none);
-    ``count`` (``count(flow, items)``), if given, says how many there must be, or None for any number."""
+    """Datapoints the flow holds, packed by :func:`~bridgeflow.state.pack_held` (None when it holds none):
+    exactly ``count`` of them, or at most ``most(flow)``, when given."""
 
-    def __init__(self, name: str = "held", count: Callable[[Any, list], int | None] | None = None,
+    def __init__(self, name: str = "held", count: int | None = None, most: Getter | None = None,
                  **kw: Any) -> None:
         super().__init__(name, optional=True, **kw)
-        self.count = count
+        self.count, self.most = count, most
 
     def check(self, flow: Any, value: Any) -> None:
         if value is None:
             return
         if not isinstance(value, str):
             self.fail(f"is a {type(value).__name__} ({_show(value)})")
-        items = unpack_held(value)
-        want = self.count(flow, items) if self.count is not None else None
-        if want is not None and len(items) != want:
-            self.fail(f"holds {len(items)} datapoints, where {want} are held")
+        n = len(unpack_held(value))
+        if self.count is not None and n != self.count:
+            self.fail(f"holds {n} datapoints, where {self.count} are held")
+        most = self.most(flow) if self.most is not None else None
+        if most is not None and n > most:
+            self.fail(f"holds {n} datapoints, more than the {most} this flow can hold")
 
 
 class Value(Field):
@@ -274,10 +275,10 @@ def check_fields(flow: Any, state: dict, fields: Sequence[Field], reserved: Sequ
 
 def apply_fields(flow: Any, state: dict, fields: Sequence[Field]) -> None:
     """What ``load_state_dict`` does with a declared state: check the fields, run the flow's own checks
-    between fields (``_take_state``), check the checksum, then load the children's states."""
+    between fields (``_take_state``), then load the children's states (the outermost load then checks the
+    tree's checksum)."""
     check_fields(flow, state, fields)
     flow._take_state(state)
-    verify_checksum(state)
     for f in fields:
         if f.name in state:
             f.load(flow, state[f.name])

@@ -253,7 +253,7 @@ class RepeatedDataPoint(ProxyDataFlow):
     """
 
     state_fields = (Same("num", "num", "the state is for num={saved}, this flow repeats num={have}"),
-                    Count("rep", lambda f: f.num, lambda f: f"num={f.num} repeats"), Held(count=lambda f, items: 1),
+                    Count("rep", lambda f: f.num, lambda f: f"num={f.num} repeats"), Held(count=1),
                     Child())
 
     def __init__(self, ds: DataFlow, num: int) -> None:

@@ -52,8 +52,11 @@ def _state_mid_epoch(make):
 
 @pytest.mark.parametrize("name", sorted(FLOWS))
 def test_every_state_holds_exactly_its_declared_fields(name):
-    """The declaration is the state: what ``_own_state`` returns is what ``state_fields`` declares."""
-    for path, level in _levels(_state_mid_epoch(FLOWS[name])):
+    """The declaration is the state: what ``_own_state`` returns is what ``state_fields`` declares; the
+    outermost level carries the tree's checksum."""
+    state = _state_mid_epoch(FLOWS[name])
+    assert state["check"] == checksum(state)
+    for path, level in _levels(state):
         cls = _classes().get(level["class"])
         if cls is None or cls.state_fields is None:
             continue  # a custom flow of the test that checks its own state
@@ -61,7 +64,6 @@ def test_every_state_holds_exactly_its_declared_fields(name):
         optional = {f.name for f in cls.state_fields if f.optional}
         have = set(level) - set(RESERVED)
         assert declared - optional <= have <= declared, (path, level["class"], have ^ declared)
-        assert level["check"] == checksum(level), path
 
 
 def test_every_exported_flow_with_a_state_of_its_own_declares_it():
@@ -88,23 +90,24 @@ def test_unknown_and_missing_fields_are_refused_by_name():
 
 def test_a_field_changed_into_another_valid_value_is_refused_by_the_checksum():
     """A nearby position is a state the flow could have saved: no field check can tell it from the real one,
-    and it resumed elsewhere without a word (the core mutation fuzz counted 23-325 per kind)."""
-    state = _state_mid_epoch(lambda: bf.BatchData(bf.MapData(FLOWS["DataFromList shuffled"](), lambda dp: dp), 2))
+    and it resumed elsewhere without a word (the core mutation fuzz counted 23-325 per kind). The outermost
+    state's sum covers the tree; a refused state leaves the flows as they were."""
+    make = lambda: bf.BatchData(bf.MapData(FLOWS["DataFromList shuffled"](), lambda dp: dp), 2)
+    state = _state_mid_epoch(make)
+    assert all("check" not in level for path, level in _levels(state) if path)  # one sum, at the top
     moved = copy.deepcopy(state)
     moved["child"]["child"]["pos"] += 1
-    with pytest.raises(StateMismatchError, match=r"^BatchData/MapData/DataFromList: the state's checksum .* does not "
-                                                 r"match its fields"):
-        bf.BatchData(bf.MapData(FLOWS["DataFromList shuffled"](), lambda dp: dp), 2).load_state_dict(moved)
-    swapped = copy.deepcopy(state)  # a child's state with its own sum redone still changes its parent's sum
-    inner = swapped["child"]["child"]
-    inner["pos"] += 1
-    inner["check"] = checksum(inner)
-    with pytest.raises(StateMismatchError, match=r"^BatchData/MapData: the state's checksum"):
-        bf.BatchData(bf.MapData(FLOWS["DataFromList shuffled"](), lambda dp: dp), 2).load_state_dict(swapped)
-    by_hand = copy.deepcopy(moved)  # a state made by hand (no sums) is taken on its fields
-    for _, level in _levels(by_hand):
-        del level["check"]
-    bf.BatchData(bf.MapData(FLOWS["DataFromList shuffled"](), lambda dp: dp), 2).load_state_dict(by_hand)
+    df = make()
+    with pytest.raises(StateMismatchError, match=r"^BatchData: the state's checksum .* does not match its fields"):
+        df.load_state_dict(moved)
+    df.reset_state()
+    assert [int(dp[0][0]) for dp in df] == [int(dp[0][0]) for dp in make()]  # nothing of the refused state kept
+    with pytest.raises(StateMismatchError, match=r"^BatchData/MapData/DataFromList: field 'pos' of the state is "
+                                                 r"negative"):  # a value no state holds: named by its field
+        make().load_state_dict(dict(moved, child=dict(moved["child"], child=dict(moved["child"]["child"], pos=-1))))
+    by_hand = copy.deepcopy(moved)  # a state made by hand (no sum) is taken on its fields
+    del by_hand["check"]
+    make().load_state_dict(by_hand)
 
 
 def test_the_checksum_survives_json_and_torch_save():
@@ -118,8 +121,7 @@ def test_the_checksum_survives_json_and_torch_save():
     for copy_ in (through_json, through_torch):
         df = FLOWS["a pipeline"]()
         df.load_state_dict(copy_)
-        for _, level in _levels(copy_):
-            assert level["check"] == checksum(level)
+        assert copy_["check"] == checksum(copy_) == state["check"]
         df.close()
 
 

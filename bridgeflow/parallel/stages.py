@@ -22,9 +22,9 @@ not received (see :mod:`bridgeflow.parallel.progress`), so work in flight is red
 lost or repeated. Ordered stages resume exactly; ``ordered=False`` resumes with every datapoint not yet
 received exactly once, in an order that may differ. A stage over another, unordered, stage cannot re-read
 its source to get the work in flight again (it would get other datapoints): its state is the source's
-state now and the source datapoints in flight themselves (``held``). A runner saves each worker's copy's state at the
-last datapoint received from it; on resume each worker restores its copy (the interleaving of the
-workers may differ). Randomness *inside* ``map_func`` (or a runner worker's use of the global RNGs) is
+state now and the source datapoints in flight themselves (``held``). A runner saves each worker's copy's
+state at the last datapoint received from it; on resume each worker restores its copy (the interleaving
+of the workers may differ). Randomness *inside* ``map_func`` (or a runner worker's use of the global RNGs) is
 not restored: resuming is exact for a deterministic ``map_func``, and only in distribution for random
 augmentation.
 """
