@@ -36,7 +36,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from bridgeflow.errors import BridgeflowError
+from bridgeflow.state import StateMismatchError
 
 from ._compat import InfiniteConstantSampler, torch
 from .state_fields import LoaderFacts, check_fields, fields_checksum
@@ -68,8 +68,10 @@ _DETERMINISTIC = (_tud.SequentialSampler, _tud.BatchSampler, _tud.distributed.Di
                   InfiniteConstantSampler, list, tuple, range)
 
 
-class ResumeStateError(BridgeflowError, ValueError):
-    """A ``state_dict`` that does not fit this loader (another dataset length, batch size, sampler...)."""
+class ResumeStateError(StateMismatchError):
+    """A ``state_dict`` that does not fit this loader (another dataset length, batch size, sampler...), or a
+    damaged one: a :class:`~bridgeflow.state.StateMismatchError` (a ``ValueError``), as a flow's damaged state
+    is, so one ``except`` catches both."""
 
 
 def is_stateful(obj: Any) -> bool:

@@ -173,12 +173,19 @@ class ParallelStage(ProxyDataFlow):
 
 
 def forever(ds: DataFlow, who: str, resumed: bool = False) -> Iterator:
-    """Epoch after epoch of ``ds``; after a resume the first may have nothing left."""
+    """Epoch after epoch of ``ds``; after a resume the first may have nothing left. Closing it closes the
+    epoch in progress at once (not when it is collected), so ``ds`` can be iterated again right away."""
     while True:
         empty = True
-        for dp in ds:
-            empty = False
-            yield dp
+        it = iter(ds)
+        try:
+            for dp in it:
+                empty = False
+                yield dp
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
         if empty and not resumed:
             raise DatapointError(f"{who}: the source flow yielded nothing")
         resumed = False

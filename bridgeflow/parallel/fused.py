@@ -212,6 +212,7 @@ class BatchPlan:
         self.use_list, self.pad_value = use_list, pad_value
         self.ledger = ledger
         self.groups: Iterator = iter(())
+        self.source: Any = None  # the source stream the groups are read from
         self.pending: collections.deque = collections.deque()
         self.ends = 0  # epoch ends in pending: groups are planned at most one epoch ahead
         self.exhausted = False
@@ -220,7 +221,6 @@ class BatchPlan:
         self.taken = 0
         self.block_base = ledger.pulled
         self.skip_starts: set[int] = set()  # after a resume: groups received already, pulled and not sent
-        self.partial: tuple[int, int] | None = None  # after a resume: (group, mapped datapoints delivered)
 
     def continues(self, pool: WorkerPool, batch_size: int, size: int | None, use_list: Any, pad_value: Any) -> bool:
         return (pool is self.pool and batch_size == self.batch_size and size == self.size
@@ -269,20 +269,29 @@ class BatchPlan:
                 group[3] += count
                 count = 0
 
-    def state(self, taken: int) -> dict:
-        """The fused part of the stage's state (see ``_MapStage._own_state``)."""
+    def state(self, taken: int, pending: tuple[int, int] | None) -> dict:
+        """The fused part of the stage's state (see ``_MapStage._own_state``); ``pending``: a group delivered
+        in part before a resume, not come back yet."""
         low = self.ledger.low
         offset = (low - self.block_base) % self.size if self.size else 0
         partial = None
         if self.held and self.held[0][3]:
             partial = [self.held[0][0] - low, self.held[0][3]]
+        elif pending is not None:
+            partial = [pending[0] - low, pending[1]]
         return {"size": self.batch_size, "offset": offset, "held": len(self.held), "partial": partial,
                 "taken": taken}
 
     def close(self) -> None:
+        """End the groups, and a strict epoch's iteration of the source (whose generator may not have begun,
+        so its own ``finally`` would not run)."""
         close = getattr(self.groups, "close", None)
         if close is not None:
             close()
+        if self.size is None:
+            close = getattr(self.source, "close", None)
+            if close is not None:
+                close()
 
 
 class WorkerBatching(ProxyDataFlow):
@@ -323,6 +332,8 @@ class WorkerBatching(ProxyDataFlow):
         size = stage._epoch_size()
         plan = stage._batched
         stage._batched = None  # this epoch owns the groups in flight until it completes
+        if stage._plan is not None and stage._plan is not plan:  # an epoch left before it began: let its source go
+            stage._plan.close()
         if resume is not None:
             if plan is not None:
                 plan.close()
@@ -330,39 +341,43 @@ class WorkerBatching(ProxyDataFlow):
         elif plan is None or not plan.continues(pool, batch_size, size, use_list, pad_value):
             if plan is not None:
                 plan.close()
-            if pool.outstanding:  # left by an unbatched iteration (or another batch size): not ours
-                stage._drop_in_flight(pool)
-            source = stage._carried() if size is not None else iter(stage.ds)
+            if plan is not None or pool.outstanding:  # left by an unbatched iteration (or another batch size)
+                stage._drop_in_flight(pool, plan)
+            source = stage._carried() if size is not None else stage._stream(iter(stage.ds))
             if size is None:
                 stage._new_ledger()
             plan = BatchPlan(pool, batch_size, size, use_list, pad_value, stage._ledger)
-            plan.groups = self._groups(stage, plan, source, 0, None)
+            # after a resume or the stream went back: groups start where they did (so those received before,
+            # skipped, are whole groups), and those received are not sent again
+            offset = stage._align if size is not None else 0
+            plan.block_base = plan.ledger.pulled - offset
+            plan.skip_starts = {start for start, _ in stage._skips}
+            plan.groups, plan.source = self._groups(stage, plan, source, offset, None), source
         else:
             plan.taken = 0
         stage._plan = plan
+        stage._fused_size = plan.batch_size
         return self._batches(stage, pool, plan)
 
     def _resumed_plan(self, stage: Any, pool: WorkerPool, resume: dict, size: int | None) -> BatchPlan:
         batch_size, use_list, pad_value = self.batch_size, self.use_list, self.pad_value
         fused = resume["batch"]
-        if fused is None and not resume["taken"] and not resume["skip"]:  # between epochs of unbatched ones
+        if fused is None and not resume["taken"]:  # between epochs of unbatched ones (or after going back)
             fused = {"size": batch_size, "offset": 0, "held": 0, "partial": None}
         if fused is None or fused["size"] != batch_size:
             saved = "without a BatchData" if fused is None else f"under BatchData({fused['size']})"
             raise StateMismatchError(f"the state was saved {saved}, this stage is iterated by "
                                      f"BatchData({batch_size})", [type(stage).__name__])
-        source = stage._resume(pool, resume, size, fused=True)
+        source = stage._resume(pool, resume, size)
         ledger = stage._ledger
         plan = BatchPlan(pool, batch_size, size, use_list, pad_value, ledger)
         plan.block_base = ledger.pulled - fused["offset"]
-        plan.skip_starts = {ledger.pulled + offset for offset, _ in resume["skip"]}
-        if fused["partial"] is not None:
-            plan.partial = (ledger.pulled + fused["partial"][0], fused["partial"][1])
+        plan.skip_starts = {start for start, _ in stage._skips}
         plan.taken = max(0, resume["taken"] - fused["held"])  # the held groups are taken again
         quota = None
         if size is not None:
             quota = -(-size // batch_size) - resume["taken"] + fused["held"]
-        plan.groups = self._groups(stage, plan, source, fused["offset"], quota)
+        plan.groups, plan.source = self._groups(stage, plan, source, fused["offset"], quota), source
         return plan
 
     def _batches(self, stage: Any, pool: WorkerPool, plan: BatchPlan) -> Iterator:
@@ -378,9 +393,9 @@ class WorkerBatching(ProxyDataFlow):
                 start, length = plan.tasks.pop(pool.last_task_id)
                 plan.taken += 1
                 delivered = 0
-                if plan.partial is not None and plan.partial[0] == start:  # delivered in part before a resume
-                    delivered = plan.partial[1]
-                    plan.partial = None
+                if stage._partial is not None and stage._partial[0] == start:  # delivered in part before a resume
+                    delivered = stage._partial[1]
+                    stage._partial = None
                 if type(out) is Stacked and not holder and not delivered:
                     ledger.received(start, length)
                     stage._stats.datapoints += batch_size
@@ -412,7 +427,7 @@ class WorkerBatching(ProxyDataFlow):
                             pool.discard_outstanding()
                         stage._ledger = None
                     else:
-                        stage._drop_in_flight(pool)
+                        stage._drop_in_flight(pool, plan)
 
     def _groups(self, stage: Any, plan: BatchPlan, source: Iterator, offset: int, quota: int | None) -> Iterator:
         """The groups of source datapoints to map and stack, ``(first pull index, datapoints)`` each, and
@@ -428,7 +443,9 @@ class WorkerBatching(ProxyDataFlow):
                     start = ledger.pulled
                     group = list(itertools.islice(source, batch_size))
                     ledger.pulled += len(group)
-                    if group and start not in skip:
+                    if start in skip:
+                        stage._skipped(start)
+                    elif group:
                         yield start, group
                     if len(group) < batch_size:
                         break
@@ -453,6 +470,7 @@ class WorkerBatching(ProxyDataFlow):
                 ledger.pulled += len(group)
                 if start in skip:
                     skip.discard(start)
+                    stage._skipped(start)
                     continue
                 yield start, group
                 sent += 1

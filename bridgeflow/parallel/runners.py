@@ -21,12 +21,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._renamed import renamed_keywords
-from ..base import DataFlow, epoch_live, pending_state
+from ..base import DataFlow, epoch_live, pending_state, unordered_stage
 from ..errors import LengthUnknownError
 from ..pipeline import iter_flows
 from ..rng import worker_seed_scope
 from ..shard import UnshardedWarning
-from ..state import StateError, StateMismatchError, check_count, check_plain, field
+from ..state import NotResumableError, StateError, StateMismatchError, check_plain
+from ..state_schema import Count, Same, Value
 from .common import (
     ParallelStage,
     check_picklable,
@@ -85,7 +86,40 @@ def _copy_flow(df: DataFlow) -> DataFlow:
         return copy.deepcopy(df)
 
 
+def _check_workers(stage: Any, workers: list) -> None:
+    """Each worker's position: plain data (nothing live reaches a worker: spawn would rebuild it), a replay
+    within what a worker reports, and a state its copy of the flow takes (tried here, on a fresh copy)."""
+    if len(workers) != stage.num_workers:
+        raise StateMismatchError(f"the state lists {len(workers)} workers' positions for {stage.num_workers}")
+    probe = None
+    for i, w in enumerate(workers):
+        if not isinstance(w, dict):
+            raise StateMismatchError(f"damaged worker position {w!r:.80} in the state")
+        check_plain(w, f"the state of worker {i}")
+        Count("replay", 2 * _RUNNER_SNAPSHOT_EVERY + stage._capacity, "a worker reports its copy's state every "
+              f"{_RUNNER_SNAPSHOT_EVERY} datapoints").check(stage, w.get("replay"))
+        saved = w.get("state")
+        if not isinstance(saved, (dict, type(None))):
+            raise StateMismatchError(f"field 'state' of worker {i}'s position is a {type(saved).__name__}")
+        if saved is not None:
+            probe = probe if probe is not None else stage._probe()
+            if probe is not None:
+                try:
+                    probe.load_state_dict(saved)
+                except StateError as exc:
+                    raise exc.within(f"workers[{i}]") from None
+    if probe is not None:
+        probe.close()
+
+
 class _RunnerStage(ParallelStage):
+    state_fields = (
+        Same("num_workers", "num_workers", "the state is for {saved} workers, this stage has {have}: each "
+             "worker's copy has its own position"),
+        Value("workers", list, _check_workers),
+        Count("taken", lambda f: f._epoch_size(), "the epoch's length"),
+    )
+
     def __init__(self, ds: DataFlow, num_workers: int, num_prefetch: int, *, start_method: str | None = None,
                  seed: int | None = None, factory: Callable[[], DataFlow] | None = None,
                  timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
@@ -148,42 +182,25 @@ class _RunnerStage(ParallelStage):
             self._stats.datapoints += 1
             yield out
 
+    def _unordered(self) -> bool:
+        return self.num_workers > 1
+
+    def _epoch_size(self) -> int | None:
+        try:
+            return len(self.ds)
+        except LengthUnknownError:
+            return None
+
     def _own_state(self) -> dict:
         """Each worker's copy's state at the last datapoint received from it (a snapshot plus datapoints
         to replay), and the position in the epoch. A resume restarts the workers from these."""
+        stage = unordered_stage(self)
+        if stage is not None:
+            raise NotResumableError(f"each worker's copy replays from a snapshot of its state, and the unordered "
+                                    f"{stage} in it would give other datapoints: make that stage ordered")
         workers = self._workers.positions() if self._workers is not None else \
             [{"state": None, "replay": 0} for _ in range(self.num_workers)]
         return {"num_workers": self.num_workers, "workers": workers, "taken": self._n if epoch_live(self) else 0}
-
-    def _take_state(self, state: dict) -> None:
-        if field(state, "num_workers", int) != self.num_workers:
-            raise StateMismatchError(f"the state is for {state['num_workers']} workers, this stage has "
-                                     f"{self.num_workers}: each worker's copy has its own position")
-        workers = field(state, "workers", list)
-        if len(workers) != self.num_workers:
-            raise StateMismatchError(f"the state lists {len(workers)} workers' positions for {self.num_workers}")
-        probe = None  # a copy of the flow, as a worker gets it: each worker's state is checked on it, here
-        for i, w in enumerate(workers):
-            if not isinstance(w, dict):
-                raise StateMismatchError(f"damaged worker position {w!r:.80} in the state")
-            check_plain(w, f"the state of worker {i}")  # nothing live reaches a worker (spawn would rebuild it)
-            check_count(w, "replay", 2 * _RUNNER_SNAPSHOT_EVERY + self._capacity, "a worker reports its "
-                        f"copy's state every {_RUNNER_SNAPSHOT_EVERY} datapoints")
-            saved = field(w, "state", (dict, type(None)))
-            if saved is not None:
-                probe = probe if probe is not None else self._probe()
-                if probe is not None:
-                    try:
-                        probe.load_state_dict(saved)
-                    except StateError as exc:
-                        raise exc.within(f"workers[{i}]") from None
-        if probe is not None:
-            probe.close()
-        try:
-            size: int | None = len(self.ds)
-        except LengthUnknownError:
-            size = None
-        check_count(state, "taken", size, "the epoch's length")
 
     def _probe(self) -> DataFlow | None:
         """A fresh copy of the workers' flow to check their states on (None when it cannot be copied)."""
