@@ -394,10 +394,11 @@ def test_a_wrapper_over_an_unordered_stage_resumes_every_datapoint_once(wrapper,
 
 
 def _held(state):
-    """Every 'held' field of a state, anywhere in it."""
+    """Every 'held' field of a state that holds datapoints (packed as text), anywhere in it: a fused batch
+    plan's 'held' is a count of its groups, not datapoints."""
     out = []
     if isinstance(state, dict):
-        out += [state["held"]] if state.get("held") is not None else []
+        out += [state["held"]] if isinstance(state.get("held"), str) else []
         for v in state.values():
             out += _held(v)
     elif isinstance(state, list):
