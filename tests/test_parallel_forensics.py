@@ -23,6 +23,7 @@ from bridgeflow.parallel import (
     WorkerPool,
     forensics,
 )
+from conftest import PROMPTLY_S
 
 MAP_STAGES = [MultiProcessMapData, MultiThreadMapData]
 
@@ -148,7 +149,7 @@ def test_a_stopped_worker_is_reported_as_such_then_times_out(leak_check, caplog)
         waited = time.monotonic() - t0
         del it
         df.close()
-    assert 1.4 < waited < 4
+    assert 1.4 < waited < PROMPTLY_S  # the timeout, not a hang (the upper bound a busy machine cannot break)
     err = info.value
     assert isinstance(err, TimeoutError) and isinstance(err, WorkerError)
     assert (err.stage, err.worker, err.pid) == ("MultiProcessMapData", 1, pid)

@@ -151,9 +151,11 @@ def describe_worker(pid: int, dump: DumpPipe | None, wait: float = 1.0) -> tuple
     answer in ``wait`` s). A worker is signalled only once ``dump`` says it is ready (never with
     ``wait=0``)."""
     state = process_state(pid)
-    if dump is not None and not state.startswith(("a zombie", "dead", "gone")) and not dump.is_ready():
+    if dump is None or state.startswith(("stopped", "in uninterruptible", "a zombie", "dead", "gone")):
+        return state, ""  # what the kernel says comes first: a worker stopped while starting is stopped
+    if not dump.is_ready():
         return dump.starting(), ""
-    if dump is None or wait <= 0 or state.startswith(("stopped", "in uninterruptible", "a zombie", "dead", "gone")):
+    if wait <= 0:
         return state, ""
     dump_fd = dump.fd
     _drain(dump_fd)  # the tail of an earlier dump that came too late
