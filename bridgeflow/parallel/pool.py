@@ -354,7 +354,7 @@ class WorkerPool:
         naming the worker that holds the oldest task; nothing is lost, a later ``get()`` may still
         return it. An exception that interrupts the wait itself (Ctrl-C, or any raised by a signal
         handler) may strike between reading a message and filing its results, so the pool marks itself
-        :attr:`interrupted` and every later ``get()`` raises instead of waiting for a result that may
+        ``interrupted`` and every later ``get()`` raises instead of waiting for a result that may
         never come; the parallel stages then start new workers.
         """
         if self._channel.forked_from is not None:

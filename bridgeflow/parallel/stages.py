@@ -513,22 +513,44 @@ class _MapStage(ParallelStage):
 
 
 class MultiProcessMapData(_MapStage):
-    """Run ``map_func`` on every datapoint in ``num_proc`` worker processes.
+    """Run ``map_func`` on every datapoint of ``ds`` in ``num_proc`` worker processes.
 
-    Array bytes in the results travel through shared memory (see :mod:`bridgeflow.parallel.shm`);
-    received arrays are writable and valid for as long as you hold them. ``map_func`` returning
-    ``None`` drops the datapoint. ``buffer_size`` bounds the datapoints in flight. ``nr_proc=`` (tensorpack's
-    older name of ``num_proc=``) is accepted, deprecated.
+    ``ds`` is read in this process; each datapoint goes to a worker, and its ``map_func`` result comes back
+    (arrays through shared memory: received arrays are writable and yours for as long as you hold them).
 
-    ``timeout`` (seconds, like torch's ``DataLoader(timeout=)``; every parallel stage takes it) raises
-    :class:`~bridgeflow.WorkerTimeoutError` naming the worker when a result takes longer; after
-    ``stall_warning`` seconds of waiting (default 60, ``None`` for never) a warning is logged with the
-    worker's pid, state and Python stack.
+    Args:
+        ds: the flow to read.
+        num_proc: the number of worker processes.
+        map_func: called with one datapoint, returns the new one (a list, tuple or dict), or ``None`` to
+            drop it. Under ``spawn``/``forkserver`` it must be picklable (a module-level function).
+        buffer_size: at most this many datapoints are in flight between ``ds`` and you: read ahead and
+            being mapped, or mapped and not yet taken. Large ones are bounded in bytes as well (1/16 of the
+            memory and 1/8 of /dev/shm by default; see the parallel stages page).
+        strict: ``False`` (the default) keeps the workers busy across epochs: an iteration yields
+            ``len(ds)`` results, and the read-ahead at its end already belongs to the next one. ``True``
+            runs exactly one epoch of ``ds`` per iteration and drops what is in flight when you stop early.
+            A ``ds`` without ``len()`` always runs strict.
+        ordered: ``True`` (the default) yields results in ``ds``'s order; ``False`` yields each as soon as
+            it is ready, so one slow datapoint does not hold up the others.
+        start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``None``: multiprocessing's default.
+        seed: worker ``i`` seeds Python's and numpy's global generators with ``seed + i`` (random when
+            ``None``), so workers never repeat each other's augmentations.
+        timeout: seconds to wait for a result before raising :class:`~bridgeflow.WorkerTimeoutError`
+            naming the worker (``None``: wait for ever, as torch's ``DataLoader(timeout=0)``).
+        stall_warning: after this many seconds of waiting, log a warning with the worker's pid, state and
+            Python stack (``None``: never).
+
+    ``nr_proc=`` (tensorpack's older name of ``num_proc=``) is accepted, deprecated.
 
     Example:
-        >>> from bridgeflow import DataFromList, BatchData
-        >>> df = BatchData(MultiProcessMapData(DataFromList(list(range(100))), 2, load_image), 64)
-        ...  # doctest: +SKIP
+        >>> import numpy as np
+        >>> from bridgeflow import BatchData, DataFromList, MultiProcessMapData
+        >>> def square(dp):
+        ...     return [np.float32(dp[0]) ** 2]
+        >>> df = BatchData(MultiProcessMapData(DataFromList([[i] for i in range(8)], shuffle=False), 2, square), 4)
+        >>> with df:  # doctest: +SKIP
+        ...     [b[0].tolist() for b in df]
+        [[0.0, 1.0, 4.0, 9.0], [16.0, 25.0, 36.0, 49.0]]
     """
 
     _processes = True
@@ -543,7 +565,9 @@ class MultiProcessMapData(_MapStage):
 
 
 class MultiThreadMapData(_MapStage):
-    """Run ``map_func`` on every datapoint in ``num_thread`` threads: the thread twin of MultiProcessMapData.
+    """Run ``map_func`` on every datapoint of ``ds`` in ``num_thread`` threads: the thread twin of
+    :class:`MultiProcessMapData`, with the same arguments (``num_thread`` for ``num_proc``, no
+    ``start_method``) and the same output.
 
     Threads pay off when ``map_func`` releases the GIL (I/O, decoding in C, large numpy operations).
     A thread cannot be killed: a ``map_func`` that never returns keeps its thread alive after ``close()``.

@@ -58,8 +58,8 @@ class WorkerContext:
     seed: int
     stage: str
     writer: shm.SlabWriter | None = field(default=None, compare=False, repr=False)
-    """In process workers, the result writer: ``writer.reserve(n)`` then ``writer.alloc(shape, dtype)``
-    builds arrays of the next result directly in shared memory."""
+    """The result writer of a process worker (``None`` in threads). ``writer.reserve(n)`` then
+    ``writer.alloc(shape, dtype)`` builds arrays of the next result directly in shared memory."""
 
 
 class RemoteTraceback(Exception):
