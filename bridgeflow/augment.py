@@ -38,7 +38,8 @@ from .base import DataFlow
 from .imgaug.base import ImageAugmentor, check_dtype
 from .imgaug.meta import AugmentorList
 from .proxy import ProxyDataFlow
-from .state import StateMismatchError, child_state, field, load_child, rng_state, set_rng_state
+from .state import child_state, rng_state, set_rng_state
+from .state_schema import Child, Rngs
 from .transforms import get_component
 
 __all__ = ["AugmentImageComponent", "AugmentImageComponents", "AugmentImageCoordinates"]
@@ -84,6 +85,8 @@ def check_coords(coords: Any, who: str) -> None:
 class _AugmentBase(ProxyDataFlow):
     """Holds the augmentors, resets them with the flow, and drops (or raises on) failed datapoints."""
 
+    state_fields = (Child(), Rngs("rngs", lambda f: len(_augmentors_in(f.augs, [], set())), "augmentors' generators"))
+
     def __init__(self, ds: DataFlow, augmentors: Any, copy: bool, catch_exceptions: bool) -> None:
         super().__init__(ds)
         self.augs = _as_list(augmentors)
@@ -100,13 +103,6 @@ class _AugmentBase(ProxyDataFlow):
         the same random parameters for the datapoints that follow."""
         rngs = [rng_state(a.rng) for a in _augmentors_in(self.augs, [], set())]
         return {"child": child_state(self.ds), "rngs": rngs}
-
-    def _take_state(self, state: dict) -> None:
-        rngs = field(state, "rngs", list)
-        have = len(_augmentors_in(self.augs, [], set()))
-        if len(rngs) != have:
-            raise StateMismatchError(f"the state holds {len(rngs)} augmentors' generators, this flow has {have}")
-        load_child(self.ds, field(state, "child", dict))
 
     def _augment(self, dp: Any) -> Any:
         raise NotImplementedError

@@ -14,7 +14,7 @@ A *datapoint* is a list/tuple of components or a dict of named components. A flo
   :class:`DataFlowReentrantError` until the first iterator is exhausted, closed or garbage-collected.
 - ``state_dict()`` saves where the flow is, between two datapoints its consumer received;
   ``load_state_dict(state)`` on a freshly built flow of the same structure makes its next ``iter()``
-  continue from there (see :meth:`DataFlow.state_dict` and :mod:`bridgeflow.state`).
+  continue from there (see "States" below).
 
 How a flow is written: :class:`DataFlow` defines those public methods once (they reset on first use, let
 one consumer in at a time, put the class name and format version on a state and name the flow a state
@@ -25,12 +25,53 @@ error is about) and calls *hooks* that subclasses fill, as torchdata's ``BaseNod
   ``children()``).
 - A flow that saves its own position writes ``_begin_epoch(resume)`` instead, which begins an epoch from
   ``resume`` (the state ``load_state_dict`` took) or afresh when it is None, with ``_own_state()`` (its
-  fields, between two datapoints) and ``_take_state(state)`` (check them, load the children). A state
-  loaded and not yet begun from is the flow's state: ``state_dict()`` gives it back.
+  fields, between two datapoints) and ``state_fields``, the declaration of those fields that the base
+  checks a state against (:mod:`bridgeflow.state_schema`); ``_take_state(state)`` adds checks between
+  fields, if any. A state loaded and not yet begun from is the flow's state: ``state_dict()`` gives it back.
 - ``_on_reset()`` prepares the flow in this process; it ends with ``super()._on_reset()``, so the hooks of a
   flow with two bases (``ProxyDataFlow`` and ``RNGDataFlow``) both run.
 - ``_why_not_resumable()`` says why the position cannot be saved, or returns None; ``_own_stats()`` gives the
   flow's own counters (:meth:`DataFlow.stats` collects them from the whole pipeline).
+
+States, the contract:
+
+- **What a state is.** Plain data (ints, floats, strings, lists, dicts, None), so ``json`` and ``torch.save``
+  store it. Every level of the pipeline has a dict with the flow's ``class``, a format ``version`` and the
+  fields the flow declares in ``state_fields``; the children's states nest in them (``"child"``,
+  ``"children"``, a stage's ``"source"``). The outermost level also has ``check``, a CRC-32 of the whole
+  tree as JSON writes it.
+- **What it promises.** Loaded into a freshly built flow of the same structure (before or after
+  ``reset_state()``, before its first ``iter()``), the flow yields what the interrupted one would have
+  yielded next: the rest of the epoch, then the following epochs, shuffles and random choices included. A
+  state taken after an epoch's last datapoint resumes with that epoch's empty rest; one taken between epochs
+  starts the next. Over an ordered pipeline that is one sequence, exactly.
+- **Over an unordered stage, a multiset.** A map stage with ``ordered=False`` or a runner of several
+  workers delivers in an order its workers' timing makes, so its state promises the epoch's *multiset*:
+  what was delivered is never given again, what is in flight and what is still to read is each given exactly
+  once, in some order. Every flow above keeps that promise exactly: a flow part-way through an item it read
+  from below (the rest of a batch being unbatched, the remaining repeats of a datapoint, a cache being
+  filled, a shuffle buffer, a stage's work in flight over another stage) saves its child's state *after*
+  the item and keeps the item's unconsumed rest in its own state (``held``: the datapoints in the bridgeflow
+  codec, base64; no pickle), since the child would give another item first. Over ordered children it
+  saves the child's state *before* the item and an offset instead (no datapoints in the state). What
+  cannot be kept so is refused by name: ``state_dict()`` raises ``NotResumableError`` naming the flow and
+  the unordered stage under it (a flow that resumes by replaying its epoch, the default state; a runner
+  whose copies hold an unordered stage; a held datapoint the codec cannot store); ``ShardData`` over an
+  unordered stage is refused when built (the ranks would keep overlapping parts). Randomness inside
+  ``map_func`` is not replayed.
+- **What a load checks, before anything uses the state.** The header; each declared field's type and
+  range (a count no larger than the epoch, a replay no longer than what a stage can have in flight, a
+  valid generator state...); no missing or unknown field; the flow's own checks between fields; the
+  children's states, each the same way; then, once every field of the tree passed, the outermost
+  ``check`` (so a field changed into another valid value is refused too, and the flows are left as they
+  were; a state without ``check``, made by hand, is taken on its fields).
+- **The errors.** :class:`~bridgeflow.state.StateMismatchError` (a ``ValueError``): a state of another
+  structure, length, file or newer format, or damaged; its message starts with the path of the flow at
+  fault and names the field and the value (``BatchData/MapData/DataFromList: field 'pos' of the state is
+  14, above 12, ...``). :class:`~bridgeflow.state.NotResumableError` (a ``TypeError``): a flow whose
+  position cannot be saved (a generator object, a network stream), saying what to do. Both are
+  :class:`~bridgeflow.state.StateError`; the torch ``DataLoader``'s ``ResumeStateError`` is a
+  ``StateMismatchError``. See ``docs/resuming.md`` for costs and how it is tested.
 
 Classes written the tensorpack way (``__iter__``, ``get_data``, ``reset_state``, ``size``) work unchanged:
 see :mod:`bridgeflow.tensorpack_style`.
@@ -59,20 +100,19 @@ from .state import (
     NotResumableError,
     StateError,
     StateMismatchError,
-    check_count,
     check_header,
-    check_rng_field,
+    checksum,
     child_state,
-    field,
-    load_children,
     rng_state,
     set_rng_state,
     state_or_error,
     unless_error,
+    verify_checksum,
 )
+from .state_schema import Children, Count, Field, Rng, apply_fields
 from .tensorpack_style import adopt, moved_caller
 
-__all__ = ["DataFlow", "ReadAhead", "epoch_live", "pending_state", "reset_once"]
+__all__ = ["DataFlow", "ReadAhead", "epoch_live", "pending_state", "reset_once", "unordered_stage"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +129,17 @@ class ReadAhead(Protocol):
 
 
 _claim_lock = threading.Lock()
+
+
+class _Nesting(threading.local):
+    """How deep this thread is in ``state_dict()`` and ``load_state_dict()`` calls: the outermost state of
+    a tree carries the tree's checksum, and the outermost load checks it."""
+
+    saving = 0
+    loading = 0
+
+
+_nesting = _Nesting()
 
 
 def _new_claim_lock() -> None:
@@ -109,6 +160,9 @@ class DataFlow:
 
     state_version: int = 1
     """The format version of this class's states; raise it when the fields change meaning."""
+    state_fields: tuple[Field, ...] | None = (Rng("rng"), Children(), Count("pos"))
+    """The fields of this class's states (:mod:`bridgeflow.state_schema`), declared beside ``_own_state``;
+    None for a flow that checks its state itself in ``_take_state``. The default: the default state's."""
     _resumable = True
     _tensorpack_style = False  # a class of this flow had public methods moved to hooks (tensorpack_style)
 
@@ -126,6 +180,11 @@ class DataFlow:
         adopt(cls, DataFlow)
         if resumable is not None:
             cls._resumable = bool(resumable)
+        if "state_fields" not in cls.__dict__:
+            if cls._own_state is DataFlow._own_state:  # the default state (moved back to it by adopt, too)
+                cls.state_fields = DataFlow.state_fields
+            elif "_own_state" in cls.__dict__:  # its own state, without a declaration: it checks it itself
+                cls.state_fields = None
 
     # --- the public lifecycle ---------------------------------------------------------------------
 
@@ -183,6 +242,8 @@ class DataFlow:
             out = reader.delivered_state(self)
             if out is not None:
                 return out
+        depth = _nesting.saving
+        _nesting.saving = depth + 1  # the children's states are taken inside this call
         try:
             reason = self._why_not_resumable()
             if reason:
@@ -190,10 +251,17 @@ class DataFlow:
             out = copy.deepcopy(self.__loaded) if self.__loaded is not None else self._own_state()
         except StateError as exc:
             raise exc.within(type(self).__name__) from None
+        finally:
+            _nesting.saving = depth
         if not isinstance(out, dict):
             raise TypeError(f"{type(self).__name__}.state_dict() returned a {type(out).__name__}, not a dict")
         out["class"] = type(self).__name__
         out["version"] = type(self).state_version
+        out.pop("check", None)
+        if depth == 0:  # the outermost state: one sum over the whole tree
+            check = checksum(out)
+            if check is not None:
+                out["check"] = check
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -205,15 +273,29 @@ class DataFlow:
             super(owner, self)._take_state(state)
             return
         self.__read_ahead = None
+        depth = _nesting.loading
+        _nesting.loading = depth + 1  # the children's states are loaded inside this call
         try:
             check_header(self, state, type(self).state_version)
             reason = self._why_not_resumable()
             if reason:
                 raise NotResumableError(reason)
-            self._take_state(state)
+            fields = type(self).state_fields
+            if fields is None:  # a flow that checks its own state (and loads its children)
+                self._take_state(state)
+            else:
+                apply_fields(self, state, fields)
+            self.__loaded = state
+            if depth == 0:  # every field of the tree passed: now the sum, which sees the rest
+                try:
+                    verify_checksum(state)
+                except StateError:
+                    self._forget_loaded()
+                    raise
         except StateError as exc:
             raise exc.within(type(self).__name__) from None
-        self.__loaded = state
+        finally:
+            _nesting.loading = depth
 
     def attach_read_ahead(self, reader: ReadAhead) -> None:
         """Let ``reader``, which takes this flow's datapoints ahead of its own consumer, answer
@@ -335,6 +417,12 @@ class DataFlow:
         if type(self)._begin_epoch is not DataFlow._begin_epoch:
             raise NotResumableError(f"{type(self).__module__}.{type(self).__qualname__} cannot save its position "
                                     "(it begins its epochs itself but has no state_dict())")
+        stage = unordered_stage(self)
+        if stage is not None:
+            raise NotResumableError(
+                f"it resumes by replaying its epoch (the default state), and the unordered {stage} under it would "
+                "give other datapoints in another order: give the flow a state_dict() of its own, or make that "
+                "stage ordered")
         if self._in_epoch():
             rng, children = self.__epoch_start
             return {"rng": unless_error(rng), "children": [unless_error(c) for c in children], "pos": self.__pos}
@@ -343,12 +431,14 @@ class DataFlow:
                 "children": [child_state(c, i if len(children) > 1 else None) for i, c in enumerate(children)]}
 
     def _take_state(self, state: dict) -> None:
-        """Check a state's fields against this flow and load the children's states (a hook); what
-        ``_begin_epoch`` needs of it comes back as its ``resume``."""
-        check_rng_field(state)
-        field(state, "children", list)
-        check_count(state, "pos")
-        load_children(self.children(), state["children"])
+        """Checks between the fields of a state (a hook): ``state_fields`` declares each field, and the base
+        checks them and loads the children after this; a flow without a declaration checks everything here
+        and loads its children. What ``_begin_epoch`` needs of the state comes back as its ``resume``."""
+
+    def _unordered(self) -> bool:
+        """Whether this flow delivers in an order of its workers' timing (an unordered stage, a hook): its
+        state then promises a multiset, and the flows above keep what they hold (see the module doc)."""
+        return False
 
     def _why_not_resumable(self) -> str | None:
         """Why this flow cannot save its position (a reason naming what to do), or None (a hook)."""
@@ -369,6 +459,13 @@ class DataFlow:
 
     def _reset_done(self) -> bool:
         return self.__reset_done
+
+    def _forget_loaded(self) -> None:
+        """Drop the states loaded into this flow and the flows under it (a state refused as a whole)."""
+        self.__loaded = None
+        for child in _children_of(self):
+            if isinstance(child, DataFlow):
+                child._forget_loaded()
 
     def _pending_state(self) -> dict | None:
         return self.__loaded
@@ -423,6 +520,32 @@ def epoch_live(flow: DataFlow) -> bool:
     closed, exhausted or dropped (even before its first datapoint) ends its epoch.
     """
     return flow._in_epoch()
+
+
+def unordered_stage(flow: Any, itself: bool = False) -> str | None:
+    """The path (from ``flow``'s child, or ``flow`` when ``itself``) of the first flow under ``flow`` whose
+    order is a matter of timing (``_unordered()``: a map stage with ``ordered=False``, a runner of several
+    workers), or None."""
+    start = [flow] if itself else _children_of(flow)
+    stack = [(child, type(child).__name__) for child in reversed(start)]
+    seen: set[int] = set()
+    while stack:
+        child, path = stack.pop()
+        if id(child) in seen:
+            continue
+        seen.add(id(child))
+        if isinstance(child, DataFlow) and child._unordered():
+            return path
+        stack.extend((c, f"{path}/{type(c).__name__}") for c in reversed(_children_of(child)))
+    return None
+
+
+def _children_of(flow: Any) -> list:
+    children = getattr(flow, "children", None)
+    try:
+        return list(children()) if callable(children) else []
+    except Exception:  # a duck-typed flow's own children(): nothing to see through
+        return []
 
 
 def pending_state(flow: DataFlow) -> dict | None:

@@ -9,8 +9,9 @@ How a component is batched depends on its value in the first datapoint of the ba
 
 State: ``BatchData`` holds nothing between two batches, so its state is its child's (a parallel map
 stage below it saves the position of its fused batches). ``UnbatchData`` saves its child's state before
-the current batch and how many datapoints of it were yielded. ``BatchDataByShape`` keeps partial
-buckets, which no state holds: it resumes by replaying its epoch (the default state).
+the current batch and how many datapoints of it were yielded, or, over an unordered stage, its child's
+state after the batch and the batch's rest. ``BatchDataByShape`` keeps partial buckets, which no state
+holds: it resumes by replaying its epoch (the default state), so not over an unordered stage.
 """
 
 from __future__ import annotations
@@ -22,10 +23,19 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .base import DataFlow, epoch_live
+from .base import DataFlow, epoch_live, unordered_stage
 from .errors import BatchError, DatapointError, LengthUnknownError
 from .proxy import ProxyDataFlow
-from .state import StateMismatchError, check_count, child_state, field, load_child, state_or_error, unless_error
+from .state import (
+    StateMismatchError,
+    child_state,
+    held_then,
+    pack_held,
+    state_or_error,
+    unless_error,
+    unpack_held,
+)
+from .state_schema import Child, Count, Flag, Held, Same
 from .transforms import check_datapoint, get_component
 
 __all__ = ["BatchData", "BatchDataByShape", "BatchesInWorkers", "UnbatchData", "batch_datapoints"]
@@ -186,6 +196,9 @@ class BatchData(ProxyDataFlow):
         pad_value: pad ragged arrays to the batch maximum with this value instead of raising.
     """
 
+    state_fields = (Same("batch_size", "batch_size", "the state is for batches of {saved}, this flow makes "
+                         "batches of {have}"), Flag("child_done"), Child())
+
     def __init__(self, ds: DataFlow, batch_size: int, remainder: bool = False,
                  use_list: bool | Collection[Hashable] = False, pad_value: Any = None) -> None:
         super().__init__(ds)
@@ -217,16 +230,10 @@ class BatchData(ProxyDataFlow):
         return {"batch_size": self.batch_size, "child_done": done, "child": child_state(self.ds)}
 
     def _take_state(self, state: dict) -> None:
-        if field(state, "batch_size", int) != self.batch_size:
-            raise StateMismatchError(f"the state is for batches of {state['batch_size']}, this flow makes "
-                                     f"batches of {self.batch_size}")
-        field(state, "child_done", bool)
-        child = field(state, "child", dict)
-        fused = child.get("batch")  # a parallel stage's state saved while it made the batches in its workers
+        fused = state["child"].get("batch")  # a parallel stage's state saved while it made batches in its workers
         if isinstance(fused, dict) and fused.get("size") != self.batch_size:
             raise StateMismatchError(f"the state's stage made batches of {fused.get('size')!r:.20} in its workers, "
                                      f"this flow makes batches of {self.batch_size}")
-        load_child(self.ds, child)
 
     def _batch(self, source: Iterator) -> Iterator:
         bs, use_list, pad = self.batch_size, self.use_list, self.pad_value
@@ -293,30 +300,45 @@ class UnbatchData(ProxyDataFlow):
     """Split each batch back into datapoints: the inverse of :class:`BatchData`.
 
     Its state is its child's state before the current batch plus the datapoints of it yielded, so it
-    asks its child for a state once per batch.
+    asks its child for a state once per batch. Over an unordered stage, whose next batch on a resume would
+    be another one, it is the child's state after the current batch plus the batch's rest (``held``).
     """
+
+    state_fields = (Count("index"), Held(count=1), Child())
 
     def __init__(self, ds: DataFlow) -> None:
         super().__init__(ds)
         self._before: Any = None
         self._index = 0
+        self._batch: Any = None  # the batch being split, of self._size datapoints
+        self._size = 0
+        self._loose: str | None = None  # the unordered stage under this flow, if any
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
+        self._loose = unordered_stage(self)
         self._index = resume["index"] if resume is not None else 0
-        self._before = state_or_error(child_state, self.ds)  # before iter(): the loaded state, if any
-        return self._unbatch(iter(self.ds), self._index)
+        self._batch, self._size = None, 0
+        held = resume.get("held") if resume is not None else None
+        if self._loose is None:
+            self._before = state_or_error(child_state, self.ds)  # before iter(): the loaded state, if any
+        source = iter(self.ds)
+        if held is not None:
+            source = held_then(unpack_held(held), source)
+        return self._unbatch(source, self._index)
 
     def _own_state(self) -> dict:
-        if epoch_live(self):
-            return {"index": self._index, "child": unless_error(self._before)}
-        return {"index": 0, "child": child_state(self.ds)}
-
-    def _take_state(self, state: dict) -> None:
-        check_count(state, "index")
-        load_child(self.ds, field(state, "child", dict))
+        if not epoch_live(self):
+            return {"index": 0, "held": None, "child": child_state(self.ds)}
+        if self._loose is None:
+            return {"index": self._index, "held": None, "child": unless_error(self._before)}
+        held = None
+        if self._batch is not None and self._index < self._size:
+            held = pack_held([_rest(self._batch, self._index)], self._loose)
+        return {"index": 0, "held": held, "child": child_state(self.ds)}
 
     def _unbatch(self, source: Iterator, skip: int) -> Iterator:
         first = True
+        exact = self._loose is None
         for batch in source:
             if not first:
                 self._index = 0
@@ -327,6 +349,7 @@ class UnbatchData(ProxyDataFlow):
             if len(set(sizes.values())) > 1:
                 raise BatchError(f"UnbatchData: components of one batch differ in length: {sizes}")
             n = next(iter(sizes.values()), 0)
+            self._batch, self._size = batch, n
             if isinstance(batch, dict):
                 for i in range(skip, n):
                     self._index = i + 1
@@ -337,7 +360,17 @@ class UnbatchData(ProxyDataFlow):
                     self._index = i + 1
                     yield cls(batch[k][i] for k in keys)
             skip = 0
-            self._before = state_or_error(child_state, self.ds)  # before the next batch is read
+            self._batch = None
+            if exact:
+                self._before = state_or_error(child_state, self.ds)  # before the next batch is read
 
     def __len__(self) -> int:
         raise LengthUnknownError("UnbatchData's length depends on the sizes of the batches it reads")
+
+
+def _rest(batch: Any, start: int) -> Any:
+    """The datapoints of ``batch`` from ``start`` on, as a batch of the same structure."""
+    if isinstance(batch, dict):
+        return {k: v[start:] for k, v in batch.items()}
+    rest = [v[start:] for v in batch]
+    return tuple(rest) if isinstance(batch, tuple) else rest

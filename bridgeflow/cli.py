@@ -69,6 +69,13 @@ def _int_at_least(low: int) -> Any:
     return _arg_type(convert, f"an integer >= {low}")
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .batch import BatchData
     from .sources import FakeData
@@ -90,7 +97,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.batch:
         df = BatchData(df, args.batch)
     with df:
-        TestDataSpeed(df, size=args.size, warmup=args.warmup, progress=not args.quiet).start()
+        TestDataSpeed(df, size=args.size, warmup=args.warmup, progress=not args.quiet,
+                      min_seconds=args.seconds).start()
     return 0
 
 
@@ -119,6 +127,9 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="wrap the flow in BatchData of this size")
     bench.add_argument("--size", type=_int_at_least(1), default=2000, help="datapoints to time (default 2000)")
     bench.add_argument("--warmup", type=_int_at_least(0), default=50, help="datapoints to skip before timing")
+    bench.add_argument("--seconds", type=_arg_type(_seconds, "a number of seconds >= 0"), default=2.0,
+                       help="time --size datapoints again until this long has passed (default 2): a rate "
+                       "measured over milliseconds varies several-fold between runs")
     bench.add_argument("--quiet", action="store_true", help="no progress bar")
     bench.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
                        help="on an error, print the full traceback (default: one line)")
@@ -134,15 +145,38 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _AboveProgressBars(logging.StreamHandler):
+    """Log lines on stderr, written above the progress bar this process shows, not glued to its end."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self._pid = os.getpid()  # a worker forked from here has a copy of the bars, not the bars on screen
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm = sys.modules.get("tqdm")  # loaded when a bar was made
+        if tqdm is None or os.getpid() != self._pid or not tqdm.tqdm._instances:
+            super().emit(record)
+            return
+        try:
+            tqdm.tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
 # Modules that add their own sub-commands with ``register(subparsers)``.
 _COMMAND_MODULES: tuple[str, ...] = ("bridgeflow.serialize.cli", "bridgeflow.remote.cli")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
+    try:
+        parser = _build_parser()  # imports the commands' modules
+    except KeyboardInterrupt:
+        print("bridgeflow: interrupted", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    handler = _AboveProgressBars()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

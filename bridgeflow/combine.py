@@ -18,16 +18,8 @@ from .iterables import as_dataflow
 from .local_shuffle import LocallyShuffleData
 from .order import iterator_position
 from .rng import RNGDataFlow
-from .state import (
-    StateMismatchError,
-    check_count,
-    check_rng_field,
-    child_state,
-    field,
-    load_children,
-    rng_state,
-    set_rng_state,
-)
+from .state import StateMismatchError, child_state, rng_state, set_rng_state
+from .state_schema import Children, Count, Rng
 
 __all__ = ["ConcatData", "JoinData", "LocallyShuffleData", "RandomChooseData", "RandomMixData"]
 
@@ -71,6 +63,8 @@ def _close_all(itrs: list) -> None:
 class ConcatData(_MultiFlow):
     """The flows one after another."""
 
+    state_fields = (Count("index", lambda f: len(f.df_lists), "the number of flows"), Children())
+
     def __init__(self, df_lists: Sequence[DataFlow]) -> None:
         self.df_lists = _flows(df_lists, "ConcatData")
         self._index = 0  # the child being read
@@ -93,9 +87,6 @@ class ConcatData(_MultiFlow):
     def _own_state(self) -> dict:
         return {"index": self._index if epoch_live(self) else 0, "children": self._children_state()}
 
-    def _take_state(self, state: dict) -> None:
-        check_count(state, "index", len(self.df_lists), "the number of flows")
-        load_children(self.df_lists, field(state, "children", list))
 
 
 class JoinData(_MultiFlow):
@@ -113,6 +104,8 @@ class JoinData(_MultiFlow):
         [[1, 'a']]
     """
 
+    state_fields = (Children(),)
+
     def __init__(self, df_lists: Sequence[DataFlow]) -> None:
         self.df_lists = _flows(df_lists, "JoinData")
 
@@ -125,8 +118,6 @@ class JoinData(_MultiFlow):
     def _own_state(self) -> dict:
         return {"children": self._children_state()}
 
-    def _take_state(self, state: dict) -> None:
-        load_children(self.df_lists, field(state, "children", list))
 
     def _join(self, itrs: list) -> Iterator:
         try:
@@ -159,6 +150,8 @@ class RandomChooseData(_MultiFlow, RNGDataFlow):
 
     ``df_lists`` holds flows, or ``(flow, probability)`` pairs.
     """
+
+    state_fields = (Rng("rng"), Children())
 
     def __init__(self, df_lists: Sequence[Any], seed: int | None = None) -> None:
         flows, probs = [], []
@@ -198,13 +191,12 @@ class RandomChooseData(_MultiFlow, RNGDataFlow):
     def _own_state(self) -> dict:
         return {"rng": self._rng_now(), "children": self._children_state()}
 
-    def _take_state(self, state: dict) -> None:
-        check_rng_field(state)
-        load_children(self.df_lists, field(state, "children", list))
 
 
 class RandomMixData(_MultiFlow, RNGDataFlow):
     """All datapoints of all flows, interleaved at random; every flow needs a ``len()``."""
+
+    state_fields = (Rng("rng"), Count("pos", lambda f: len(f), "the epoch's length"), Children())
 
     def __init__(self, df_lists: Sequence[DataFlow], seed: int | None = None) -> None:
         self.df_lists = _flows(df_lists, "RandomMixData")
@@ -255,7 +247,3 @@ class RandomMixData(_MultiFlow, RNGDataFlow):
             own = {"rng": self._rng_now(), "pos": 0}
         return {**own, "children": self._children_state()}
 
-    def _take_state(self, state: dict) -> None:
-        check_rng_field(state)
-        check_count(state, "pos", len(self), "the epoch's length")
-        load_children(self.df_lists, field(state, "children", list))

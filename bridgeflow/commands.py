@@ -46,6 +46,12 @@ def load_object(spec: str) -> Any:
             sys.path.insert(0, os.getcwd())
         try:
             module = importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            if not exc.name or not (target == exc.name or target.startswith(exc.name + ".")):
+                raise  # the module is there and imports one that is not: its traceback says where
+            raise ModuleNotFoundError(f"No module named {exc.name!r} (looked in the current folder and the "
+                                      "installed packages; FILE.py:FUNCTION reads a file elsewhere)",
+                                      name=exc.name) from None
         except (TypeError, ValueError) as exc:  # '.', '' or other names that are not modules
             raise ValueError(f"{spec!r}: {target!r} is not a module name ({exc})") from None
     try:
@@ -141,6 +147,17 @@ def run_command(args: argparse.Namespace) -> int:
     except Exception as exc:
         if getattr(args, "traceback", False):
             raise
-        print(f"bridgeflow {args.command}: error: {describe_error(exc)} (--traceback shows where)",
-              file=sys.stderr)
+        hint = " (--traceback shows where)" if _has_a_where(exc) else ""
+        print(f"bridgeflow {args.command}: error: {describe_error(exc)}{hint}", file=sys.stderr)
         return 1
+
+
+def _has_a_where(exc: BaseException) -> bool:
+    """Whether a traceback would tell more than the one line: not for an error about a file or the data
+    (``OSError``, bridgeflow's own errors), nor for a bad argument the command itself refused."""
+    if isinstance(exc, (BridgeflowError, OSError)) and not isinstance(exc, ImportError):
+        return False
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    package = os.path.dirname(os.path.abspath(__file__))
+    last = os.path.abspath(frames[-1].filename) if frames else ""
+    return not (last.startswith(package + os.sep) and os.path.basename(last) in ("cli.py", "commands.py"))

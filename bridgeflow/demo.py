@@ -21,6 +21,7 @@ import numpy as np
 from .batch import BatchData
 from .combine import JoinData
 from .parallel import MultiProcessMapData
+from .parallel.common import usable_cpus
 from .pipeline import bottleneck, format_stats
 from .sources import DataFromList, FakeData
 from .transforms import MapData
@@ -67,6 +68,15 @@ def _rate(df, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def _cpu_note(cpus: int) -> str:
+    """Why 2 workers may not give 2x, said before the figure: the CPUs they share."""
+    if cpus >= 3:
+        return f"{cpus} CPUs here: up to 2x"
+    if cpus == 2:
+        return "2 CPUs here for the 2 workers, this process and any other program: under 2x"
+    return "1 CPU here for the 2 workers and this process: no speed-up"
+
+
 def run_demo(size: int = 2048, workdir: str | None = None, batch_size: int = 64) -> int:
     """Build, serialize, read back and measure; prints one line per step, returns an exit code."""
     from .serialize import LMDBSerializer
@@ -101,10 +111,12 @@ def run_demo(size: int = 2048, workdir: str | None = None, batch_size: int = 64)
             _rate(parallel, n_batches)  # the first epoch starts the workers
             two_workers = _rate(parallel, n_batches) * batch_size
             stats = parallel.stats()
-        print(f"3. read + crop/flip/normalize + batch: {in_process:,.0f} images/s in this process, "
-              f"{two_workers:,.0f} images/s with 2 worker processes ({two_workers / in_process:.2f}x)")
+        print(f"3. read + crop/flip/normalize + batch, in this process, then in 2 worker processes "
+              f"({_cpu_note(usable_cpus())}):")
+        print(f"   {in_process:,.0f} images/s in this process, {two_workers:,.0f} images/s with 2 workers "
+              f"({two_workers / in_process:.2f}x)")
         print("   stage statistics (buffer_fill near 0: the workers are the slow side; near 1: the consumer):")
-        print(format_stats(stats))
+        print("\n".join("   " + line.strip() for line in format_stats(stats).splitlines()))
         verdict = bottleneck(stats)
         if verdict:
             print(f"   bottleneck: {verdict}")

@@ -18,6 +18,10 @@ generator and the source end where they were. A state is a few small dicts and i
 generator state (about 5 KB of text); resuming re-reads the source from the snapshot, a few times
 ``buffer_size`` datapoints with the default interval (an old datapoint survives each shuffle with
 probability about 2/3), and never yields them.
+
+Over an unordered stage, re-reading the source from a snapshot would give other datapoints: the state then
+holds the buffer's datapoints themselves (``held``) with the source's and the generator's states as they
+are now, and takes no snapshots.
 """
 
 from __future__ import annotations
@@ -30,21 +34,20 @@ from typing import Any
 import numpy as np
 
 from ._renamed import renamed_keywords
-from .base import DataFlow, epoch_live
+from .base import DataFlow, epoch_live, unordered_stage
 from .errors import DatapointError, LengthUnknownError
 from .proxy import ProxyDataFlow
 from .rng import RNGDataFlow
 from .state import (
     StateError,
     StateMismatchError,
-    check_count,
-    check_rng_field,
     child_state,
-    field,
-    load_child,
+    pack_held,
     rng_state,
     set_rng_state,
+    unpack_held,
 )
+from .state_schema import Child, Count, Flag, Held, Rng, Same
 
 __all__ = ["LocallyShuffleData"]
 
@@ -70,9 +73,14 @@ class _Snapshot:
 class _Stream:
     """One run of the buffer over the source: the generator, the buffer, the counters, the snapshots."""
 
-    def __init__(self, flow: LocallyShuffleData, count: int, fill: int, resumed: bool) -> None:
+    def __init__(self, flow: LocallyShuffleData, count: int, fill: int, resumed: bool, loose: str | None = None,
+                 held: list | None = None, ended: bool = False, left: int = 0) -> None:
         self.flow = flow
-        self.queue: collections.deque = collections.deque([_HOLE] * fill)
+        self.queue: collections.deque = collections.deque([_HOLE] * fill if held is None else
+                                                          [(-1, dp) for dp in held])
+        self.loose = loose  # the unordered stage under the flow: hold the buffer's datapoints, take no snapshots
+        self.ended = ended  # one pass: the source's pass ended, only the buffer is left to drain
+        self.left = left  # times the last datapoint read is still to be put in (num_reuse in all)
         self.count = count  # source reads since the last shuffle
         self.pulled = 0  # source reads in this stream (the index of the next one)
         self.yields = 0  # datapoints handed out by this stream
@@ -82,6 +90,8 @@ class _Stream:
         self.next_snap = 0
         self.limit = 32  # snapshots kept before the old ones are pruned
         self.low = (0, 0)  # (pulled when computed, oldest read still needed): a cached lower bound
+        if loose is not None:
+            self.next_snap = float("inf")
         self.gen = self._run(resumed)
 
     # --- the buffer -----------------------------------------------------------------------------
@@ -90,11 +100,19 @@ class _Stream:
         flow = self.flow
         ds, rng, queue = flow.ds, flow.rng, self.queue
         size, reuse, interval, one_pass = flow.buffer_size, flow.num_reuse, flow.shuffle_interval, flow.one_pass
-        source = iter(ds)
+        source = iter(ds) if not self.ended else iter(())
         fresh = not resumed  # this pass of the source has to yield something (a resumed one may be at its end)
         got = False
         try:
-            while True:
+            if self.left:  # resumed part-way through putting the last datapoint read in num_reuse times
+                item = queue[-1]
+                for left in range(self.left - 1, -1, -1):
+                    queue.append(item)  # the buffer is full: each put pushes the oldest out
+                    out = queue.popleft()
+                    self.yields += 1
+                    self.left = left
+                    yield out[1]
+            while not self.ended:
                 if self.pulled >= self.next_snap:
                     self._snapshot()
                 try:
@@ -117,13 +135,17 @@ class _Stream:
                 if self.count >= interval:
                     self.count = 0
                     self._shuffle(rng)
-                for _ in range(reuse):
-                    if len(queue) >= size:
+                for left in range(reuse - 1, -1, -1):  # appended first, so a state taken at the yield sees
+                    full = len(queue) >= size  # the buffer whole (and how many puts of the item are left)
+                    queue.append(item)
+                    if full:
                         out = queue.popleft()
                         self.yields += 1
+                        self.left = left
                         yield out[1]
-                    queue.append(item)
-            self._shuffle(rng)  # one pass: drain what is left, shuffled
+            if not self.ended:
+                self.ended = True
+                self._shuffle(rng)  # one pass: drain what is left, shuffled
             while queue:
                 out = queue.popleft()
                 self.yields += 1
@@ -174,7 +196,12 @@ class _Stream:
             snaps.popleft()
 
     def state(self) -> dict:
-        """The snapshot to rebuild from and the datapoints handed out since it (to replay, not yield)."""
+        """The snapshot to rebuild from and the datapoints handed out since it (to replay, not yield); over an
+        unordered stage, the buffer's datapoints and the states now."""
+        if self.loose is not None:
+            held = pack_held([item[1] for item in self.queue], self.loose)
+            return {"source": child_state(self.flow.ds), "rng": rng_state(self.flow.rng), "count": self.count,
+                    "fill": 0, "replay": 0, "held": held, "ended": self.ended, "left": self.left}
         if not self.snaps and self.error is None:  # nothing read yet: the stream starts from here
             self._snapshot()
         if self.error is not None:
@@ -183,7 +210,7 @@ class _Stream:
         self._prune(needed)
         snap = self.snaps[0]
         return {"source": snap.source, "rng": snap.rng, "count": snap.count, "fill": snap.fill,
-                "replay": self.yields - snap.yields}
+                "replay": self.yields - snap.yields, "held": None, "ended": False, "left": 0}
 
     def check_rebuilt(self, who: str) -> None:
         if any(item is _HOLE for item in self.queue):
@@ -218,6 +245,22 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
         (10, 10, True)
     """
 
+    # A datapoint stays in the shuffled buffer about buffer_size reads, and the chance that one stays 64 times as
+    # long is below e**-64: no saved state replays further (a crafted one would replay for ever).
+    state_fields = (
+        Same("buffer_size", "buffer_size"), Same("num_reuse", "num_reuse"),
+        Same("shuffle_interval", "shuffle_interval"), Same("one_pass", "one_pass"),
+        Count("count", lambda f: f.shuffle_interval - 1, lambda f: f"a shuffle counter below shuffle_interval="
+              f"{f.shuffle_interval}"),
+        Count("fill", "buffer_size", say="the state's buffer holds {value} datapoints, more than buffer_size={most}"),
+        Count("replay", lambda f: (64 * f.buffer_size + max(256, f.buffer_size // 4) + 2) * f.num_reuse,
+              lambda f: f"64 buffers (buffer_size={f.buffer_size}) and the reads between two snapshots, each "
+                        f"datapoint handed out num_reuse={f.num_reuse} times"),
+        Count("taken", lambda f: None if f.one_pass else f._epoch_size(), "the epoch's length"),
+        Rng("rng"), Held(most=lambda f: f.buffer_size), Flag("ended", optional=True),
+        Count("left", lambda f: f.num_reuse - 1, "num_reuse puts of a datapoint", optional=True), Child("source"),
+    )
+
     @renamed_keywords(nr_reuse="num_reuse")
     def __init__(self, ds: DataFlow, buffer_size: int, num_reuse: int = 1, shuffle_interval: int | None = None,
                  seed: int | None = None, *, one_pass: bool = False) -> None:
@@ -251,7 +294,11 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
             self._drop_stream()
             if resume["rng"] is not None:
                 set_rng_state(self.rng, resume["rng"])
-            stream = self._stream = _Stream(self, resume["count"], resume["fill"], resumed=True)
+            held = resume.get("held")
+            stream = self._stream = _Stream(self, resume["count"], resume["fill"], resumed=True,
+                                            loose=unordered_stage(self),
+                                            held=unpack_held(held) if held is not None else None,
+                                            ended=bool(resume.get("ended")), left=resume.get("left") or 0)
             replay = resume["replay"]
             for i in range(replay):
                 if next(stream.gen, _HOLE) is _HOLE:
@@ -262,7 +309,7 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
             taken = resume["taken"]
         elif self.one_pass or self._stream is None or self._stream.gen.gi_frame is None:
             self._drop_stream()
-            stream = self._stream = _Stream(self, 0, 0, resumed=False)
+            stream = self._stream = _Stream(self, 0, 0, resumed=False, loose=unordered_stage(self))
         else:
             stream = self._stream
         self._epoch_start = stream.yields - taken
@@ -297,31 +344,8 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
             own["taken"] = stream.yields - self._epoch_start if live else 0
         else:  # nothing read yet, or between two one-pass epochs: a new stream starts from here
             own = {"source": child_state(self.ds), "rng": rng_state(getattr(self, "rng", None)), "count": 0,
-                   "fill": 0, "replay": 0, "taken": 0}
+                   "fill": 0, "replay": 0, "held": None, "ended": False, "left": 0, "taken": 0}
         return {**self._settings(), **own}
-
-    def _take_state(self, state: dict) -> None:
-        for key, have in self._settings().items():
-            saved = field(state, key, (bool, int))
-            if saved != have:
-                raise StateMismatchError(f"the state is for {key}={saved!r}, this flow has {key}={have!r}")
-        count = check_count(state, "count")
-        if count >= self.shuffle_interval:
-            raise StateMismatchError(f"the state's shuffle counter {count} is not below shuffle_interval="
-                                     f"{self.shuffle_interval}")
-        fill = check_count(state, "fill")
-        if fill > self.buffer_size:
-            raise StateMismatchError(f"the state's buffer holds {fill} datapoints, more than buffer_size="
-                                     f"{self.buffer_size}")
-        # A datapoint stays in the shuffled buffer about buffer_size reads, and the chance that one stays 64 times
-        # as long is below e**-64: no saved state replays further (a crafted one would replay for ever).
-        reads = 64 * self.buffer_size + max(256, self.buffer_size // 4) + 2
-        check_count(state, "replay", reads * self.num_reuse, f"64 buffers (buffer_size={self.buffer_size}) and "
-                    f"the reads between two snapshots, each datapoint handed out num_reuse={self.num_reuse} times")
-        size = None if self.one_pass else self._epoch_size()
-        check_count(state, "taken", size, "the epoch's length")
-        check_rng_field(state)
-        load_child(self.ds, field(state, "source", dict))
 
     def close(self) -> None:
         self._drop_stream()

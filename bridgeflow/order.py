@@ -15,6 +15,7 @@ they are), so tracking it costs nothing per datapoint.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -23,19 +24,21 @@ import numpy as np
 from .base import epoch_live
 from .rng import RNGDataFlow
 from .shard import check_same_on_every_rank, resolve_shard
-from .state import StateMismatchError, check_count, expect_field, field
+from .state import StateMismatchError
+from .state_schema import Count, Field, Same, Value, check_fields
 
-__all__ = ["EpochOrder", "IndexedSource"]
+__all__ = ["EpochOrder", "IndexedSource", "order_fields"]
 
 Run = Sequence[int]  # a range (sequential reads) or a list of indices (shuffled)
 
 
 def iterator_position(it: Any, run_length: int) -> int:
-    """How many items a ``list_iterator`` or ``range_iterator`` has handed out."""
-    reduced = it.__reduce__()
-    if len(reduced) > 2:
-        return int(reduced[2])
-    return run_length  # an exhausted list iterator forgets its list
+    """How many items of its ``run_length`` a ``list_iterator`` or ``range_iterator`` has handed out.
+
+    From the items it has left, which every Python version gives alike (a ``range_iterator``'s
+    ``__reduce__`` holds its position only up to 3.11: from 3.12 it holds the range that is left).
+    """
+    return run_length - operator.length_hint(it)
 
 
 class EpochOrder:
@@ -214,16 +217,28 @@ class EpochOrder:
 
     def check(self, state: dict) -> None:
         """Refuse a state saved from another order (length, shuffle, shard) or past the epoch's end."""
-        expect_field(state, "n", self.n, "a dataset of length")
-        expect_field(state, "shuffle", self.shuffle, "shuffle=")
-        expect_field(state, "shard", None if self.shard is None else list(self.shard), "shard (rank, world, "
-                                                                                          "drop_last)")
-        if field(state, "base", (int, type(None))) is not None:
-            check_count(state, "base", (1 << 64) - 1, "a seed of 64 bits")
-        check_count(state, "epoch", (1 << 63) - 1, "an epoch number of 63 bits")
-        pos = check_count(state, "pos")
-        if pos > self.length():
-            raise StateMismatchError(f"the state's position {pos} is past the epoch's {self.length()} datapoints")
+        check_fields(self, state, order_fields(lambda order: order), reserved=())
+
+
+def order_fields(order_of: Any) -> tuple[Field, ...]:
+    """The fields of an :class:`EpochOrder`'s state, for the flow whose order is ``order_of(flow)``."""
+    return (
+        Same("n", lambda f: order_of(f).n, "the state is for a dataset of length {saved}, this flow has a dataset of "
+             "length {have}"),
+        Same("shuffle", lambda f: order_of(f).shuffle, "the state is for shuffle={saved}, this flow has "
+             "shuffle={have}"),
+        Same("shard", lambda f: None if order_of(f).shard is None else list(order_of(f).shard),
+             "the state is for shard (rank, world, drop_last) {saved}, this flow has {have}"),
+        Count("base", (1 << 64) - 1, "a seed of 64 bits", none=True),
+        Count("epoch", (1 << 63) - 1, "an epoch number of 63 bits"),
+        Count("pos", lambda f: order_of(f).length(), "the epoch's length"),
+    )
+
+
+def _same_data(flow: Any, saved: dict) -> None:
+    have = flow._identity()
+    if have is not None and saved != have:
+        raise StateMismatchError(f"the state was saved reading {saved}, this flow reads {have}: another file")
 
 
 class IndexedSource(RNGDataFlow):
@@ -235,6 +250,7 @@ class IndexedSource(RNGDataFlow):
     """
 
     _order: EpochOrder
+    state_fields = (*order_fields(lambda f: f._order), Value("data", dict, _same_data, none=True))
 
     def _init_order(self, n: int, shuffle: bool, shard: Any, drop_last: bool) -> None:
         who = type(self).__name__
@@ -279,10 +295,3 @@ class IndexedSource(RNGDataFlow):
         out = self._order.state(epoch_live(self))
         out["data"] = self._identity()
         return out
-
-    def _take_state(self, state: dict) -> None:
-        have = self._identity()
-        saved = field(state, "data", (dict, type(None)))
-        if have is not None and saved is not None and saved != have:
-            raise StateMismatchError(f"the state was saved reading {saved}, this flow reads {have}: another file")
-        self._order.check(state)

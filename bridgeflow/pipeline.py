@@ -100,6 +100,16 @@ def bottleneck(stats: dict[str, dict[str, float]]) -> str | None:
             return (f"the workers of {path}: {busy_text}while the consumer waited {wait:.0%} of it; add workers "
                     "or make their work cheaper")
         verdict = (f"what feeds the workers of {path}: they were busy only {busy:.0%} of the time while the "
-                   f"consumer waited {wait:.0%} of it, so reading the source (in the consumer's process) or "
-                   "moving the data limits it")
+                   f"consumer waited {wait:.0%} of it, so {_outside_the_work(path)} limits it")
     return verdict
+
+
+def _outside_the_work(path: str) -> str:
+    """What else a stage's results wait on: a map stage's workers get their input from the consumer's process,
+    a runner's (and a DataLoader's) read their own source, which counts as their work."""
+    name = path.rsplit("/", 1)[-1]
+    if "MapData" in name:
+        return "reading the source (in the consumer's process) or moving the data"
+    if any(kind in name for kind in ("Runner", "PrefetchData", "DataLoader")):
+        return "moving the data from the workers (they read their own source, which counts as busy)"
+    return "reading the source or moving the data"

@@ -7,7 +7,8 @@ from typing import Any
 
 from .base import DataFlow
 from .iterables import as_dataflow
-from .state import child_state, field, load_child
+from .state import child_state
+from .state_schema import Child
 
 __all__ = ["ProxyDataFlow"]
 
@@ -18,6 +19,8 @@ class ProxyDataFlow(DataFlow):
     Its state is its child's, under ``"child"``: a flow that holds nothing between two datapoints (a map,
     a filter) is wherever its child is.
     """
+
+    state_fields = (Child(),)
 
     def __init__(self, ds: DataFlow) -> None:
         self.ds = as_dataflow(ds, type(self).__name__)
@@ -38,6 +41,3 @@ class ProxyDataFlow(DataFlow):
 
     def _own_state(self) -> dict:
         return {"child": child_state(self.ds)}
-
-    def _take_state(self, state: dict) -> None:
-        load_child(self.ds, field(state, "child", dict))

@@ -30,12 +30,13 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .base import DataFlow, epoch_live
+from .base import DataFlow, epoch_live, unordered_stage
 from .errors import LengthUnknownError
 from .pipeline import iter_flows
 from .proxy import ProxyDataFlow
 from .rng import RNGDataFlow
-from .state import check_count, child_state, expect_field, field, load_child
+from .state import child_state
+from .state_schema import Child, Count, Flag, Same
 
 __all__ = ["ShardData", "UnshardedWarning", "rank_and_world", "resolve_shard", "warn_if_unsharded"]
 
@@ -126,8 +127,14 @@ def warn_if_unsharded(df: Any, who: str, stacklevel: int = 3) -> bool:
 
 
 def check_same_on_every_rank(df: Any, who: str) -> None:
-    """Refuse a pipeline with a random flow that has no seed: each rank would draw its own order, so the
-    parts would overlap."""
+    """Refuse a pipeline with a random flow that has no seed, or an unordered parallel stage: each rank would
+    see its own order, so the parts would overlap."""
+    stage = unordered_stage(df, itself=True)
+    if stage is not None:
+        raise ValueError(f"{who}: {stage} delivers in an order of its workers' timing (ordered=False, or a runner "
+                         "of several workers), so every rank would keep other datapoints and the ranks' parts would "
+                         "overlap; give it ordered=True, or shard its source (shard= on the source, or ShardData "
+                         "under the stage)")
     for path, flow in iter_flows(df):
         if isinstance(flow, RNGDataFlow) and flow.seed is None and getattr(flow, "shuffle", True) \
                 and getattr(flow, "random", True):
@@ -150,6 +157,9 @@ class ShardData(ProxyDataFlow):
         >>> [list(ShardData(DataFromList([[i] for i in range(5)], shuffle=False), r, 2)) for r in range(2)]
         [[[0], [2], [4]], [[1], [3], [4]]]
     """
+
+    state_fields = (Same("rank", "rank"), Same("world", "world"), Same("drop_last", "drop_last"), Count("seen"),
+                    Count("yielded"), Flag("child_done"), Child())
 
     def __init__(self, ds: DataFlow, rank: int | None = None, world: int | None = None, *,
                  drop_last: bool = False) -> None:
@@ -215,12 +225,3 @@ class ShardData(ProxyDataFlow):
             own = {"seen": 0, "yielded": 0, "child_done": False}
         return {"rank": self.rank, "world": self.world, "drop_last": self.drop_last, **own,
                 "child": child_state(self.ds)}
-
-    def _take_state(self, state: dict) -> None:
-        expect_field(state, "rank", self.rank, "rank")
-        expect_field(state, "world", self.world, "world")
-        expect_field(state, "drop_last", self.drop_last, "drop_last")
-        check_count(state, "seen")
-        check_count(state, "yielded")
-        field(state, "child_done", bool)
-        load_child(self.ds, field(state, "child", dict))

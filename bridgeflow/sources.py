@@ -20,7 +20,8 @@ from .errors import LengthUnknownError
 from .iterables import DataFromGenerator, DataFromIterable
 from .order import IndexedSource, iterator_position
 from .rng import RNGDataFlow
-from .state import StateMismatchError, check_count, check_rng_field, field, rng_state, set_rng_state
+from .state import rng_state, set_rng_state
+from .state_schema import Count, Rng, Same
 
 __all__ = ["DataFromGenerator", "DataFromIterable", "DataFromList", "FakeData"]
 
@@ -94,6 +95,9 @@ class FakeData(RNGDataFlow):
         seed: for reproducible values.
     """
 
+    state_fields = (Same("size", "size", "the state is for size={saved}, this flow has size={have}"), Rng("rng"),
+                    Rng("fixed"), Count("pos", "size", "the epoch's length"))
+
     def __init__(self, shapes: Sequence[Sequence[int]], size: int | None = 1000, random: bool = True,
                  dtype: Any = "float32", domain: tuple[float, float] | None = None,
                  seed: int | None = None) -> None:
@@ -165,13 +169,7 @@ class FakeData(RNGDataFlow):
 
     def _own_state(self) -> dict:
         """The random generator's state now and the position in the epoch (datapoints are not replayed)."""
-        pos = self._start + iterator_position(self._it, 0) if epoch_live(self) else 0
+        end = self.size if self.size is not None else sys.maxsize
+        pos = self._start + iterator_position(self._it, end - self._start) if epoch_live(self) else 0
         return {"size": self.size, "rng": rng_state(getattr(self, "rng", None)),
                 "fixed": self.__dict__.get("_fixed_rng"), "pos": pos}
-
-    def _take_state(self, state: dict) -> None:
-        if field(state, "size", (int, type(None))) != self.size:
-            raise StateMismatchError(f"the state is for size={state['size']}, this flow has size={self.size}")
-        check_rng_field(state, "rng")
-        check_rng_field(state, "fixed")
-        check_count(state, "pos")

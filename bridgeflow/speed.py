@@ -22,7 +22,9 @@ class TestDataSpeed(ProxyDataFlow):
     """Iterate a flow ``size`` times behind a progress bar and report datapoints per second.
 
     ``start()`` runs the test and returns the rate; the first ``warmup`` datapoints are not timed (worker
-    start-up, caches). If the flow runs out before ``size`` it is iterated again. Afterwards the
+    start-up, caches). If the flow runs out before ``size`` it is iterated again. ``min_seconds`` times
+    more rounds of ``size`` datapoints until that long has passed: a fast flow read for a few milliseconds
+    gives a rate that changes several-fold between runs (``bridgeflow bench`` times 2 s). Afterwards the
     statistics of every stage that keeps them (buffer fill, consumer wait, workers busy) are printed with
     a verdict on the slow side (see :func:`bridgeflow.pipeline.bottleneck`): an output buffer that is
     nearly always empty while the workers are busy means the workers are the bottleneck.
@@ -36,12 +38,14 @@ class TestDataSpeed(ProxyDataFlow):
     __test__ = False  # not a pytest test class, despite the name
 
     def __init__(self, ds: DataFlow, size: int = 5000, warmup: int = 0, *, progress: bool = True,
-                 file: Any = None) -> None:
+                 file: Any = None, min_seconds: float = 0.0) -> None:
         super().__init__(ds)
-        if size <= 0 or warmup < 0:
-            raise ValueError(f"TestDataSpeed needs size > 0 and warmup >= 0, got size={size} warmup={warmup}")
+        if size <= 0 or warmup < 0 or not min_seconds >= 0:
+            raise ValueError(f"TestDataSpeed needs size > 0, warmup >= 0 and min_seconds >= 0, got size={size} "
+                             f"warmup={warmup} min_seconds={min_seconds}")
         self.test_size = int(size)
         self.warmup = int(warmup)
+        self.min_seconds = float(min_seconds)
         self.progress = progress
         self.file = file
         self.rate: float | None = None
@@ -63,16 +67,23 @@ class TestDataSpeed(ProxyDataFlow):
         try:
             for _ in range(self.warmup):
                 next(stream)
+            n = 0
             t0 = time.perf_counter()
             with progress_bar(enabled=self.progress, total=self.test_size, unit="dp", leave=False) as bar:
-                for _ in range(self.test_size):
-                    next(stream)
-                    bar.update(1)
-            elapsed = time.perf_counter() - t0
+                while True:
+                    for _ in range(self.test_size):
+                        next(stream)
+                        bar.update(1)
+                    n += self.test_size
+                    elapsed = time.perf_counter() - t0
+                    if elapsed >= self.min_seconds:
+                        break
+                    if self.progress:
+                        bar.total = n + self.test_size
         finally:
             stream.close()
-        self.rate = self.test_size / max(elapsed, 1e-9)
-        print(f"{self.test_size} datapoints in {elapsed:.3f}s: {self.rate:.1f} datapoints/s", file=out)
+        self.rate = n / max(elapsed, 1e-9)
+        print(f"{n} datapoints in {elapsed:.3f}s: {self.rate:.1f} datapoints/s", file=out)
         stats = pipeline_stats(self.ds)
         if stats:
             print("stage statistics:\n" + format_stats(stats), file=out)

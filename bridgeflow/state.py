@@ -1,15 +1,12 @@
-"""Saving and restoring where a flow is: plain-data states, their checks and their errors.
+"""What every flow's state shares: its errors, header and checksum, random generators and datapoints as
+plain data. The contract (what a state promises, over ordered and unordered stages) is in
+:mod:`bridgeflow.base`; the fields of each flow's state are declared with :mod:`bridgeflow.state_schema`.
 
-A flow's ``state_dict()`` is a dict of plain data (ints, floats, strings, lists, dicts, ``None``) with the
-flow's class name and a format version at every level, so ``json`` and ``torch.save`` store it as it is.
-A proxy keeps its child's state under ``"child"``, a flow of several children a list under
-``"children"``. ``load_state_dict(state)`` checks the state against the flow before taking it: a state
-of another structure, length, file or a newer format raises :class:`StateMismatchError` (a
-``ValueError``) whose message starts with the path of the flow at fault, e.g.
-``BatchData/MapData/DataFromList: ...``.
-
-This module holds what every flow's implementation shares: the errors, the header checks, and the
-encoding of numpy random generators as plain data. See ``DataFlow.state_dict`` for the contract.
+A flow's ``state_dict()`` is a dict of plain data (ints, floats, strings, lists, dicts, ``None``) with, at
+every level, the flow's class name, a format version and a checksum, so ``json`` and ``torch.save`` store it
+as it is. ``load_state_dict(state)`` checks it before taking it; a state of another structure, length, file
+or a newer format, or one changed after it was saved, raises :class:`StateMismatchError` (a ``ValueError``)
+whose message starts with the path of the flow at fault, e.g. ``BatchData/MapData/DataFromList: ...``.
 
 Example:
     >>> import json
@@ -25,6 +22,10 @@ Example:
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,22 +34,26 @@ import numpy as np
 from .errors import BridgeflowError
 
 __all__ = [
+    "RESERVED",
     "NotResumableError",
     "StateError",
     "StateMismatchError",
-    "expect_field",
-    "field",
-    "check_count",
+    "check_header",
     "check_plain",
-    "load_children",
+    "checksum",
+    "child_state",
+    "held_then",
+    "pack_held",
     "rng_from_state",
     "rng_state",
     "set_rng_state",
     "state_or_error",
     "unless_error",
+    "unpack_held",
+    "verify_checksum",
 ]
 
-RESERVED = ("class", "version")
+RESERVED = ("class", "version", "check")  # the header every level of a state has
 
 
 class StateError(BridgeflowError):
@@ -78,7 +83,9 @@ class StateError(BridgeflowError):
 
 
 class StateMismatchError(StateError, ValueError):
-    """A state saved from another flow: another class at some depth, another length, file or version."""
+    """A damaged state, or one saved from another flow: another class at some depth, another length, file or
+    version, a field out of range, a checksum that does not match. The base of every such error, the torch
+    ``DataLoader``'s ``ResumeStateError`` included."""
 
 
 class NotResumableError(StateError, TypeError):
@@ -104,51 +111,37 @@ def check_header(flow: Any, state: Any, version: int) -> None:
                                  "load it with the bridgeflow that saved it")
 
 
-def field(state: dict, key: str, kind: type | tuple[type, ...] | None = None) -> Any:
-    """``state[key]``, checked to be of ``kind``; a missing or mistyped field is a mismatch."""
-    if key not in state:
-        raise StateMismatchError(f"the state has no {key!r} field; it was saved by another version of this flow")
-    value = state[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if kind is not None and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
-        raise StateMismatchError(f"field {key!r} of the state is a {type(value).__name__} ({value!r:.60})")
-    return value
+# --- the checksum ----------------------------------------------------------------------------------
 
 
-def expect_field(state: dict, key: str, have: Any, what: str) -> None:
-    """Raise a mismatch when the state's ``key`` differs from this flow's ``have``; ``what`` names it."""
-    saved = field(state, key)
-    if _plain(saved) != _plain(have):
-        raise StateMismatchError(f"the state is for {what} {saved!r}, this flow has {what} {have!r}")
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
-def _plain(value: Any) -> Any:
-    """Tuples as lists, as they come back from json."""
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def load_children(children: Sequence[Any], states: Any) -> None:
-    """Load one state per child, in order; a mismatch names the child by its position."""
-    if not isinstance(states, list):
-        raise StateMismatchError(f"the state's 'children' is a {type(states).__name__}, not a list")
-    if len(states) != len(children):
-        raise StateMismatchError(f"the state has {len(states)} children, this flow reads {len(children)}")
-    for i, (child, s) in enumerate(zip(children, states)):
-        load_child(child, s, i if len(children) > 1 else None)
-
-
-def load_child(child: Any, state: Any, index: int | None = None) -> None:
-    load = getattr(child, "load_state_dict", None)
-    if load is None:
-        raise NotResumableError(f"it reads a {type(child).__name__}, which has no load_state_dict()")
+def checksum(state: dict) -> str | None:
+    """The ``check`` field of the outermost state of a tree: a CRC-32 of the whole tree (``check`` aside) as
+    JSON writes it, which reads the same after a ``json`` or ``torch.save`` round trip (tuples as lists, keys as
+    text, in their order). Field checks see a value no saved state can hold; this sees a value another saved
+    state could hold (another position, a generator state changed into another valid one). None for a state
+    JSON cannot write (a custom flow's numpy number): it is then taken on its fields."""
     try:
-        load(state)
-    except StateError as exc:
-        if index is not None and exc.path:
-            raise exc.renamed_first(f"{exc.path[0]}[{index}]") from None
-        raise
+        text = _ENCODER.encode({k: v for k, v in state.items() if k != "check"})
+    except (TypeError, ValueError):
+        return None
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+def verify_checksum(state: dict) -> None:
+    """Refuse a state whose ``check`` does not match its fields (a state without one, made by hand, is taken
+    on its fields)."""
+    if "check" not in state:
+        return
+    saved = state["check"]
+    if not isinstance(saved, str) or saved != checksum(state):  # a state the sum was not made of is refused
+        raise StateMismatchError(f"the state's checksum {saved!r:.20} does not match its fields: it was changed "
+                                 "after state_dict() saved it (its fields may each look valid)")
+
+
+# --- children's states ----------------------------------------------------------------------------
 
 
 def child_state(child: Any, index: int | None = None) -> dict:
@@ -159,6 +152,19 @@ def child_state(child: Any, index: int | None = None) -> dict:
                                 "DataFlow subclass to make it resumable")
     try:
         return get()
+    except StateError as exc:
+        if index is not None and exc.path:
+            raise exc.renamed_first(f"{exc.path[0]}[{index}]") from None
+        raise
+
+
+def load_child(child: Any, state: Any, index: int | None = None) -> None:
+    """``child.load_state_dict(state)``; an error names the child by its position among several."""
+    load = getattr(child, "load_state_dict", None)
+    if load is None:
+        raise NotResumableError(f"it reads a {type(child).__name__}, which has no load_state_dict()")
+    try:
+        load(state)
     except StateError as exc:
         if index is not None and exc.path:
             raise exc.renamed_first(f"{exc.path[0]}[{index}]") from None
@@ -243,28 +249,7 @@ def rng_from_state(state: dict) -> np.random.RandomState:
     return rng
 
 
-def check_rng_field(state: dict, key: str = "rng") -> dict | None:
-    value = field(state, key, (dict, type(None)))
-    if value is not None:
-        set_rng_state(np.random.Generator(np.random.PCG64()) if value.get("kind") == "Generator"
-                      else np.random.RandomState(), value)  # validates it before the flow takes it
-    return value
-
-
-def check_count(state: dict, key: str, most: int | None = None, why: str = "") -> int:
-    """``state[key]``, an int from 0 to ``most`` (no bound when None); ``why`` says where the bound comes from.
-
-    A bound keeps a damaged or crafted count from turning a resume into an endless replay or a silently
-    empty epoch: the refusal names the field, its value and the bound.
-    """
-    value = field(state, key, int)
-    if value < 0:
-        raise StateMismatchError(f"field {key!r} of the state is negative ({value})")
-    if most is not None and value > most:
-        raise StateMismatchError(f"field {key!r} of the state is {value}, above {most}, the most this flow can "
-                                 f"save{': ' + why if why else ''}")
-    return value
-
+# --- plain data ----------------------------------------------------------------------------------
 
 _PLAIN = (str, int, float, bool, type(None))
 
@@ -286,3 +271,45 @@ def check_plain(value: Any, where: str = "the state") -> None:
         elif not isinstance(v, _PLAIN):
             raise StateMismatchError(f"{at} holds a {type(v).__module__}.{type(v).__qualname__}: a state is plain "
                                      "data (dicts, lists, strings, numbers, booleans, None)")
+
+
+def pack_held(items: list, stage: str) -> str:
+    """Datapoints a flow holds (the rest of a batch, a datapoint's remaining repeats, a cache, a buffer, a
+    stage's work in flight) as text for its state: the bridgeflow codec (arrays, numbers, strings, bytes,
+    lists, tuples, dicts; never pickle), in base64. A state over an unordered stage (``stage``) keeps them,
+    since the stage would not give them again; a datapoint the codec cannot store makes the state refused
+    (:class:`NotResumableError` naming the stage; the base puts the flow's path in front)."""
+    # Imported here: importing bridgeflow.serialize runs its package, whose readers import the flows.
+    from .serialize.codec import encode
+
+    try:
+        raw = encode(items)
+    except (TypeError, ValueError) as exc:  # EncodeError, or an array dtype the codec does not store
+        raise NotResumableError(
+            f"it holds datapoints of the unordered {stage} under it, which its state must keep (that stage would "
+            f"give others on a resume), and they cannot be stored as plain data: {exc}") from None
+    return base64.b64encode(raw).decode("ascii")
+
+
+def unpack_held(text: str) -> list:
+    """The datapoints :func:`pack_held` stored (arrays writable), or a StateMismatchError for damaged text."""
+    from .serialize.codec import decode
+
+    try:
+        out = decode(bytearray(base64.b64decode(text.encode("ascii"), validate=True)))
+    except (binascii.Error, UnicodeError, ValueError, TypeError) as exc:  # CorruptDataError is a ValueError
+        raise StateMismatchError(f"damaged held datapoints in the state ({type(exc).__name__}: {exc})") from None
+    if not isinstance(out, list):
+        raise StateMismatchError(f"the state's held datapoints are a {type(out).__name__}, not a list")
+    return out
+
+
+def held_then(items: list, it: Any) -> Any:
+    """The datapoints a state held (``items``), then ``it``'s; closes ``it`` when done or dropped."""
+    try:
+        yield from items
+        yield from it
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()

@@ -5,8 +5,10 @@ Every transform accepts list/tuple datapoints (components addressed by position)
 
 State: a transform that holds nothing between two datapoints (map, filter, select, print) saves only
 its child's state; the others add their own position (repeats done, datapoints into the epoch, the
-cache's epoch). Each ``_begin_epoch`` opens its child's iterator at once, so a loaded state is taken up by
-the ``iter()`` call itself, even if the iterator is dropped before its first datapoint.
+cache's epoch), and over an unordered stage what they hold of it (the datapoint being repeated, the
+cache; see :mod:`bridgeflow.base`). Each ``_begin_epoch`` opens its child's iterator at once, so a loaded
+state is taken up by the ``iter()`` call itself, even if the iterator is dropped before its first
+datapoint.
 """
 
 from __future__ import annotations
@@ -17,23 +19,23 @@ from typing import Any
 
 import numpy as np
 
-from .base import DataFlow, epoch_live
+from .base import DataFlow, epoch_live, pending_state, unordered_stage
 from .errors import DatapointError, LengthUnknownError
 from .order import EpochOrder
 from .proxy import ProxyDataFlow
 from .rng import RNGDataFlow
 from .state import (
     StateMismatchError,
-    check_count,
-    check_rng_field,
     child_state,
-    field,
-    load_child,
+    held_then,
+    pack_held,
     rng_state,
     set_rng_state,
     state_or_error,
     unless_error,
+    unpack_held,
 )
+from .state_schema import Child, Count, Flag, Held, Rng, Same, Value, check_fields
 
 __all__ = [
     "CacheData",
@@ -203,6 +205,9 @@ class SelectComponent(ProxyDataFlow):
 class RepeatedData(ProxyDataFlow):
     """Iterate the wrapped flow ``num`` times per epoch; ``num=-1`` repeats forever."""
 
+    state_fields = (Same("num", "num", "the state is for num={saved}, this flow repeats num={have}"),
+                    Count("done", lambda f: None if f.num == -1 else f.num, lambda f: f"num={f.num} passes"), Child())
+
     def __init__(self, ds: DataFlow, num: int) -> None:
         super().__init__(ds)
         if isinstance(num, bool) or not isinstance(num, (int, np.integer)) or num < -1:
@@ -235,11 +240,6 @@ class RepeatedData(ProxyDataFlow):
     def _own_state(self) -> dict:
         return {"num": self.num, "done": self._done if epoch_live(self) else 0, "child": child_state(self.ds)}
 
-    def _take_state(self, state: dict) -> None:
-        if field(state, "num", int) != self.num:
-            raise StateMismatchError(f"the state is for num={state['num']}, this flow repeats num={self.num}")
-        check_count(state, "done", None if self.num == -1 else self.num, f"num={self.num} passes")
-        load_child(self.ds, field(state, "child", dict))
 
 
 class RepeatedDataPoint(ProxyDataFlow):
@@ -247,10 +247,14 @@ class RepeatedDataPoint(ProxyDataFlow):
 
     Its state is its child's state before the current datapoint plus the repeats done, so it asks its
     child for a state once per datapoint read; once the current datapoint's repeats are all done, it is the
-    child's state after it (an unordered parallel child would give another datapoint first on a resume that
-    read the current one again). A state taken part-way through a datapoint's repeats over an unordered
-    child cannot be exact: the child's next datapoint on resume may be another one.
+    child's state after it. Over an unordered stage, whose next datapoint on a resume would be another one,
+    a state part-way through a datapoint's repeats is the child's state after it plus the datapoint
+    (``held``).
     """
+
+    state_fields = (Same("num", "num", "the state is for num={saved}, this flow repeats num={have}"),
+                    Count("rep", lambda f: f.num, lambda f: f"num={f.num} repeats"), Held(count=1),
+                    Child())
 
     def __init__(self, ds: DataFlow, num: int) -> None:
         super().__init__(ds)
@@ -259,42 +263,55 @@ class RepeatedDataPoint(ProxyDataFlow):
         self.num = int(num)
         self._before: Any = None  # the child's state before the current datapoint (or the StateError)
         self._rep = 0
+        self._dp: Any = None  # the datapoint being repeated
+        self._loose: str | None = None  # the unordered stage under this flow, if any
 
     def __len__(self) -> int:
         return len(self.ds) * self.num
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
+        self._loose = unordered_stage(self)
         self._rep = resume["rep"] if resume is not None else 0
-        self._before = state_or_error(child_state, self.ds)  # before iter(): the loaded state, if any
-        return self._repeat(iter(self.ds), self._rep)
+        held = resume.get("held") if resume is not None else None
+        if self._loose is None:
+            self._before = state_or_error(child_state, self.ds)  # before iter(): the loaded state, if any
+        source = iter(self.ds)
+        self._dp = None
+        if held is not None:
+            items = unpack_held(held)
+            self._dp = items[0]
+            source = held_then(items, source)
+        return self._repeat(source, self._rep)
 
     def _repeat(self, source: Iterator, skip: int) -> Iterator:
         num, ds = self.num, self.ds
+        exact = self._loose is None
         first = True
         while True:
             if not first:
-                self._before = state_or_error(child_state, ds)
+                if exact:
+                    self._before = state_or_error(child_state, ds)
                 self._rep = 0
+                self._dp = None
             first = False
             try:
                 dp = next(source)
             except StopIteration:
                 return
+            self._dp = dp
             for i in range(skip, num):
                 self._rep = i + 1
                 yield dp
             skip = 0
 
     def _own_state(self) -> dict:
-        if epoch_live(self) and self._rep < self.num:
-            return {"num": self.num, "rep": self._rep, "child": unless_error(self._before)}
-        return {"num": self.num, "rep": 0, "child": child_state(self.ds)}
-
-    def _take_state(self, state: dict) -> None:
-        if field(state, "num", int) != self.num:
-            raise StateMismatchError(f"the state is for num={state['num']}, this flow repeats num={self.num}")
-        check_count(state, "rep")
-        load_child(self.ds, field(state, "child", dict))
+        if epoch_live(self) and self._rep < self.num:  # part-way through a datapoint's repeats (or before it)
+            if self._loose is None:
+                return {"num": self.num, "rep": self._rep, "held": None, "child": unless_error(self._before)}
+            if self._dp is not None:
+                held = pack_held([self._dp], self._loose)
+                return {"num": self.num, "rep": self._rep, "held": held, "child": child_state(self.ds)}
+        return {"num": self.num, "rep": 0, "held": None, "child": child_state(self.ds)}
 
 
 class FixedSizeData(ProxyDataFlow):
@@ -302,6 +319,10 @@ class FixedSizeData(ProxyDataFlow):
 
     With ``keep_state=True`` the next epoch continues where the last one stopped.
     """
+
+    state_fields = (Same("size", "_size", "the state is for size={saved}, this flow has size={have}"),
+                    Same("keep_state", "keep_state"), Count("pos", lambda f: f._size, "size"), Flag("carried"),
+                    Child())
 
     def __init__(self, ds: DataFlow, size: int, keep_state: bool = True) -> None:
         super().__init__(ds)
@@ -350,12 +371,6 @@ class FixedSizeData(ProxyDataFlow):
         return {"size": self._size, "keep_state": self.keep_state, "pos": self._n if live else 0,
                 "carried": carried, "child": child_state(self.ds)}
 
-    def _take_state(self, state: dict) -> None:
-        if field(state, "size", int) != self._size:
-            raise StateMismatchError(f"the state is for size={state['size']}, this flow has size={self._size}")
-        check_count(state, "pos")
-        field(state, "carried", bool)
-        load_child(self.ds, field(state, "child", dict))
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
@@ -375,44 +390,70 @@ def _alive(it: Any) -> bool:
     return frame is not None
 
 
+def _check_order(flow: Any, order: dict) -> None:
+    """A filled cache's order: an EpochOrder's state over a cache of 'n' datapoints."""
+    fields = (Count("n"), Same("shuffle", lambda f: bool(f.shuffle)), Same("shard", lambda f: None),
+              Count("base", (1 << 64) - 1, "a seed of 64 bits", none=True), Count("epoch", (1 << 63) - 1),
+              Count("pos", lambda f: order.get("n") if isinstance(order.get("n"), int) else 0, "the cache's length"))
+    try:
+        check_fields(flow, order, fields, reserved=())
+    except StateMismatchError as exc:
+        raise StateMismatchError(exc.reason.replace("field '", "field 'order.", 1)) from None
+
+
 class CacheData(ProxyDataFlow, RNGDataFlow):
     """Remember the first epoch in memory and replay it afterwards, optionally reshuffled.
 
     An epoch interrupted before its end is not cached; the next epoch reads the wrapped flow again.
     Its state is the wrapped flow's state when the cached epoch began plus the position: resuming reads
-    that epoch again to rebuild the cache (the cache itself is never part of a state).
+    that epoch again to rebuild the cache. Over an unordered stage, which would give the epoch in another
+    order (and a filling epoch's first datapoints would be others), the state holds the cache itself
+    (``held``, the datapoints read so far while filling) and the wrapped flow's state after them.
     """
+
+    state_fields = (Flag("filled"), Count("pos"), Held(), Child(), Value("order", dict, _check_order, none=True),
+                    Rng("rng"))
 
     def __init__(self, ds: DataFlow, shuffle: bool = False, seed: int | None = None) -> None:
         ProxyDataFlow.__init__(self, ds)
         self.shuffle = shuffle
         self.seed = seed
         self._cache: list | None = None
+        self._held: str | None = None  # the cache as a state holds it, once asked for (over an unordered stage)
         self._buffer: list = []
         self._start: Any = None  # the child's state when the (filling) epoch began
         self._order: EpochOrder | None = None
+        self._loose: str | None = None  # the unordered stage under this flow, if any
 
     def __len__(self) -> int:
         if self._cache is not None:
             return len(self._cache)
+        pending = pending_state(self)
+        if pending is not None and pending["filled"]:  # a loaded state of a filled cache: its length, not the
+            return pending["order"]["n"]  # wrapped flow's (a map that drops datapoints overstates that)
         return len(self.ds)
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
+        self._loose = unordered_stage(self)
         if resume is not None:
             self._cache = None
             self._start = resume["child"]
             if resume["rng"] is not None:
                 set_rng_state(self.rng, resume["rng"])
-            if resume["filled"]:  # rebuild the cache from the child's saved epoch, then resume in it
-                self._fill_silently(iter(self.ds), None)
+            held = resume.get("held")
+            if resume["filled"]:  # rebuild the cache (from the state, or the child's saved epoch), resume in it
+                if held is not None:
+                    self._set_cache(unpack_held(held))
+                else:
+                    self._fill_silently(iter(self.ds), None)
                 self._order.check(resume["order"])
                 return self._replay(*self._order.begin(resume["order"]))
             source = iter(self.ds)
-            self._buffer = self._fill_silently(source, resume["pos"])
+            self._buffer = unpack_held(held) if held is not None else self._fill_silently(source, resume["pos"])
             return self._fill(source, self._buffer)
         if self._cache is not None:
             return self._replay(*self._order.begin())
-        self._start = state_or_error(child_state, self.ds)
+        self._start = state_or_error(child_state, self.ds) if self._loose is None else None
         self._buffer = []
         return self._fill(iter(self.ds), self._buffer)
 
@@ -434,6 +475,7 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
 
     def _set_cache(self, buffer: list) -> None:
         self._cache = buffer
+        self._held = None
         self._order = EpochOrder(len(buffer), self.shuffle, None, "CacheData")
         self._order.reset(self.rng)
 
@@ -450,24 +492,32 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
 
     def _own_state(self) -> dict:
         live = epoch_live(self)
+        loose = self._loose if live else unordered_stage(self)
         if self._cache is not None:
-            return {"filled": True, "child": unless_error(self._start), "pos": 0,
+            if loose is None:
+                return {"filled": True, "child": unless_error(self._start), "pos": 0, "held": None,
+                        "order": self._order.state(live), "rng": None}
+            if self._held is None:  # the cache does not change once filled: packed once
+                self._held = pack_held(self._cache, loose)
+            return {"filled": True, "child": child_state(self.ds), "pos": 0, "held": self._held,
                     "order": self._order.state(live), "rng": None}
         rng = rng_state(getattr(self, "rng", None))  # the cache's shuffle will be drawn from it
-        if live:  # filling: the child's epoch from its start, of which len(buffer) datapoints were read
-            return {"filled": False, "child": unless_error(self._start), "pos": len(self._buffer), "order": None,
-                    "rng": rng}
-        return {"filled": False, "child": child_state(self.ds), "pos": 0, "order": None, "rng": rng}
+        if not live:
+            return {"filled": False, "child": child_state(self.ds), "pos": 0, "held": None, "order": None, "rng": rng}
+        if loose is None:  # filling: the child's epoch from its start, of which len(buffer) datapoints were read
+            return {"filled": False, "child": unless_error(self._start), "pos": len(self._buffer), "held": None,
+                    "order": None, "rng": rng}
+        return {"filled": False, "child": child_state(self.ds), "pos": len(self._buffer),
+                "held": pack_held(self._buffer, loose), "order": None, "rng": rng}
 
     def _take_state(self, state: dict) -> None:
-        filled = field(state, "filled", bool)
-        check_count(state, "pos")
-        child = field(state, "child", dict)
-        order = field(state, "order", (dict, type(None)))
-        if filled and order is None:
+        if state["filled"] and state["order"] is None:
             raise StateMismatchError("the state says the cache was filled but holds no cache order")
-        check_rng_field(state)
-        load_child(self.ds, child)
+        if state.get("held") is not None:
+            want = state["order"]["n"] if state["filled"] else state["pos"]
+            if len(unpack_held(state["held"])) != want:
+                raise StateMismatchError(f"the state holds other than the {want} datapoints it says were read")
+
 
 
 def describe_datapoint(dp: Any, max_depth: int = 3, max_list: int = 3, _depth: int = 0) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))  # apigen, the API pages' generator
+sys.path.insert(0, os.path.dirname(__file__))  # apigen, the API pages' generator, and its table api_pages
 
 import bridgeflow
 
@@ -41,3 +41,5 @@ napoleon_numpy_docstring = False
 
 html_theme = "furo"
 html_title = f"bridgeflow {release}"
+html_static_path = ["_static"]
+html_css_files = ["bridgeflow.css"]  # code that wraps instead of hiding past the edge

@@ -1,19 +1,109 @@
-"""Shared test fixtures: a hang guard, and a check that nothing outlives a test."""
+"""Shared test fixtures: a hang guard, a check that nothing outlives a test, and ``need()`` for optional
+packages."""
 
 from __future__ import annotations
 
+import configparser
 import faulthandler
+import functools
+import gc
+import importlib
 import os
+import re
+import signal
 import socket
 import sys
 import threading
 import time
+from types import ModuleType
 
 import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# distributions whose import name is not their own name
+_IMPORT_NAMES = {"opencv-python-headless": "cv2", "pillow": "PIL", "pyzmq": "zmq", "tensorflow-cpu": "tensorflow",
+                 "zlib-ng": "zlib_ng"}
+
+
+@functools.cache
+def _extras() -> dict[str, dict[str, str]]:
+    """setup.cfg's extras: extra -> {import name: distribution}."""
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    out: dict[str, dict[str, str]] = {}
+    for extra, requirements in cfg["options.extras_require"].items():
+        dists = [re.match(r"[A-Za-z0-9_.-]+", line.strip()).group(0).lower()
+                 for line in requirements.splitlines() if line.strip()]
+        out[extra] = {_IMPORT_NAMES.get(d, d.replace("-", "_")): d for d in dists}
+    return out
+
+
+@functools.cache
+def installed_by_ci() -> frozenset[str]:
+    """Import names of the packages this CI job installed: a test that needs one of them fails when it is
+    missing (an install bug) instead of skipping. Off CI, nothing: a missing package skips its tests.
+
+    ``BRIDGEFLOW_TEST_EXTRAS`` names the extras the job installed (``.ci/run`` sets it to what it passed
+    to pip: ``lmdb,hdf5,msgpack,zmq,test`` for the core jobs); under ``CI`` without it, every extra.
+    """
+    if not os.environ.get("CI"):
+        return frozenset()
+    extras = _extras()
+    chosen = os.environ.get("BRIDGEFLOW_TEST_EXTRAS")
+    names = list(extras) if chosen is None else [e.strip() for e in chosen.split(",") if e.strip()]
+    unknown = [e for e in names if e not in extras]
+    if unknown:
+        raise pytest.UsageError(f"BRIDGEFLOW_TEST_EXTRAS names extras setup.cfg does not have: {unknown}")
+    return frozenset(m for e in names for m in extras[e])
+
+
+def need(module: str) -> ModuleType:
+    """Import ``module`` (``"torch"``, ``"lightning.pytorch"``) for the test or test file that calls this; when
+    it is not installed, skip with the extra that installs it, or fail under CI when the job installed it.
+
+    At the top of a test file (before the imports from that package) it skips the whole file; in a test,
+    that test.
+    """
+    __tracebackhide__ = True  # a skip names the test file that needs the package, not this one
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        top = module.split(".")[0]
+        missing = (exc.name or top).split(".")[0]
+        extra = next((e for e, names in _extras().items() if top in names and e != "all"), None)
+        how = f'pip install -e ".[{extra}]"' if extra else f"pip install {top}"
+        why = f"needs {top} ({how})" + (f": it imports {missing}, which is missing" if missing != top else "")
+        if top in installed_by_ci() or missing in installed_by_ci():
+            pytest.fail(f"{why}, but this CI job installed it: a test that skips here would hide an install "
+                        f"bug ({exc})", pytrace=False)
+        pytest.skip(why, allow_module_level=True)
+
+
+def have(module: str) -> bool:
+    """Whether ``module`` is installed, for a test that checks more with it and still checks the rest without;
+    under CI, a job that installed it fails the test when it is missing, as :func:`need` does."""
+    __tracebackhide__ = True
+    try:
+        need(module)
+    except pytest.skip.Exception:
+        return False
+    return True
+
+
+# A suite started with SIGINT ignored (a background job of a script, nohup) passes that on to the processes
+# its tests start, which then never see the Ctrl-C a test sends them: give them Python's handler back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A test that hangs longer than this dumps every thread's stack and ends the run, so CI fails instead
 # of stalling until its own limit.
 HANG_TIMEOUT_S = float(os.environ.get("BRIDGEFLOW_TEST_HANG_TIMEOUT", "240"))
+
+# A bound on a wait that ends within a second when the code works and much later, or never, when it does not (a
+# timeout that does not fire, a dead worker nobody notices). Generous, so that a busy machine does not fail it:
+# the tests assert what ended the wait and in what order, not how fast (benchmarks measure speed).
+PROMPTLY_S = 30.0
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "bf"  # bridgeflow's shared-memory segments are named bf<pid>_...
@@ -21,7 +111,10 @@ SHM_PREFIX = "bf"  # bridgeflow's shared-memory segments are named bf<pid>_...
 
 # pytest captures file descriptor 2 while a test runs, so a dump written there is lost when the guard ends
 # the run; CI names a file instead (and prints it when the tests fail), headed by the test that hung.
+# Under pytest-xdist each worker process writes a file of its own: FILE.gw0, FILE.gw1, ...
 _HANG_LOG = os.environ.get("BRIDGEFLOW_TEST_HANG_LOG")
+if _HANG_LOG and os.environ.get("PYTEST_XDIST_WORKER"):
+    _HANG_LOG += "." + os.environ["PYTEST_XDIST_WORKER"]
 _hang_file = open(_HANG_LOG, "w") if _HANG_LOG else None  # open for the whole run
 
 
@@ -90,14 +183,17 @@ def wait_for(predicate, timeout: float = 2.0, interval: float = 0.02) -> bool:
 
 @pytest.fixture
 def leak_check():
-    """Assert that no child process, thread or bridgeflow shared-memory segment outlives the test (2 s)."""
+    """Assert that no child process, thread or bridgeflow shared-memory segment outlives the test: they go
+    within a second or two once a loader ends; on a busy machine (two test processes on two cores) that can
+    take longer, so the wait is bounded by ``PROMPTLY_S``, which only a leak exceeds."""
     procs0, shm0 = child_pids(), shm_entries()
     threads0 = {t.ident for t in threading.enumerate()}
     yield
+    gc.collect()  # what the test dropped inside a reference cycle goes now, not whenever the collector next runs
     new_threads = lambda: [t for t in threading.enumerate() if t.ident not in threads0 and t.is_alive()]
-    assert wait_for(lambda: not (child_pids() - procs0)), f"child processes left: {child_pids() - procs0}"
-    assert wait_for(lambda: not (shm_entries() - shm0)), f"shared memory left: {shm_entries() - shm0}"
-    assert wait_for(lambda: not new_threads()), f"threads left: {[t.name for t in new_threads()]}"
+    assert wait_for(lambda: not (child_pids() - procs0), PROMPTLY_S), f"child processes left: {child_pids() - procs0}"
+    assert wait_for(lambda: not (shm_entries() - shm0), PROMPTLY_S), f"shared memory left: {shm_entries() - shm0}"
+    assert wait_for(lambda: not new_threads(), PROMPTLY_S), f"threads left: {[t.name for t in new_threads()]}"
 
 
 class InterruptAfterRead:

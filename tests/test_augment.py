@@ -9,7 +9,6 @@ import os
 import albumentations as A
 import numpy as np
 import pytest
-import torch
 
 import bridgeflow as bf
 from bridgeflow import (
@@ -23,6 +22,7 @@ from bridgeflow import (
 )
 from bridgeflow.errors import DatapointError
 from bridgeflow.testing import check_dataflow
+from conftest import need
 
 
 def images(n: int = 6, h: int = 6, w: int = 8) -> list:
@@ -248,12 +248,15 @@ class StandInRandomHorizontalFlip:
         self.p = p
 
     def __call__(self, x):
+        import torch
+
         if not isinstance(x, torch.Tensor):
             return x
         return x.flip(-1) if torch.rand(1).item() < self.p else x
 
 
 def test_torchvision_style_transform():
+    torch = need("torch")
     src = [[img, img.copy(), i] for img, i in images(16, 5, 7)]
     before = torch.random.get_rng_state()
     got = run(AugmentImageComponents(DataFromList(src, shuffle=False), [StandInRandomHorizontalFlip()], index=(0, 1)))

@@ -45,16 +45,26 @@ def test_python_dash_m():
 
 
 def test_bench_fake():
-    out = run(bridgeflow_exe() + ["bench", "--fake", "3x8x8,1", "--size", "50", "--quiet"])
+    out = run(bridgeflow_exe() + ["bench", "--fake", "3x8x8,1", "--size", "50", "--quiet", "--seconds", "0"])
     assert out.returncode == 0, out.stderr
     m = RATE.search(out.stdout)
     assert m and int(m.group(1)) == 50 and float(m.group(2)) > 0, out.stdout
     assert out.stderr == ""  # --quiet: no progress bar
 
 
+def test_bench_times_rounds_until_its_seconds_have_passed():
+    """A rate measured over a few milliseconds varied 20-fold between runs: bench times --size datapoints
+    again and again until --seconds have passed (2 by default) and reports them all."""
+    out = run(bridgeflow_exe() + ["bench", "--fake", "4", "--size", "10", "--quiet", "--seconds", "0.3"])
+    assert out.returncode == 0, out.stderr
+    m = RATE.search(out.stdout)
+    assert m and int(m.group(1)) % 10 == 0 and int(m.group(1)) > 10, out.stdout
+    assert float(out.stdout.split(" datapoints in ")[1].split("s:")[0]) >= 0.3, out.stdout
+
+
 def test_bench_fake_batched():
     out = run(bridgeflow_exe() + ["bench", "--fake", "4,scalar", "--batch", "8", "--size", "5", "--quiet",
-                                  "--constant", "--dtype", "float32"])
+                                  "--constant", "--dtype", "float32", "--seconds", "0"])
     assert out.returncode == 0, out.stderr
     assert RATE.search(out.stdout).group(1) == "5"
 
@@ -92,7 +102,8 @@ FLOW_MODULE = textwrap.dedent('''
 
 def test_bench_module_function(tmp_path):
     (tmp_path / "bf_cli_flows.py").write_text(FLOW_MODULE)
-    out = run(bridgeflow_exe() + ["bench", "bf_cli_flows:make_flow", "--size", "20", "--warmup", "0", "--quiet"],
+    out = run(bridgeflow_exe() + ["bench", "bf_cli_flows:make_flow", "--size", "20", "--warmup", "0", "--quiet",
+                                  "--seconds", "0"],
               cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert RATE.search(out.stdout).group(1) == "20"
@@ -102,7 +113,7 @@ def test_bench_module_function(tmp_path):
 def test_bench_file_function(tmp_path):
     path = tmp_path / "flows.py"
     path.write_text(FLOW_MODULE)
-    out = run(bridgeflow_exe() + ["bench", f"{path}:make_list", "--size", "9", "--quiet"])
+    out = run(bridgeflow_exe() + ["bench", f"{path}:make_list", "--size", "9", "--quiet", "--seconds", "0"])
     assert out.returncode == 0, out.stderr
     assert RATE.search(out.stdout).group(1) == "9"
 
@@ -115,7 +126,8 @@ def test_bench_file_function_with_spawned_workers(tmp_path, name):
     path = tmp_path / "data" / name
     path.write_text(FLOW_MODULE)
     function = "make_list" if name == "queue.py" else "make_spawned"  # queue.py: loaded privately, fork only
-    out = run(bridgeflow_exe() + ["bench", f"{path}:{function}", "--size", "20", "--quiet"], cwd=tmp_path)
+    out = run(bridgeflow_exe() + ["bench", f"{path}:{function}", "--size", "20", "--quiet", "--seconds", "0"],
+              cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert RATE.search(out.stdout).group(1) == "20"
 
@@ -126,6 +138,10 @@ def test_demo():
     assert "256 fake 3x64x64" in out.stdout
     rates = [float(r.replace(",", "")) for r in re.findall(r"([\d,.]+) (?:images|datapoints)/s", out.stdout)]
     assert rates and all(r > 0 for r in rates), out.stdout
+    # the CPUs the workers share are said before the speed-up they limit
+    lines = out.stdout.splitlines()
+    step = next(i for i, line in enumerate(lines) if line.startswith("3. "))
+    assert re.search(r"\(\d+ CPUs? here", lines[step]) and re.search(r"\(\d+\.\d\dx\)$", lines[step + 1]), out.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -135,6 +151,7 @@ def test_demo():
     (["bench", "--fake", "2", "--size", "0"], "argument --size: '0'"),
     (["bench", "--fake", "2", "--batch", "-1"], "argument --batch: '-1'"),
     (["bench", "--fake", "2", "--warmup", "x"], "argument --warmup: 'x'"),
+    (["bench", "--fake", "2", "--seconds", "-1"], "argument --seconds: '-1'"),
     (["demo", "--size", "0"], "argument --size: '0'"),
     (["bench"], "give either TARGET"),
     (["bench", "bf_no_such_module_xyz:f"], "No module named 'bf_no_such_module_xyz'"),

@@ -19,6 +19,7 @@ import pytest
 
 import bridgeflow
 import bridgeflow.adapters
+from conftest import need
 
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
@@ -49,6 +50,8 @@ def test_the_examples_are_found():
 
 @pytest.mark.parametrize("name", MODULES)
 def test_examples(name, tmp_path, monkeypatch, leak_check):
+    if name.startswith("bridgeflow.adapters."):
+        need(name.split(".")[2])  # torch or tensorflow
     module = importlib.import_module(name)
     monkeypatch.chdir(tmp_path)
     tests = doctest.DocTestFinder(exclude_empty=True).find(module, name)

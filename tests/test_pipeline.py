@@ -56,6 +56,12 @@ def test_a_duck_typed_flow_is_walked_without_children():
     ({"S": stage(0.9, 0.97)}, "the workers of S: busy 97% of the time while the consumer waited 90%"),
     ({"S": stage(0.9)}, "the workers of S: while the consumer waited 90%"),  # threads of a Ray stage, say
     ({"S": stage(0.9, 0.3)}, "what feeds the workers of S: they were busy only 30%"),
+    # where the source is read: in the consumer's process for a map stage, in the workers for a runner
+    ({"B/MultiProcessMapData": stage(0.9, 0.3)}, "what feeds the workers of B/MultiProcessMapData: they were busy "
+     "only 30% of the time while the consumer waited 90% of it, so reading the source (in the consumer's process)"),
+    ({"B/MultiProcessRunnerZMQ": stage(0.9, 0.3)}, "what feeds the workers of B/MultiProcessRunnerZMQ: they were "
+     "busy only 30% of the time while the consumer waited 90% of it, so moving the data from the workers (they "
+     "read their own source"),
     # the outer stage waits on idle workers; the stage below keeps up: still what feeds the outer one
     ({"S": stage(0.9, 0.3), "S/M/T": stage(0.01, 0.5)}, "what feeds the workers of S:"),
     # ... or is itself held up by its busy workers

@@ -13,11 +13,12 @@ from bridgeflow import DataFromList, MapData, WorkerError
 from bridgeflow.parallel.pool import RemoteTraceback
 from bridgeflow.remote import RayMapData
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
+from conftest import need
 
 
 @pytest.fixture(scope="module")
 def ray():
-    import ray as ray_mod
+    ray_mod = need("ray")
     from ray import cloudpickle
 
     ray_mod.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -125,6 +126,7 @@ def test_bad_arguments_are_named():
 
 @pytest.mark.slow
 def test_starts_and_shuts_down_its_own_ray(tmp_path):
+    need("ray")
     code = (
         "import numpy as np, ray\n"
         "from bridgeflow import DataFromList\n"

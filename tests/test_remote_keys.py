@@ -122,7 +122,8 @@ def test_the_keys_command_makes_a_folder(tmp_path):
     assert load_keys(tmp_path / "k").source == str(tmp_path / "k")
     proc = subprocess.run([sys.executable, "-m", "bridgeflow.cli", "keys", str(tmp_path / "k")], capture_output=True,
                           text=True, timeout=60)
-    assert proc.returncode == 1 and "already holds keys" in proc.stderr
+    assert proc.returncode == 1 and "already holds keys" in proc.stderr and "pass --overwrite" in proc.stderr
+    assert "overwrite=True" not in proc.stderr  # the command's option, not the function's argument
 
 
 # --- with keys: encrypted, authenticated -------------------------------------------------------------
@@ -267,3 +268,100 @@ def test_the_bytes_buffered_are_bounded_across_producers(leak_check, rogue):
             next(iter(df))
         assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 << 10  # KiB: no 300 MiB touched
         assert df.stats()["RemoteDataZMQ"]["producers_lost"] == 1
+
+
+# --- the two sides given different key folders: named on both, with fingerprints ---------------------
+
+MISMATCHED = """
+import logging, sys
+import numpy as np
+from bridgeflow import DataFromList
+from bridgeflow.remote import send_dataflow_zmq
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+try:
+    send_dataflow_zmq(DataFromList([[np.zeros(3)]] * 5), sys.argv[1], keys=sys.argv[2], bind=sys.argv[3] == "bind",
+                      send_timeout=2.5, heartbeat_s=0.2, epochs=1)
+except Exception as exc:
+    print(type(exc).__name__, exc, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("producer_binds", [True, False], ids=["producer-binds", "consumer-binds"])
+def test_different_key_folders_are_named_on_both_sides_with_fingerprints(leak_check, tmp_path, caplog,
+                                                                        producer_binds):
+    from bridgeflow.remote.keys import fingerprint
+
+    mine, theirs = generate_keys(tmp_path / "mine"), generate_keys(tmp_path / "theirs")
+    addr = free_tcp()
+    proc = subprocess.Popen([sys.executable, "-c", MISMATCHED, addr, str(theirs.source),
+                             "bind" if producer_binds else "connect"], stderr=subprocess.PIPE, text=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="bridgeflow.remote.keys"):
+            with RemoteDataZMQ(addr, keys=mine, bind=not producer_binds, timeout=2.0,
+                               producers=None if producer_binds else 1) as df:
+                df.reset_state()
+                with pytest.raises(ProducerLostError) as info:
+                    list(df)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    said = str(info.value)
+    if producer_binds:  # this side connects: the producer does not hold the server key it expects
+        expected = f"does not hold the server key {fingerprint(mine.server_public)} this side expects"
+        other = f"it encrypted for another server key than this side's {fingerprint(theirs.server_public)}"
+    else:  # this side binds: the producer encrypted for another server key
+        expected = f"it encrypted for another server key than this side's {fingerprint(mine.server_public)}"
+        other = f"does not hold the server key {fingerprint(theirs.server_public)} this side expects"
+    assert "CurveZMQ handshake(s) failed" in said and expected in said, said
+    assert any(expected in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert other in err, err  # the other side names the key it expected
+    assert str(theirs.source) in err and str(mine.source) in said
+
+
+def test_refused_peers_are_logged_at_most_once_a_minute(leak_check, keys, tmp_path, caplog):
+    """A peer holding the job's server key but another client key, reconnecting again and again: each
+    refusal counts, the log says it once (then once a minute with the count)."""
+    other = load_keys(generate_keys(tmp_path / "other").source)
+    job = load_keys(keys)
+    addr = free_tcp()
+    ctx = zmq.Context()
+    socks = []
+    try:
+        with caplog.at_level(logging.WARNING, logger="bridgeflow.remote.keys"):
+            with RemoteDataZMQ(addr, keys=keys, bind=True, timeout=30) as df:
+                df.reset_state()
+                for _ in range(20):
+                    sock = ctx.socket(zmq.PUSH)
+                    sock.setsockopt(zmq.LINGER, 0)
+                    sock.curve_secretkey, sock.curve_publickey = other.client_secret, other.client_public
+                    sock.curve_serverkey = job.server_public
+                    sock.connect(addr)
+                    socks.append(sock)
+                deadline = time.monotonic() + 20
+                while df._security.refused < 20 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert df._security.refused == 20
+        refusals = [r.getMessage() for r in caplog.records if "refused a ZeroMQ peer" in r.getMessage()]
+        assert len(refusals) == 1, refusals
+        from bridgeflow.remote.keys import fingerprint
+
+        assert fingerprint(other.client_public) in refusals[0] and fingerprint(job.client_public) in refusals[0]
+    finally:
+        for s in socks:
+            s.close(0)
+        ctx.term()
+
+
+def test_throttle_logs_a_kind_once_per_period_with_the_count(caplog):
+    from bridgeflow.remote.keys import Throttle
+
+    throttle = Throttle(period=0.3)
+    with caplog.at_level(logging.WARNING, logger="bridgeflow.remote.keys"):
+        for _ in range(50):
+            throttle.warning("a", "peer refused")
+        throttle.warning("b", "other kind")
+        time.sleep(0.35)
+        throttle.warning("a", "peer refused")
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["peer refused", "other kind", "peer refused (49 more like it in the last 0.3 s)"], said

@@ -28,7 +28,7 @@ from bridgeflow.remote.zmq_flow import _QUEUE_DEPTH
 from bridgeflow.serialize.codec import encode_frames
 from bridgeflow.serialize.errors import PickleNotAllowedError
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
-from conftest import exit_with_parent, free_tcp, wait_for
+from conftest import PROMPTLY_S, exit_with_parent, free_tcp, wait_for
 
 FORK = mp.get_context("fork")
 
@@ -120,7 +120,7 @@ def test_killed_producer_is_named_within_timeout_and_the_others_go_on(leak_check
     with pytest.raises(ProducerLostError) as info:
         for _ in it:
             pass
-    assert time.monotonic() - killed < 1.5 + 3.0
+    assert time.monotonic() - killed < PROMPTLY_S  # not the other producer's 500 s
     assert info.value.addr == a and a in str(info.value) and b not in str(info.value).split("sent nothing")[0]
     more = [dp[1] for _, dp in zip(range(30), df)]  # iterating again goes on with the survivor
     assert len(more) == 30 and all(x >= 500_000 for x in more)
@@ -165,7 +165,7 @@ def test_producer_never_started_times_out(leak_check):
         t0 = time.monotonic()
         with pytest.raises(ProducerLostError, match=a.replace(".", r"\.")):
             list(df)
-        assert time.monotonic() - t0 < 3
+        assert time.monotonic() - t0 < PROMPTLY_S
 
 
 def test_close_early_leaves_no_thread_socket_or_fd(leak_check, producers):
@@ -270,7 +270,7 @@ def test_send_timeout_when_no_consumer(leak_check):
     t0 = time.monotonic()
     with pytest.raises(RemoteConnectionError, match="send_timeout"):
         send_dataflow_zmq(DataFromList([[1]] * 5), free_tcp(), send_timeout=0.5)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < PROMPTLY_S
 
 
 def test_import_bridgeflow_loads_neither_zmq_nor_ray():
@@ -471,10 +471,9 @@ def test_a_datapoint_over_max_message_bytes_is_refused_before_it_arrives(leak_ch
             df.reset_state()
             it = iter(df)
             assert next(it)[1] == 0
-            t0 = time.monotonic()
             with pytest.raises(MessageTooLargeError) as info:
                 next(it)
-            assert time.monotonic() - t0 < 1.5
+            assert proxy.forwarded < 2_000_000  # refused at the header, before the 3 MB came in (3 s)
             assert df.stats()["RemoteDataZMQ"]["producers_lost"] == 1
         err = info.value
         assert err.addr == proxy.addr and err.nbytes > 3_000_000 and err.limit == 1_000_000

@@ -218,7 +218,9 @@ ref = [ref[i] for i in range(len(ref))]
 silent = 0
 spans, at = [], data.find(b"\\x93BFC")
 while at >= 0:  # the stored values (and stale copies of them in freed pages)
-    spans.append((at, struct.unpack_from("<Q", data, at + 24)[0]))
+    n = struct.unpack_from("<Q", data, at + 24)[0] if at + 32 <= len(data) else 0
+    if n:  # not a length of 0: the 4 bytes that happened to look like a value's start elsewhere
+        spans.append((at, n))
     at = data.find(b"\\x93BFC", at + 1)
 rng = random.Random(0)
 errors = 0

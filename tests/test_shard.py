@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import bridgeflow as bf
-from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader
 from bridgeflow.shard import rank_and_world, resolve_shard, warn_if_unsharded
+from conftest import need
 
 N = 23
 
@@ -202,6 +202,9 @@ def test_an_unsharded_flow_read_by_one_of_several_ranks_is_warned_about(files, m
     """Silently feeding every rank the whole dataset is the worst bug a loader can have: a DataFlow read by
     a DataLoader or CUDAPrefetcher on one of several ranks with nothing in it that shards is warned about,
     once per loader, naming the pipeline and the fix."""
+    need("torch")
+    from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader
+
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     flow = bf.MapData(bf.DataFromList([[i] for i in range(N)], shuffle=True, seed=3), lambda dp: dp)
@@ -233,6 +236,8 @@ def test_an_unsharded_flow_read_by_one_of_several_ranks_is_warned_about(files, m
 def _rank_main(rank, world, init_file, path, out_dir):
     import torch.distributed as dist
 
+    from bridgeflow.adapters.torch import DataLoader
+
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         os.environ.pop("RANK", None)  # "auto" must come from torch.distributed here
@@ -263,7 +268,7 @@ def _rank_main(rank, world, init_file, path, out_dir):
 
 
 def test_real_ranks_with_torch_distributed(files, tmp_path):
-    import torch.multiprocessing as tmp
+    tmp = need("torch.multiprocessing")
 
     world = 3
     tmp.spawn(_rank_main, args=(world, str(tmp_path / "init"), files["lmdb"], str(tmp_path)), nprocs=world,

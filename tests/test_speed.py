@@ -74,6 +74,18 @@ def test_iterating_runs_the_test_then_yields():
     assert "4 datapoints in" in out.getvalue()
 
 
+def test_min_seconds_times_more_rounds_of_size(capsys):
+    out = io.StringIO()
+    speed = TestDataSpeed(FakeData([[2]], size=7), size=5, progress=True, file=out, min_seconds=0.2)
+    rate = speed.start()
+    n, seconds = out.getvalue().split(" datapoints in ")[0], out.getvalue().split(" datapoints in ")[1].split("s:")[0]
+    assert int(n) % 5 == 0 and int(n) > 5 and float(seconds) >= 0.2  # whole rounds of 5, over 0.2 s at least
+    assert rate == pytest.approx(int(n) / float(seconds), rel=0.01)
+    assert "0/5 " in capsys.readouterr().err  # the bar (its total grows with the rounds, redrawn when tqdm likes)
+    with pytest.raises(ValueError, match="min_seconds >= 0"):
+        TestDataSpeed(DataFromList([[1]]), size=3, min_seconds=-1)
+
+
 def test_progress_bar_goes_to_stderr(capsys):
     TestDataSpeed(FakeData([[2]], size=50), size=50, progress=True).start()
     captured = capsys.readouterr()

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bridgeflow.dataflow import dataset
+from conftest import need
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, os.pardir, "examples", "tensorpack_imagenet.py")
@@ -36,6 +37,7 @@ def test_ported_code_imports_only_bridgeflow_dataflow():
 
 
 def test_imagenet_pipeline(tmp_path, monkeypatch, leak_check):
+    need("tensorflow")  # its evaluation runs StagingInput(QueueInput(df))
     monkeypatch.setenv("TENSORPACK_DATASET", str(tmp_path))
     load(EXAMPLE, "tensorpack_imagenet").main(str(tmp_path))  # asserts shapes, epochs, order, evaluation
 

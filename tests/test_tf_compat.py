@@ -7,6 +7,11 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
+
+from conftest import need
+
+need("tensorflow")
+
 import tensorflow as tf
 
 from bridgeflow.adapters.tensorflow._compat import default_device, staging_area_class

@@ -8,12 +8,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from bridgeflow import BatchData, DataFlow, DataFromGenerator, DataFromList, MapData
-from bridgeflow.adapters.tensorflow import to_tf_dataset
 from bridgeflow.errors import DatapointError
 from bridgeflow.testing import assert_same_datapoints
+from conftest import need
+
+need("tensorflow")
+
+import tensorflow as tf
+
+from bridgeflow.adapters.tensorflow import to_tf_dataset
 
 
 class Counting(DataFlow):

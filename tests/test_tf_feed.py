@@ -8,11 +8,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from bridgeflow import DataFromGenerator, DataFromList, MapData
-from bridgeflow.adapters.tensorflow import DummyConstantInput, FeedInput, InputSourceError
 from bridgeflow.errors import DatapointError
+from conftest import need
+
+need("tensorflow")
+
+import tensorflow as tf
+
+from bridgeflow.adapters.tensorflow import DummyConstantInput, FeedInput, InputSourceError
 
 
 def points(n: int) -> list:

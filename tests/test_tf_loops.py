@@ -15,9 +15,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from bridgeflow import BatchData, DataFlow, DataFromList
+from conftest import need
+
+need("tensorflow")
+
+import tensorflow as tf
+
 from bridgeflow.adapters.tensorflow import FeedInput, InputSourceError, QueueInput, StagingInput, to_tf_dataset
 
 N, BATCH = 100, 32

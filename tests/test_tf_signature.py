@@ -10,10 +10,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import pytest
+
+from bridgeflow.errors import DatapointError
+from conftest import need
+
+need("tensorflow")
+
 import tensorflow as tf
 
 from bridgeflow.adapters.tensorflow import Signature, infer_signature
-from bridgeflow.errors import DatapointError
 
 
 def test_infer_tuple_datapoint_dtypes_and_shapes():

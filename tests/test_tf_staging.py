@@ -8,11 +8,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from bridgeflow import DataFlow, DataFromList, FakeData
+from conftest import need, wait_for
+
+need("tensorflow")
+
+import tensorflow as tf
+
 from bridgeflow.adapters.tensorflow import InputSourceError, QueueInput, StagingInput
-from conftest import wait_for
 
 
 def points(n: int) -> list:

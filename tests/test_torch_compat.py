@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+from conftest import need
+
+need("torch")
+
 import torch
 import torch.utils.data as tud
 

@@ -8,12 +8,17 @@ import threading
 
 import numpy as np
 import pytest
+
+from bridgeflow.parallel import shm
+from conftest import need
+
+need("torch")
+
 import torch
 import torch.utils.data as tud
 
 from bridgeflow.adapters.torch import DataLoader
 from bridgeflow.adapters.torch.fetch import MAP, WorkerSpec, WorkerTask
-from bridgeflow.parallel import shm
 
 
 class Views(tud.Dataset):

@@ -9,11 +9,16 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
-import torch.utils.data as tud
 from test_torch_state import check_resume, plain
 
 import bridgeflow
+from conftest import need
+
+need("torch")
+
+import torch
+import torch.utils.data as tud
+
 from bridgeflow.adapters.torch import DataLoader, DoubleShuffleWarning, UnsplitFlowWarning
 
 N = 11

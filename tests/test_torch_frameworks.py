@@ -18,14 +18,20 @@ import subprocess
 import sys
 import warnings
 
-import lightning.pytorch as pl
 import numpy as np
 import pytest
+
+import bridgeflow
+from conftest import need
+
+need("torch")
+need("lightning")
+
+import lightning.pytorch as pl
 import torch
 import torch.utils.data as tud
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-import bridgeflow
 from bridgeflow.adapters.torch import DataLoader
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -163,6 +169,7 @@ def test_lightning_ddp_spawn_gives_each_rank_torchs_shard(tmp_path):
 
 @pytest.mark.slow
 def test_accelerate_two_processes_shard_and_accumulate_like_torch(tmp_path):
+    need("accelerate")  # tests/frameworks_run.py runs it
     from frameworks_run import N
 
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
@@ -219,6 +226,7 @@ def test_lightning_ddp_spawn_with_the_import_inside_the_hook(tmp_path):
 
 @pytest.mark.slow
 def test_accelerate_resumes_every_rank_with_bridgeflows_workers(tmp_path):
+    need("accelerate")  # tests/frameworks_run.py runs it
     """The documented route (loader not prepared, a DistributedSampler, AllRanksState registered for
     checkpointing): save_state() after step 4, every rank SIGKILLed at step 6, load_state() in new
     processes; each rank's remaining steps over 2 epochs (sample ids and a draw from its global RNG, which

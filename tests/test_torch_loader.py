@@ -14,10 +14,15 @@ import warnings
 
 import numpy as np
 import pytest
+
+import bridgeflow
+from conftest import need
+
+need("torch")
+
 import torch
 import torch.utils.data as tud
 
-import bridgeflow
 from bridgeflow.adapters.torch import DataLoader
 
 Point = collections.namedtuple("Point", ["x", "y"])

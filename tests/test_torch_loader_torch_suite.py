@@ -15,12 +15,17 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
-import torch.utils.data as tud
 from test_torch_loader import ArrayDataset, assert_same, outcomes
-from torch.utils.data.datapipes.iter import IterableWrapper
 
 import bridgeflow
+from conftest import need
+
+need("torch")
+
+import torch
+import torch.utils.data as tud
+from torch.utils.data.datapipes.iter import IterableWrapper
+
 from bridgeflow.adapters.torch import DataLoader
 
 LOADERS = (tud.DataLoader, DataLoader)

@@ -8,6 +8,11 @@ import collections
 import threading
 
 import pytest
+
+from conftest import need
+
+need("torch")
+
 import torch
 
 from bridgeflow.adapters.torch import DataLoader

@@ -15,15 +15,19 @@ import time
 
 import numpy as np
 import pytest
+
+import bridgeflow
+from bridgeflow.errors import WorkerError
+from conftest import PROMPTLY_S, need, wait_for
+
+need("torch")
+
 import torch
 import torch.utils.data as tud
 from test_torch_state import CountingFlow, Failing, Tagged, UnevenStream, _pipeline, check_resume, plain
 from torch_backends import FakePinnedMemory
 
-import bridgeflow
 from bridgeflow.adapters.torch import DataLoader
-from bridgeflow.errors import WorkerError
-from conftest import wait_for
 
 PIN_THREAD = "bf-pin-memory"
 
@@ -255,7 +259,7 @@ class Slow(tud.Dataset):
 
     def __getitem__(self, i):
         if i >= 2:
-            time.sleep(30)
+            time.sleep(120)  # stuck, as far as the tests can tell
         return i
 
 
@@ -266,7 +270,7 @@ def test_a_timeout_reaches_the_user_and_stops_the_thread(leak_check):
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="DataLoader timed out after 1 seconds"):
         next(it)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < PROMPTLY_S  # not the worker's 120 s
     with pytest.raises(StopIteration):
         next(it)
     del it
@@ -277,8 +281,7 @@ def test_stopping_early_stops_the_thread_even_while_a_worker_is_stuck(how, leak_
     loader = pinned_loader(Slow(), batch_size=2, num_workers=2)
     it = iter(loader)
     assert next(it).tolist() == [0, 1]
-    assert pin_threads()  # now waiting for a batch that takes 30 s
-    started = time.monotonic()
+    assert pin_threads()  # now waiting for a batch that takes 120 s
     if how == "close":
         loader.close()
     elif how == "drop":
@@ -288,8 +291,9 @@ def test_stopping_early_stops_the_thread_even_while_a_worker_is_stuck(how, leak_
         cycle["self"] = cycle
         del it, cycle
         gc.collect()
-    assert wait_for(lambda: not pin_threads(), timeout=3)
-    assert time.monotonic() - started < 3
+    # bounded well below the stuck worker's 120 s: the thread stops without waiting for it (this asserted
+    # < 3 s, which a busy machine broke)
+    assert wait_for(lambda: not pin_threads(), timeout=PROMPTLY_S)
 
 
 def test_persistent_workers_pin_every_epoch_and_restart_the_thread(leak_check):

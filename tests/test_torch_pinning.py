@@ -9,11 +9,16 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 
 import bridgeflow
-from bridgeflow.adapters.torch.pinning import PinningError, SlabPinner, attach_pinner
 from bridgeflow.parallel import shm
+from conftest import need
+
+need("torch")
+
+import torch
+
+from bridgeflow.adapters.torch.pinning import PinningError, SlabPinner, attach_pinner
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

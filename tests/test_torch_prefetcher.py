@@ -8,10 +8,15 @@ import time
 
 import numpy as np
 import pytest
+
+import bridgeflow
+from conftest import need
+
+need("torch")
+
 import torch
 from torch_backends import DeferredCopyBackend, HostBackend
 
-import bridgeflow
 from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader, DeviceUnavailableError
 
 Pair = collections.namedtuple("Pair", ["image", "label"])

@@ -8,10 +8,15 @@ import threading
 
 import numpy as np
 import pytest
+
+import bridgeflow
+from conftest import need
+
+need("torch")
+
 import torch
 from torch_backends import DmaBackend, HostBackend, SimSlab, zero_copy_setup
 
-import bridgeflow
 from bridgeflow.adapters.torch import CUDAPrefetcher
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

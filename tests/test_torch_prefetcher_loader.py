@@ -14,14 +14,19 @@ import pickle
 
 import numpy as np
 import pytest
+
+import bridgeflow
+from bridgeflow.errors import WorkerError
+from conftest import need
+
+need("torch")
+
 import torch
 import torch.utils.data as tud
 from torch_backends import DmaBackend, FakePinnedMemory, FakeRegistrar, HostBackend
 
-import bridgeflow
 from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader
 from bridgeflow.adapters.torch.pinning import SlabPinner
-from bridgeflow.errors import WorkerError
 
 
 class Images(tud.Dataset):

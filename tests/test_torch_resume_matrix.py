@@ -20,12 +20,18 @@ import json
 import warnings
 
 import pytest
+
+import bridgeflow as bf
+from conftest import need
+
+need("torch")
+need("torchdata")
+
 import torch
 import torch.utils.data as tud
 from test_torch_state import plain
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-import bridgeflow as bf
 from bridgeflow.adapters.torch import DataLoader
 
 N, BATCH, EPOCHS = 9, 2, 3

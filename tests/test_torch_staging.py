@@ -8,6 +8,11 @@ import time
 
 import numpy as np
 import pytest
+
+from conftest import need
+
+need("torch")
+
 import torch
 
 from bridgeflow.adapters.torch.staging import ParallelCopier, default_copy_threads

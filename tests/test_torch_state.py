@@ -16,13 +16,18 @@ import time
 
 import numpy as np
 import pytest
+
+import bridgeflow
+
+# --- datasets ----------------------------------------------------------------------------------------
+from conftest import need
+
+need("torch")
+
 import torch
 import torch.utils.data as tud
 
-import bridgeflow
 from bridgeflow.adapters.torch import DataLoader, ResumeStateError
-
-# --- datasets ----------------------------------------------------------------------------------------
 
 
 class Tagged(tud.Dataset):

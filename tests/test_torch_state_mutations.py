@@ -19,10 +19,15 @@ import sys
 import warnings
 
 import pytest
-import torch
-import torch.utils.data as tud
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from conftest import need
+
+need("torch")
+
+import torch
+import torch.utils.data as tud
 from test_torch_state import _Cursor, plain
 
 from bridgeflow.adapters.torch import DataLoader

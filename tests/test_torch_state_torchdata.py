@@ -23,9 +23,15 @@ import warnings
 
 import numpy as np
 import pytest
+from test_torch_state import _Cursor, plain
+
+from conftest import need
+
+need("torch")
+need("torchdata")
+
 import torch
 import torch.utils.data as tud
-from test_torch_state import _Cursor, plain
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from bridgeflow.adapters.torch import DataLoader

@@ -260,7 +260,8 @@ class QueueInput(InputSource):
             log.debug("%s: closing the queue: %s", self.name, exc)
 
     def close(self) -> None:
-        """Stop the thread (a blocked enqueue is cancelled), join it and close the flow. Idempotent."""
+        """Stop the thread (a blocked enqueue is cancelled), join it and close the flow (its workers stop; a
+        later ``QueueInput(df)`` or loop over it starts them again). Idempotent."""
         if self._closed:
             return
         self._closed = True

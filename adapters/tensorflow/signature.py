@@ -118,7 +118,7 @@ class Signature:
     # --- views ----------------------------------------------------------------------------------
     @property
     def structure(self) -> tuple | dict:
-        """The specs in the datapoint's structure: a tuple, or a dict keyed like the datapoint."""
+        """The specs in the datapoint's structure (a tuple, or a dict keyed like the datapoint)."""
         return self.pack(self.specs)
 
     @property

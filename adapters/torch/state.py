@@ -39,7 +39,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from bridgeflow.errors import BridgeflowError
+from bridgeflow.state import StateMismatchError
 
 from . import _compat
 from ._compat import InfiniteConstantSampler, torch
@@ -72,8 +72,10 @@ _DETERMINISTIC = (_tud.SequentialSampler, _tud.BatchSampler, _tud.distributed.Di
                   InfiniteConstantSampler, list, tuple, range)
 
 
-class ResumeStateError(BridgeflowError, ValueError):
-    """A ``state_dict`` that does not fit this loader (another dataset length, batch size, sampler...)."""
+class ResumeStateError(StateMismatchError):
+    """A ``state_dict`` that does not fit this loader (another dataset length, batch size, sampler...), or a
+    damaged one: a :class:`~bridgeflow.state.StateMismatchError` (a ``ValueError``), as a flow's damaged state
+    is, so one ``except`` catches both."""
 
 
 def is_stateful(obj: Any) -> bool:

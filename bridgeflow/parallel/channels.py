@@ -25,6 +25,7 @@ polls the result pipes together with the processes' sentinels, so a worker's dea
 from __future__ import annotations
 
 import ast
+import contextlib
 import itertools
 import logging
 import multiprocessing as mp
@@ -36,6 +37,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import BridgeflowError, WorkerError
@@ -56,6 +58,7 @@ class ThreadChannel:
     """Workers as threads of this process: a task queue each, one result queue for all."""
 
     processes = False
+    sent_bytes = received_bytes = 0  # nothing is copied: the read-ahead budget does not apply
 
     def __init__(self, name: str, num_workers: int) -> None:
         self.name = name
@@ -159,12 +162,15 @@ class ProcessChannel:
         self.task_conns: list[Any] = []
         self.result_conns: list[Any] = []
         self.dump_conns: list[Any] = []  # where a worker's stack arrives when asked for
+        self.dumps: list[forensics.DumpPipe] = []  # ... and whether it is ready to be asked
         self.readers: list[shm.SlabReader] = []
         self.writers: list[shm.SlabWriter] = []  # the consumer's side of the task slabs
         self.ctl: shm.ControlSegment | None = None
         self.prefix = ""
         self.owner_pid = os.getpid()
         self.forked_from: int | None = None
+        self.sent_bytes = 0  # the last message sent occupies (shared memory included)
+        self.received_bytes = 0  # ... and the last one received
 
     def start(self, contexts: list[WorkerContext], init_fn: Any) -> None:
         current = mp.current_process()
@@ -238,13 +244,16 @@ class ProcessChannel:
         self.task_conns.append(task_w)
         self.result_conns.append(result_r)
         self.dump_conns.append(dump_r)
+        self.dumps.append(forensics.DumpPipe(dump_r.fileno()))
         self.readers.append(shm.SlabReader(view[base:base + MAX_SLABS] if view else None, self.hooks))
         self.writers.append(shm.SlabWriter(f"{self.prefix}t{ctx.worker_id}_",
                                            view[base + MAX_SLABS:base + 2 * MAX_SLABS] if view else None,
                                            MAX_SLABS, self.num_workers))
 
     def send(self, worker: int, chunk: list) -> bool:
-        data = self.writers[worker].dumps(chunk)
+        writer = self.writers[worker]
+        data = writer.dumps(chunk)
+        self.sent_bytes = writer.last_bytes
         try:
             self.task_conns[worker].send_bytes(data)
         except (BrokenPipeError, OSError):
@@ -280,11 +289,14 @@ class ProcessChannel:
             data = self.result_conns[worker].recv_bytes()
         except (EOFError, OSError):
             return None
+        reader = self.readers[worker]
         try:
-            return self.readers[worker].loads(data)
+            results = reader.loads(data)
         except shm.SegmentVanishedError as exc:  # this message's results cannot be read: they are lost
             raise WorkerError(f"cannot read a result of {self.where(worker)}: {exc}", stage=self.name,
                               worker=worker, pid=self.pid(worker)) from exc
+        self.received_bytes = reader.last_bytes
+        return results
 
     def alive(self) -> bool:
         return bool(self.procs) and all(p.exitcode is None for p in self.procs)
@@ -328,8 +340,8 @@ class ProcessChannel:
         return text, code
 
     def inspect(self, worker: int, wait: float = 1.0) -> tuple[str, str]:
-        fd = self.dump_conns[worker].fileno() if wait > 0 and worker < len(self.dump_conns) else None
-        return forensics.describe_worker(self.procs[worker].pid, fd, wait)
+        dump = self.dumps[worker] if worker < len(self.dumps) else None
+        return forensics.describe_worker(self.procs[worker].pid, dump, wait)
 
     def _counters(self, at: int) -> int | None:
         if self.ctl is None:
@@ -369,12 +381,16 @@ class ProcessChannel:
         for conn in self.task_conns + self.result_conns + self.dump_conns:
             conn.close()
         self.procs, self.task_conns, self.result_conns, self.writers = [], [], [], []
-        self.prefix, self.dump_conns = "", []
+        self.prefix, self.dump_conns, self.dumps = "", [], []
         if self.ctl is not None:  # our copy of the lock's descriptor; the owner keeps the lock
             self.ctl.close()
             self.ctl = None
 
     def _stop_workers(self) -> None:
+        with _interrupts_deferred():  # a second Ctrl-C must not leave the pool's segments behind
+            self._stop_workers_now()
+
+    def _stop_workers_now(self) -> None:
         for conn in self.task_conns:
             try:
                 # Never block here: a worker that reads no more (stopped, stuck) is terminated below.
@@ -405,6 +421,26 @@ class ProcessChannel:
             self.ctl.close()
             self.ctl = None
         self.procs, self.task_conns, self.result_conns, self.writers, self.dump_conns = [], [], [], [], []
+        self.dumps = []
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """In the main thread: a SIGINT (Ctrl-C) that arrives inside the block is raised when it ends, so the
+    cleanup it guards (a few seconds at most) runs to its end. Elsewhere, or with another SIGINT handler
+    than Python's, nothing changes."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def unguarded_main() -> str | None:

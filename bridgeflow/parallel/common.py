@@ -146,11 +146,15 @@ class ParallelStage(ProxyDataFlow):
         return self._stats.as_dict(self._pool, self._capacity) if hasattr(self, "_stats") else {}
 
     def _live_pool(self) -> WorkerPool:
-        """The pool to iterate with: a new one when the last iteration was interrupted mid-receive."""
+        """The pool to iterate with: a new one when the stage was closed since (as a closed reader opens its
+        file again: ``with QueueInput(df)`` twice, ``with df`` then another loop), or when the last
+        iteration was interrupted mid-receive."""
         pool = self._pool
         if pool is None:
-            raise RuntimeError(f"{type(self).__name__} is closed; call reset_state() to start it again")
-        if pool.interrupted:
+            log.debug("%s: closed since reset_state(); starting new workers", type(self).__name__)
+            self._stats = _StageStats()
+            pool = self._pool = self._new_pool().start()
+        elif pool.interrupted:
             log.warning("%s: the last iteration was interrupted while receiving a result; starting new workers",
                         type(self).__name__)
             self._close_pool()
@@ -169,12 +173,19 @@ class ParallelStage(ProxyDataFlow):
 
 
 def forever(ds: DataFlow, who: str, resumed: bool = False) -> Iterator:
-    """Epoch after epoch of ``ds``; after a resume the first may have nothing left."""
+    """Epoch after epoch of ``ds``; after a resume the first may have nothing left. Closing it closes the
+    epoch in progress at once (not when it is collected), so ``ds`` can be iterated again right away."""
     while True:
         empty = True
-        for dp in ds:
-            empty = False
-            yield dp
+        it = iter(ds)
+        try:
+            for dp in it:
+                empty = False
+                yield dp
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
         if empty and not resumed:
             raise DatapointError(f"{who}: the source flow yielded nothing")
         resumed = False

@@ -1,9 +1,13 @@
 """Hang forensics: where is a worker that returns nothing, and in what state is it?
 
 A process worker installs :mod:`faulthandler` on ``SIGUSR1`` (:func:`install_stack_dumps`), writing to
-a pipe whose other end the consumer holds. When the consumer has waited ``stall_warning`` seconds for a
-result, :func:`describe_worker` signals the worker that holds the oldest task and reads its Python stack
-back (a thread worker's comes from ``sys._current_frames()``), together with its state from
+a pipe whose other end the consumer holds, then writes one byte there (:data:`READY`) to say it can
+answer. When the consumer has waited ``stall_warning`` seconds for a result, :func:`describe_worker`
+signals the worker that holds the oldest task and reads its Python stack back, but only once the worker
+said it is ready (:class:`DumpPipe`): SIGUSR1 kills a process without a handler, and a ``spawn`` or
+``forkserver`` worker spends its first seconds (minutes, with heavy imports on a busy machine) importing
+the main module before any of bridgeflow's code runs in it; such a worker is reported as starting, with
+how long it has been starting (a thread worker's comes from ``sys._current_frames()``), together with its state from
 ``/proc/PID/stat``: a stopped process (SIGSTOP, a debugger) or one in uninterruptible sleep (a stuck disk
 or NFS read) cannot dump its stack, and the state says so instead. ``SIGUSR1`` is the workers' for
 this: a map function that installs its own handler for it takes the request instead (and no stack
@@ -22,11 +26,12 @@ import time
 from typing import Any
 
 __all__ = [
-    "DUMP_SIGNAL", "Wait", "check_seconds", "describe_thread", "describe_worker", "innermost", "install_stack_dumps",
-    "process_state", "stall_text",
+    "DUMP_SIGNAL", "READY", "DumpPipe", "Wait", "check_seconds", "describe_thread", "describe_worker", "innermost",
+    "install_stack_dumps", "process_state", "stall_text",
 ]
 
 DUMP_SIGNAL = signal.SIGUSR1
+READY = b"\x06"  # the first byte on a dump pipe: the worker's handler is installed
 
 _STATES = {
     "R": "running", "S": "sleeping", "D": "in uninterruptible sleep (D: a stuck disk or network file system read?)",
@@ -43,6 +48,30 @@ def install_stack_dumps(fd: int) -> None:
     """
     os.set_blocking(fd, False)
     faulthandler.register(DUMP_SIGNAL, file=fd, all_threads=True, chain=False)
+    os.write(fd, READY)  # only now may the consumer signal this process
+
+
+class DumpPipe:
+    """The consumer's end of one worker's dump pipe: whether the worker is ready to be asked for its
+    stack (its first byte arrived), and since when it has been starting."""
+
+    __slots__ = ("fd", "started", "ready")
+
+    def __init__(self, fd: int) -> None:
+        self.fd, self.started, self.ready = fd, time.monotonic(), False
+
+    def is_ready(self) -> bool:
+        if not self.ready and select.select([self.fd], [], [], 0)[0]:
+            try:
+                self.ready = os.read(self.fd, 1) == READY  # b"": the worker died before it was ready
+            except BlockingIOError:
+                pass
+        return self.ready
+
+    def starting(self) -> str:
+        """The state of a worker not yet ready, in words."""
+        return (f"starting (for {time.monotonic() - self.started:.0f} s: not yet running bridgeflow's worker code; a "
+                "'spawn' or 'forkserver' worker first imports your main module and what it imports)")
 
 
 def process_state(pid: int) -> str:
@@ -116,12 +145,19 @@ def innermost(stack: str) -> str:
     return ""
 
 
-def describe_worker(pid: int, dump_fd: int | None, wait: float = 1.0) -> tuple[str, str]:
+def describe_worker(pid: int, dump: DumpPipe | None, wait: float = 1.0) -> tuple[str, str]:
     """``(state, stack)`` of worker process ``pid``: its state in words, and the Python stack of its task
-    thread (most recent call first), or ``""`` when it cannot dump one (stopped, or no answer in ``wait`` s)."""
+    thread (most recent call first), or ``""`` when it cannot dump one (stopped, not ready yet, or no
+    answer in ``wait`` s). A worker is signalled only once ``dump`` says it is ready (never with
+    ``wait=0``)."""
     state = process_state(pid)
-    if dump_fd is None or state.startswith(("stopped", "in uninterruptible", "a zombie", "dead", "gone")):
+    if dump is None or state.startswith(("stopped", "in uninterruptible", "a zombie", "dead", "gone")):
+        return state, ""  # what the kernel says comes first: a worker stopped while starting is stopped
+    if not dump.is_ready():
+        return dump.starting(), ""
+    if wait <= 0:
         return state, ""
+    dump_fd = dump.fd
     _drain(dump_fd)  # the tail of an earlier dump that came too late
     try:
         os.kill(pid, DUMP_SIGNAL)

@@ -17,6 +17,18 @@ those pipes *and* on the processes' sentinels, so a worker that dies (signal, ``
 becomes a :class:`~bridgeflow.WorkerError` at once instead of a hang. Each process worker also watches
 its parent and exits when the parent is gone, even if killed with SIGKILL.
 
+Read-ahead is bounded in bytes as well as in tasks. The callers bound the tasks in flight by count
+(``buffer_size``, ``prefetch_factor``); a process pool also keeps the bytes they occupy (each task's
+message and its result's, shared memory included, learned from the messages as they pass) under
+``max_bytes_in_flight`` (default :func:`read_ahead_budget`: a sixteenth of the memory, an eighth of
+``/dev/shm``): tasks beyond it stay in the consumer, unsent, until results are taken (:attr:`saturated`
+tells a caller to stop pulling from its source); until the first result says what results cost, one task
+a worker goes out; tasks or results of more than 1 MiB travel one a message, never a chunk's worth at
+once. One task always goes, however large. The shared memory a pool holds stays under about twice the
+budget (its slabs are reused, two a worker and direction). A 0.75 GiB datapoint is carried with the
+default options, one or two at a time, where chunks of 16 and 200 in flight into the next epochs
+OOM-killed a worker at 12.6 GB.
+
 A worker that is alive but returns nothing (a deadlock, a stuck read, SIGSTOP) is found out too: after
 ``stall_warning`` seconds without the result it waits for, ``get()`` logs which worker holds the oldest
 task, its state and its Python stack (:mod:`bridgeflow.parallel.forensics`), and with ``timeout`` it
@@ -62,10 +74,49 @@ from .worker import (
 # The worker's side lives in .worker; its public names stay importable from here.
 __all__ = [
     "EXHAUSTED", "MappingHooks", "RemoteError", "RemoteTraceback", "WorkerContext", "WorkerPool", "check_seconds",
-    "describe_unpicklable", "pack_exception", "unpack_exception", "worker_loop",
+    "describe_unpicklable", "pack_exception", "read_ahead_budget", "unpack_exception", "worker_loop",
 ]
 
 log = logging.getLogger(__name__)
+
+_SOLO_BYTES = 1 << 20  # a task costing more travels alone: a chunk of them would multiply it in the worker
+_MIN_BUDGET = 256 << 20
+
+
+def _memory_bytes() -> int | None:
+    """The memory this process may use: the machine's, or its cgroup's limit if lower."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        total = None
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as f:
+                limit = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if 0 < limit < (total or limit + 1):
+            total = limit
+    return total
+
+
+def read_ahead_budget() -> int:
+    """The bytes a process pool's read-ahead may occupy by default: a sixteenth of the memory (the cgroup's
+    limit if lower), and an eighth of ``/dev/shm``, where tasks and results travel; at least 256 MiB."""
+    budget = [m // 16 for m in (_memory_bytes(),) if m]
+    try:
+        st = os.statvfs("/dev/shm")
+        if st.f_blocks:
+            budget.append(st.f_blocks * st.f_frsize // 8)
+    except OSError:
+        pass
+    return max(_MIN_BUDGET, min(budget)) if budget else 1 << 30
+
+
+def _cost(old: float, nbytes: int, n: int) -> float:
+    """A running cost per task: the larger of the newest and a slowly decaying mean."""
+    new = nbytes / max(n, 1)
+    return max(new, old * 0.875 + new * 0.125)
 
 
 class WorkerPool:
@@ -91,13 +142,15 @@ class WorkerPool:
             (``None``: never).
         mapping_hooks: told when a slab mapping of this pool opens and before it closes; see
             :meth:`set_mapping_hooks`.
+        max_bytes_in_flight: process workers: the read-ahead's bytes (tasks sent and results not yet
+            returned by ``get()``; see the module doc); ``None``: :func:`read_ahead_budget`.
     """
 
     def __init__(self, init_fn: Callable[[WorkerContext], Callable[[Any], Any]], num_workers: int, *,
                  processes: bool = True, start_method: str | None = None, name: str = "WorkerPool",
                  base_seed: int | None = None, ordered: bool = True, chunk_size: int = 1,
                  timeout: float | None = None, stall_warning: float | None = 60.0,
-                 mapping_hooks: MappingHooks | None = None) -> None:
+                 mapping_hooks: MappingHooks | None = None, max_bytes_in_flight: int | None = None) -> None:
         if not callable(init_fn):
             raise TypeError(f"{name}: init_fn must be callable, got {init_fn!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers <= 0:
@@ -117,6 +170,17 @@ class WorkerPool:
         self.chunk_size = chunk_size
         self.timeout = check_seconds(timeout, "timeout", name)
         self.stall_warning = check_seconds(stall_warning, "stall_warning", name)
+        if max_bytes_in_flight is None:
+            max_bytes_in_flight = read_ahead_budget()
+        if isinstance(max_bytes_in_flight, bool) or not isinstance(max_bytes_in_flight, int) or \
+                max_bytes_in_flight <= 0:
+            raise ValueError(f"{name}: max_bytes_in_flight must be a positive number of bytes, got "
+                             f"{max_bytes_in_flight!r}")
+        self.max_bytes_in_flight = max_bytes_in_flight
+        self._task_cost = self._result_cost = 0.0  # bytes per task, learned from the messages
+        self._learned = not processes  # a result came back: what tasks cost is known (threads copy nothing)
+        self._sent_open = 0  # tasks sent whose results get() has not returned (nor dropped)
+        self.saturated = False  # the budget keeps tasks back: a caller should pull no more for now
         self._hooks = MappingHookSet(name)
         if mapping_hooks is not None:
             self._hooks.set(mapping_hooks)
@@ -209,10 +273,11 @@ class WorkerPool:
             raise BridgeflowError(f"{self.name}: put() on a pool that is {state}")
         if self._channel.forked_from is not None:
             self._raise_forked()
+        solo = self._solo()
         if worker is None:
             if self.ordered:
                 worker = self._rr
-                if flush or len(self._pending[worker]) + 1 >= self.chunk_size:
+                if flush or solo or len(self._pending[worker]) + 1 >= self.chunk_size:
                     self._rr = (self._rr + 1) % self.num_workers
             else:
                 worker = min(range(self.num_workers), key=self._per_worker.__getitem__)
@@ -222,17 +287,52 @@ class WorkerPool:
         self._per_worker[worker] += 1
         pending = self._pending[worker]
         pending.append((task_id, payload))
-        if flush or len(pending) >= self.chunk_size:
+        if flush or solo or len(pending) >= self.chunk_size:
             self._flush(worker)
         return task_id
 
-    def _flush(self, worker: int) -> None:
-        chunk = self._pending[worker]
-        if not chunk:
-            return
-        self._pending[worker] = []
-        if not self._channel.send(worker, chunk):
-            self._raise_dead(worker)
+    def _solo(self) -> bool:
+        """Tasks go one a message: their cost is not known yet, or a chunk of them would be large."""
+        return not self._learned or self._task_cost + self._result_cost >= _SOLO_BYTES
+
+    def _room(self, n: int, force: bool) -> int:
+        """How many of ``n`` tasks the byte budget lets go now (one at least when ``force`` or none is out).
+        Until a result came back, what results cost is not known: one task a worker goes out."""
+        cost = self._task_cost + self._result_cost
+        if not self._learned:
+            k = self.num_workers - self._sent_open
+        elif cost <= 0:
+            return n
+        else:
+            k = int((self.max_bytes_in_flight - self._sent_open * cost) // cost)
+        if k >= n:
+            return n
+        return max(k, 1 if force or self._sent_open == 0 else 0)
+
+    def _flush(self, worker: int, force: bool = False) -> None:
+        """Send ``worker``'s pending tasks, as far as the byte budget lets (``force``: the first at least)."""
+        pending = self._pending[worker]
+        while pending:
+            n = self._room(1 if self._solo() else len(pending), force)
+            if n == 0:
+                self.saturated = True
+                return
+            chunk, pending = pending[:n], pending[n:]
+            self._pending[worker] = pending
+            self._sent_open += n
+            if not self._channel.send(worker, chunk):
+                self._raise_dead(worker)
+            self._task_cost = _cost(self._task_cost, self._channel.sent_bytes, n)
+            force = False
+
+    def _release(self) -> None:
+        """Send the tasks the budget kept back, oldest first, as far as it lets now."""
+        self.saturated = False
+        for worker in sorted((w for w in range(self.num_workers) if self._pending[w]),
+                             key=lambda w: self._pending[w][0][0]):
+            self._flush(worker)
+            if self.saturated:
+                return
 
     def discard_outstanding(self) -> None:
         """Forget every task queued so far: unsent ones are dropped, results of sent ones when they arrive."""
@@ -242,8 +342,10 @@ class WorkerPool:
         self.results_returned = 0
         self._discard_below = self._next_task
         self._next_result = self._next_task
+        self._sent_open -= len(self._ready)  # received, never to be returned
         self._ready = {k: v for k, v in self._ready.items() if k >= self._discard_below}
         self._owner = {k: v for k, v in self._owner.items() if k >= self._discard_below}
+        self.saturated = False
 
     def get(self, timeout: float | None = None) -> tuple[int, Any]:
         """The next result as ``(worker_id, value)``; raises the worker's exception for a failed task.
@@ -252,7 +354,7 @@ class WorkerPool:
         naming the worker that holds the oldest task; nothing is lost, a later ``get()`` may still
         return it. An exception that interrupts the wait itself (Ctrl-C, or any raised by a signal
         handler) may strike between reading a message and filing its results, so the pool marks itself
-        :attr:`interrupted` and every later ``get()`` raises instead of waiting for a result that may
+        ``interrupted`` and every later ``get()`` raises instead of waiting for a result that may
         never come; the parallel stages then start new workers.
         """
         if self._channel.forked_from is not None:
@@ -272,7 +374,7 @@ class WorkerPool:
             if want not in self._ready:
                 owner = self._owner[want]
                 if self._pending[owner] and self._pending[owner][0][0] <= want:
-                    self._flush(owner)
+                    self._flush(owner, force=True)
                 while want not in self._ready:
                     self._receive(wait, owner)
             worker, kind, value = self._ready.pop(want)
@@ -280,14 +382,18 @@ class WorkerPool:
         else:
             while not self._ready:
                 if sum(self._per_worker) == sum(map(len, self._pending)):
+                    self.saturated = False
                     for w in range(self.num_workers):  # nothing in flight but unsent chunks: send them
-                        self._flush(w)
+                        self._flush(w, force=not self._sent_open)
                 self._receive(wait)
             want = next(iter(self._ready))
             worker, kind, value = self._ready.pop(want)
         self._owner.pop(want, None)
         self.last_task_id = want
         self.results_returned += 1
+        self._sent_open -= 1
+        if self.saturated:
+            self._release()
         self.wait_time += time.perf_counter() - t0
         if kind == OK:
             return worker, value
@@ -333,6 +439,9 @@ class WorkerPool:
         if results is None:
             self._raise_dead(worker)
         self.results_received += len(results)
+        if self.processes:
+            self._result_cost = _cost(self._result_cost, self._channel.received_bytes, len(results))
+            self._learned = True
         ready, discard_below = self._ready, self._discard_below
         for kind, task_id, value in results:
             if task_id == INIT:
@@ -344,6 +453,8 @@ class WorkerPool:
             self._per_worker[worker] -= 1
             if task_id >= discard_below:
                 ready[task_id] = (worker, kind, value)
+            else:  # discarded: returned never
+                self._sent_open -= 1
 
     # --- hang forensics ---------------------------------------------------------------------------
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-from ..state import NotResumableError, StateError, StateMismatchError, check_count, child_state, field
+from ..state import NotResumableError, StateError, StateMismatchError, child_state
+from ..state_schema import Count
 
-__all__ = ["SNAPSHOT_EVERY", "SourceLedger", "WorkerLedger", "WorkerSnapshot", "check_source_position"]
+__all__ = ["SNAPSHOT_EVERY", "SourceLedger", "WorkerLedger", "WorkerSnapshot", "check_runs", "check_source_position"]
 
 SNAPSHOT_EVERY = 64  # source pulls between two snapshots of its state: at most this many replayed on resume
 _NEVER = float("inf")
@@ -36,7 +37,7 @@ class SourceLedger:
 
     __slots__ = ("done", "error", "every", "low", "next_snap", "pulled", "snaps", "source")
 
-    def __init__(self, source: Any, every: int = SNAPSHOT_EVERY) -> None:
+    def __init__(self, source: Any, every: float = SNAPSHOT_EVERY) -> None:
         self.source = source
         self.every = every
         self.snaps: collections.deque = collections.deque()  # (pull index, source state), oldest first
@@ -91,20 +92,23 @@ class SourceLedger:
         return state, low - at, sorted([s - low, n] for s, n in self.done.items())
 
 
-def check_source_position(state: dict, most: int | None = None, why: str = "") -> tuple[dict, int, list[list[int]]]:
-    """The ``source``, ``replay`` and ``skip`` fields of a stage's state, checked; ``most`` bounds the
-    datapoints a resume pulls before the first new one (``replay``, and the end of every skipped run)."""
-    source = field(state, "source", dict)
-    replay = check_count(state, "replay", most, why)
-    skip = field(state, "skip", list)
+def check_runs(flow: Any, skip: list) -> None:
+    """A state's ``skip`` field: ``[offset, length]`` runs of counts."""
     for run in skip:
         if not (isinstance(run, list) and len(run) == 2
                 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in run)):
             raise StateMismatchError(f"damaged 'skip' entry {run!r} in the state")
+
+
+def check_source_position(state: dict, most: int | None = None, why: str = "") -> None:
+    """The ``replay`` and ``skip`` fields of a stage's state (checked for type already) within ``most``, the
+    datapoints a resume may pull before the first new one (``replay``, and the end of every skipped run)."""
+    replay = state["replay"]
+    Count("replay", most, why).check(None, replay)
+    for run in state["skip"]:
         if most is not None and replay + run[0] + run[1] > most:
             raise StateMismatchError(f"the 'skip' entry {run!r} of the state ends past {most} datapoints after "
                                      f"the saved position, the most this flow can save: {why}")
-    return source, replay, skip
 
 
 class WorkerSnapshot:

@@ -13,16 +13,21 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
 import pickle
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._renamed import renamed_keywords
-from ..base import DataFlow, epoch_live, pending_state
+from ..base import DataFlow, epoch_live, pending_state, unordered_stage
 from ..errors import LengthUnknownError
+from ..pipeline import iter_flows
 from ..rng import worker_seed_scope
-from ..state import StateError, StateMismatchError, check_count, check_plain, field
+from ..shard import UnshardedWarning
+from ..state import NotResumableError, StateError, StateMismatchError, check_plain
+from ..state_schema import Count, Same, Value
 from .common import (
     ParallelStage,
     check_picklable,
@@ -81,7 +86,40 @@ def _copy_flow(df: DataFlow) -> DataFlow:
         return copy.deepcopy(df)
 
 
+def _check_workers(stage: Any, workers: list) -> None:
+    """Each worker's position: plain data (nothing live reaches a worker: spawn would rebuild it), a replay
+    within what a worker reports, and a state its copy of the flow takes (tried here, on a fresh copy)."""
+    if len(workers) != stage.num_workers:
+        raise StateMismatchError(f"the state lists {len(workers)} workers' positions for {stage.num_workers}")
+    probe = None
+    for i, w in enumerate(workers):
+        if not isinstance(w, dict):
+            raise StateMismatchError(f"damaged worker position {w!r:.80} in the state")
+        check_plain(w, f"the state of worker {i}")
+        Count("replay", 2 * _RUNNER_SNAPSHOT_EVERY + stage._capacity, "a worker reports its copy's state every "
+              f"{_RUNNER_SNAPSHOT_EVERY} datapoints").check(stage, w.get("replay"))
+        saved = w.get("state")
+        if not isinstance(saved, (dict, type(None))):
+            raise StateMismatchError(f"field 'state' of worker {i}'s position is a {type(saved).__name__}")
+        if saved is not None:
+            probe = probe if probe is not None else stage._probe()
+            if probe is not None:
+                try:
+                    probe.load_state_dict(saved)
+                except StateError as exc:
+                    raise exc.within(f"workers[{i}]") from None
+    if probe is not None:
+        probe.close()
+
+
 class _RunnerStage(ParallelStage):
+    state_fields = (
+        Same("num_workers", "num_workers", "the state is for {saved} workers, this stage has {have}: each "
+             "worker's copy has its own position"),
+        Value("workers", list, _check_workers),
+        Count("taken", lambda f: f._epoch_size(), "the epoch's length"),
+    )
+
     def __init__(self, ds: DataFlow, num_workers: int, num_prefetch: int, *, start_method: str | None = None,
                  seed: int | None = None, factory: Callable[[], DataFlow] | None = None,
                  timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
@@ -144,42 +182,25 @@ class _RunnerStage(ParallelStage):
             self._stats.datapoints += 1
             yield out
 
+    def _unordered(self) -> bool:
+        return self.num_workers > 1
+
+    def _epoch_size(self) -> int | None:
+        try:
+            return len(self.ds)
+        except LengthUnknownError:
+            return None
+
     def _own_state(self) -> dict:
         """Each worker's copy's state at the last datapoint received from it (a snapshot plus datapoints
         to replay), and the position in the epoch. A resume restarts the workers from these."""
+        stage = unordered_stage(self)
+        if stage is not None:
+            raise NotResumableError(f"each worker's copy replays from a snapshot of its state, and the unordered "
+                                    f"{stage} in it would give other datapoints: make that stage ordered")
         workers = self._workers.positions() if self._workers is not None else \
             [{"state": None, "replay": 0} for _ in range(self.num_workers)]
         return {"num_workers": self.num_workers, "workers": workers, "taken": self._n if epoch_live(self) else 0}
-
-    def _take_state(self, state: dict) -> None:
-        if field(state, "num_workers", int) != self.num_workers:
-            raise StateMismatchError(f"the state is for {state['num_workers']} workers, this stage has "
-                                     f"{self.num_workers}: each worker's copy has its own position")
-        workers = field(state, "workers", list)
-        if len(workers) != self.num_workers:
-            raise StateMismatchError(f"the state lists {len(workers)} workers' positions for {self.num_workers}")
-        probe = None  # a copy of the flow, as a worker gets it: each worker's state is checked on it, here
-        for i, w in enumerate(workers):
-            if not isinstance(w, dict):
-                raise StateMismatchError(f"damaged worker position {w!r:.80} in the state")
-            check_plain(w, f"the state of worker {i}")  # nothing live reaches a worker (spawn would rebuild it)
-            check_count(w, "replay", 2 * _RUNNER_SNAPSHOT_EVERY + self._capacity, "a worker reports its "
-                        f"copy's state every {_RUNNER_SNAPSHOT_EVERY} datapoints")
-            saved = field(w, "state", (dict, type(None)))
-            if saved is not None:
-                probe = probe if probe is not None else self._probe()
-                if probe is not None:
-                    try:
-                        probe.load_state_dict(saved)
-                    except StateError as exc:
-                        raise exc.within(f"workers[{i}]") from None
-        if probe is not None:
-            probe.close()
-        try:
-            size: int | None = len(self.ds)
-        except LengthUnknownError:
-            size = None
-        check_count(state, "taken", size, "the epoch's length")
 
     def _probe(self) -> DataFlow | None:
         """A fresh copy of the workers' flow to check their states on (None when it cannot be copied)."""
@@ -222,6 +243,36 @@ def _check_counts(who: str, sig: str, old: str, num_prefetch: Any, count: Any, n
                       UserWarning, stacklevel=5)  # the caller, above the two decorators
 
 
+def _warn_if_copies_repeat(ds: DataFlow, workers: int, who: str) -> None:
+    """Several workers each iterate a copy of ``ds``: say that this assumes i.i.d. datapoints, and warn
+    (:class:`~bridgeflow.UnshardedWarning`) when nothing in ``ds`` shuffles, since every worker then gives
+    the same datapoints in the same order and an epoch holds each of them up to ``workers`` times."""
+    if workers < 2:
+        return
+    flows = [flow for _, flow in iter_flows(ds)]
+    if any(getattr(flow, "_fed_from_outside", False) for flow in flows):
+        return  # each worker receives its own part from outside
+    if any(getattr(flow, "shuffle", False) is True for flow in flows):
+        log.info("%s: %d workers each iterate a copy of the flow, which assumes its datapoints are i.i.d. (a "
+                 "random or shuffled source): an epoch may hold a datapoint more than once", who, workers)
+        return
+    warnings.warn(f"{who}: its {workers} workers each iterate their own copy of the flow, and nothing in it "
+                  f"shuffles, so every worker gives the same datapoints in the same order and an epoch holds each "
+                  f"of them up to {workers} times. A runner assumes i.i.d. datapoints (a shuffled or random source); "
+                  "to read a dataset once with the work done in parallel, use MultiProcessMapData(source, num_proc, "
+                  "map_func) (silence with warnings.simplefilter('ignore', bridgeflow.UnshardedWarning))",
+                  UnshardedWarning, stacklevel=_outside_bridgeflow())
+
+
+def _outside_bridgeflow() -> int:
+    """The ``stacklevel`` that names the first caller outside bridgeflow (the line that made the stage)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class MultiProcessRunner(_RunnerStage):
     """Run ``num_proc`` copies of ``ds`` in worker processes; yield their datapoints as they come.
 
@@ -252,6 +303,7 @@ class MultiProcessRunner(_RunnerStage):
                       num_prefetch, num_proc, "num_proc", self.__dict__.pop("_bf_positional", False), "processes")
         super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed, timeout=timeout,
                          stall_warning=stall_warning)
+        _warn_if_copies_repeat(ds, self.num_workers, type(self).__name__)
         warn_if_oversubscribed(self.num_workers, type(self).__name__, "num_proc",
                                f" (num_prefetch={self.num_prefetch}, num_proc={self.num_workers}: the counts go in "
                                "tensorpack's order, (ds, num_prefetch, num_proc))", stacklevel=5)

@@ -109,6 +109,7 @@ class SlabWriter:
         self._views: list[memoryview | None] = []  # a byte view of each slab, to copy into at once
         self._arena: list[int] | None = None  # [slab index, bytes used] while a message is being built
         self._warned = False
+        self.last_bytes = 0  # of the last message made
         # close() may run on the worker's parent-watch thread while the main thread is making a slab: the
         # lock and flag make sure no segment is created after close() has unlinked the others. Reentrant:
         # a signal handler on the main thread may call close() while that thread holds the lock.
@@ -251,9 +252,11 @@ class SlabWriter:
         pickler.dump(obj)
         return out.getvalue()
 
-    def _message(self, slab: Any, data: bytes) -> bytes:
+    def _message(self, slab: Any, data: bytes, extra: int = 0) -> bytes:
         retired, self._retired = self._retired, []
-        return pickle.dumps((slab, data, retired), protocol=5)
+        message = pickle.dumps((slab, data, retired), protocol=5)
+        self.last_bytes = len(message) + extra  # what the message occupies, its shared memory included
+        return message
 
     def _inband(self, obj: Any) -> bytes | bytearray:
         """The whole message for the pipe: the pickle, then the large buffers after it, copied once into
@@ -287,6 +290,7 @@ class SlabWriter:
         for (off, n), r in zip(offsets, raws):
             view[start + off:start + off + n] = r.cast("B")
         view.release()
+        self.last_bytes = len(out)
         return out
 
     def dumps(self, obj: Any) -> bytes | bytearray:
@@ -326,7 +330,7 @@ class SlabWriter:
             placed = self._place(raws, [index, 0], in_place=False)
         index, offsets = placed
         self.flags[index] = IN_USE
-        return self._message((self.slabs[index][0], index, offsets), data)
+        return self._message((self.slabs[index][0], index, offsets), data, sum(n for _, n in offsets))
 
     def _place(self, raws: list[memoryview], arena: list[int], in_place: bool = True) -> Any:
         """``(slab index, offsets)`` of ``raws`` in the ``arena`` slab (``[index, bytes used]``): those built
@@ -377,8 +381,10 @@ class SlabReader:
         self.hooks = hooks
         self._pid = os.getpid()
         self._maps: dict[int, tuple[str, memoryview]] = {}  # slab index -> (name, byte view of its mapping)
+        self.last_bytes = 0  # of the last message read
 
     def loads(self, message: bytes | bytearray) -> Any:
+        self.last_bytes = len(message)  # what the message occupies, its shared memory included
         if message[:len(_FRAMED)] == _FRAMED:
             return self._loads_framed(memoryview(message))
         slab, data, retired = pickle.loads(message)
@@ -387,6 +393,7 @@ class SlabReader:
         if slab is None:
             return pickle.loads(data)
         name, index, offsets = slab
+        self.last_bytes += sum(n for _, n in offsets)
         known = self._maps.get(index)
         if known is None or known[0] != name:  # a new slab, or the worker replaced this one
             known = self._maps[index] = (name, memoryview(open_segment(name, self.hooks).array()))

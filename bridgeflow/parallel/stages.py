@@ -20,9 +20,11 @@ next one continues where it stopped (a source without ``len()`` always runs stri
 State (``state_dict()``): a map stage saves its source's state at the oldest datapoint the consumer has
 not received (see :mod:`bridgeflow.parallel.progress`), so work in flight is redone on resume, never
 lost or repeated. Ordered stages resume exactly; ``ordered=False`` resumes with every datapoint not yet
-received exactly once, in an order that may differ. A runner saves each worker's copy's state at the
-last datapoint received from it; on resume each worker restores its copy (the interleaving of the
-workers may differ). Randomness *inside* ``map_func`` (or a runner worker's use of the global RNGs) is
+received exactly once, in an order that may differ. A stage over another, unordered, stage cannot re-read
+its source to get the work in flight again (it would get other datapoints): its state is the source's
+state now and the source datapoints in flight themselves (``held``). A runner saves each worker's copy's
+state at the last datapoint received from it; on resume each worker restores its copy (the interleaving
+of the workers may differ). Randomness *inside* ``map_func`` (or a runner worker's use of the global RNGs) is
 not restored: resuming is exact for a deterministic ``map_func``, and only in distribution for random
 augmentation.
 """
@@ -36,10 +38,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._renamed import renamed_keywords
-from ..base import DataFlow, epoch_live
-from ..batch import batch_datapoints
+from ..base import DataFlow, epoch_live, unordered_stage
 from ..errors import LengthUnknownError
-from ..state import StateMismatchError, check_count, child_state, field, load_child
+from ..state import StateError, StateMismatchError, child_state, held_then, pack_held, unpack_held
+from ..state_schema import Child, Count, Flag, Held, Part, Same, Value
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
 from .common import (
     ParallelStage,
@@ -50,9 +52,9 @@ from .common import (
     seed_worker_globals,
     warn_if_oversubscribed,
 )
-from .fused import BatchPlan, BatchTask, Stacked, WorkerBatching, batch_bytes
+from .fused import BatchPlan, BatchTask, WorkerBatching, map_group
 from .pool import WorkerContext, WorkerPool
-from .progress import SNAPSHOT_EVERY, SourceLedger, check_source_position
+from .progress import SNAPSHOT_EVERY, SourceLedger, check_runs, check_source_position
 from .runners import MultiProcessRunner, MultiThreadRunner
 
 __all__ = ["MultiProcessMapData", "MultiProcessRunner", "MultiThreadMapData", "MultiThreadRunner"]
@@ -65,27 +67,44 @@ def _map_init(map_func: Callable[[Any], Any], ctx: WorkerContext) -> Callable[[A
     writer = ctx.writer
     who = f"map_func {getattr(map_func, '__qualname__', map_func)!s}"
 
+    def map_one(payload: Any) -> Any:
+        out = map_func(payload)
+        return out if out is None or type(out) in _DATAPOINT_TYPES else check_datapoint(out, who)
+
+    reserve = None
+    if writer is not None:  # stack straight into shared memory: the only copy of the bytes
+        def reserve(nbytes: int) -> Any:
+            writer.reserve(nbytes)
+            return writer.alloc
+
     def run(payload: Any) -> Any:
         if type(payload) is not BatchTask:
-            out = map_func(payload)
-            return out if out is None or type(out) in _DATAPOINT_TYPES else check_datapoint(out, who)
-        mapped = []
-        for dp in payload.items:
-            out = map_func(dp)
-            if out is not None:
-                mapped.append(out if type(out) in _DATAPOINT_TYPES else check_datapoint(out, who))
-        if len(mapped) != payload.size:
-            return mapped
-        alloc = None
-        if writer is not None:  # stack straight into shared memory: the only copy of the bytes
-            writer.reserve(batch_bytes(mapped) + 4096)
-            alloc = writer.alloc
-        return Stacked(batch_datapoints(mapped, payload.use_list, payload.pad_value, alloc))
+            return map_one(payload)
+        return map_group(payload, map_one, reserve)
 
     return run
 
 
+def _say_strict(saved: Any, have: Any) -> str:
+    return (f"the state is for a {'strict' if saved else 'carried'} stage, this one is "
+            f"{'strict' if have else 'carried'} (strict=, or a source without len())")
+
+
+def _check_pair(flow: Any, partial: list) -> None:
+    if not (len(partial) == 2 and all(type(v) is int and v >= 0 for v in partial)):
+        raise StateMismatchError(f"damaged 'partial' entry {partial!r:.60} in the state")
+
+
 class _MapStage(ParallelStage):
+    state_fields = (
+        Same("strict", lambda f: f._epoch_size() is None, _say_strict),
+        Same("ordered", lambda f: bool(f.ordered), "the state is for ordered={saved}, this stage has ordered={have}"),
+        Child("source"), Count("replay"), Value("skip", list, check_runs), Count("taken"),
+        Part("batch", (Count("size", 1 << 16, "batches of at most 65536 in the workers"), Count("offset"),
+                       Count("held"), Value("partial", list, _check_pair, none=True)), none=True),
+        Held(), Flag("ended", optional=True),
+    )
+
     def __init__(self, ds: DataFlow, num_workers: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
                  strict: bool = False, ordered: bool = True, *, start_method: str | None = None,
                  seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
@@ -110,6 +129,14 @@ class _MapStage(ParallelStage):
         self._taken = 0  # results taken in the (unbatched) epoch in progress
         self._skips: collections.deque = collections.deque()  # after an unordered resume: runs received already
         self._index_of: dict[int, int] = {}  # unordered: task id -> pull index
+        self._loose: str | None | bool = False  # the unordered stage under this one (False: not looked yet)
+        self._pulls: collections.deque = collections.deque()  # over an unordered stage: datapoints pulled from
+        self._pulls_from = 0  # this pull index on, while not received (the state holds those in flight)
+        self._ended = False  # over an unordered stage: the (strict) source's epoch ended
+        self._partial: tuple[int, int, int] | None = None  # a fused group delivered in part before a resume (or
+        # before the stream went back): (first pull index, mapped datapoints delivered, batch size)
+        self._align = 0  # fused: where in an epoch of the source the next plan's first group starts
+        self._fused_size = 0  # fused: the batch size of the last plan (0: none)
 
     def _new_pool(self) -> WorkerPool:
         if self._processes and self.start_method not in (None, "fork"):
@@ -134,46 +161,127 @@ class _MapStage(ParallelStage):
 
     # --- the source stream --------------------------------------------------------------------------
 
+    def _unordered(self) -> bool:
+        return not self.ordered
+
+    def _source_loose(self) -> str | None:
+        """The unordered stage under this one, if any (its state then holds the datapoints in flight)."""
+        if self._loose is False:
+            self._loose = unordered_stage(self)
+        return self._loose  # type: ignore[return-value]
+
     def _new_ledger(self) -> SourceLedger:
         """Positions of a new stream of the source, starting where the source is now."""
         self._skips.clear()
+        self._partial = None
+        self._align = 0
         self._index_of.clear()
-        self._ledger = SourceLedger(self.ds)
+        self._pulls.clear()
+        self._pulls_from = 0
+        loose = self._source_loose() is not None  # the source's state is taken when asked, not noted as it goes
+        self._ledger = SourceLedger(self.ds, every=float("inf") if loose else SNAPSHOT_EVERY)
         return self._ledger
+
+    def _stream(self, source: Iterator) -> Iterator:
+        """``source`` as the stage pulls it: over an unordered stage, each datapoint is kept until received,
+        and the end of the source's epoch noted (the source's state then starts its next epoch)."""
+        if self._source_loose() is None:
+            return source
+        self._ended = False
+        return self._kept(source)
+
+    def _kept(self, source: Iterator) -> Iterator:
+        try:
+            for dp in source:
+                ledger, pulls = self._ledger, self._pulls
+                if ledger is not None:  # let go of those received
+                    while self._pulls_from < ledger.low and pulls:
+                        pulls.popleft()
+                        self._pulls_from += 1
+                pulls.append(dp)
+                yield dp
+            self._ended = True
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
 
     def _carried(self) -> Iterator:
         """The endless stream of source datapoints that non-strict epochs share."""
         if self._carry is None:
-            self._carry = forever(self.ds, type(self).__name__)
+            self._carry = self._stream(forever(self.ds, type(self).__name__))
             self._new_ledger()
         return self._carry
 
-    def _drop_in_flight(self, pool: WorkerPool) -> None:
-        """Forget the work in flight (not the carried stream): the stream goes on after it, as a new one."""
-        plan, self._batched = self._batched, None
-        if plan is not None:
-            plan.close()
+    def _drop_in_flight(self, pool: WorkerPool, plan: BatchPlan | None = None) -> None:
+        """Drop the work in flight (an epoch of batches was left early, or the next epoch is batched otherwise).
+        An ordered stage's carried stream goes back to the oldest datapoint not received, so the dropped work
+        is read again, as it is by a stage resumed from a state saved there (it went on after it, so the next
+        epochs were other than a resumed run's). An unordered stage's epochs are its timing's, and its stream
+        (or one that cannot go back) goes on after the dropped work. ``plan``: the fused plan of the epoch
+        left, whose holder may have delivered a group in part."""
+        batched, self._batched = self._batched, None
+        if batched is not None:
+            batched.close()
+        plan = plan or batched
+        ledger, size = self._ledger, self._epoch_size()
+        if self._carry is not None and ledger is not None and size is not None and ledger.pulled > ledger.low \
+                and self.ordered:
+            try:
+                if self._source_loose() is None:
+                    source, replay, skip = ledger.position()
+                    held: list = []
+                else:
+                    source, replay, skip = child_state(self.ds), 0, sorted([s - ledger.low, n]
+                                                                          for s, n in ledger.done.items())
+                    held = self._in_flight(ledger)
+                partial, align = None, self._align
+                if plan is not None and plan.ledger is ledger:
+                    align = (ledger.low - plan.block_base) % size
+                    if plan.held and plan.held[0][3]:
+                        partial = [plan.held[0][0] - ledger.low, plan.held[0][3], plan.batch_size]
+                if partial is None and self._partial is not None:
+                    partial = [self._partial[0] - ledger.low, *self._partial[1:]]
+                carry, self._carry = self._carry, None
+                carry.close()
+                self.ds.load_state_dict(source)
+            except StateError:
+                log.debug("%s: the source cannot go back; the dropped work is lost", type(self).__name__,
+                          exc_info=True)
+            else:
+                self._resume(pool, {"replay": replay, "skip": skip, "partial": partial, "align": align}, size,
+                             held=held)
+                return
         if pool.outstanding:
             pool.discard_outstanding()
             if self._carry is not None:
                 self._new_ledger()
 
-    def _resume(self, pool: WorkerPool, resume: dict, size: int | None, fused: bool) -> Iterator:
+    def _resume(self, pool: WorkerPool, resume: dict, size: int | None, held: list | None = None) -> Iterator:
         """Take a loaded state: the source (loaded already) is at a snapshot; pull and discard the datapoints
-        received after it; the runs received above are skipped when they come. Returns the source stream."""
+        received after it; the runs received above are skipped when they come. Returns the source stream.
+        Over an unordered stage the source is where the state was saved and the state holds the datapoints in
+        flight (or ``held``), which come first."""
         plan, self._batched = self._batched, None
         if plan is not None:
             plan.close()
         if pool.outstanding:
             pool.discard_outstanding()
-        if size is None:
-            source = iter(self.ds)
-        else:
+        if held is None:
+            held = unpack_held(resume["held"]) if resume.get("held") is not None else []
+        if resume.get("ended"):  # over an unordered stage, the source's epoch had ended: only the held are left
+            source = iter(held)
+        else:  # the datapoints in flight over an unordered stage come first
+            source = iter(self.ds) if size is None else forever(self.ds, type(self).__name__, resumed=True)
+            source = held_then(held, source) if held else source
+        source = self._stream(source)
+        if size is not None:
             if self._carry is not None:
                 self._carry.close()
-            source = self._carry = forever(self.ds, type(self).__name__, resumed=True)
+            self._carry = source
         ledger = self._new_ledger()
-        ledger.snapshot()  # the loaded state, as the source gives it back
+        if self._source_loose() is None:
+            ledger.snapshot()  # the loaded state, as the source gives it back
         replay = resume["replay"]
         for i in range(replay):
             try:
@@ -184,9 +292,21 @@ class _MapStage(ParallelStage):
         ledger.pulled = ledger.low = replay
         for offset, length in resume["skip"]:
             ledger.done[replay + offset] = length
-            if not fused:
-                self._skips.append((replay + offset, length))
+            self._skips.append((replay + offset, length))
+        partial = resume.get("partial")
+        batch = resume.get("batch")
+        if partial is None and batch is not None and batch["partial"] is not None:
+            partial = [*batch["partial"], batch["size"]]
+        self._partial = (replay + partial[0], partial[1], partial[2]) if partial is not None else None
+        self._align = resume.get("align", batch["offset"] if batch is not None else 0)
         return source
+
+    def _skipped(self, start: int) -> None:
+        """A fused group received before a resume was pulled again and not sent."""
+        for i, (s, _) in enumerate(self._skips):
+            if s == start:
+                del self._skips[i]
+                return
 
     def _pull(self, source: Iterator) -> Any:
         """The next source datapoint, counted (and the source's state noted every so often)."""
@@ -244,10 +364,10 @@ class _MapStage(ParallelStage):
             if fused is not None and (resume["taken"] or fused["held"]):
                 raise StateMismatchError("the state was saved under a BatchData (batches made in the workers), "
                                          "this stage is iterated without one", [type(self).__name__])
-            source = self._resume(pool, resume, size, fused=False)
+            source = self._resume(pool, resume, size)
             self._taken = resume["taken"]
         elif size is None:
-            source = iter(self.ds)
+            source = self._stream(iter(self.ds))
             self._new_ledger()
         else:
             source = self._carried()
@@ -258,20 +378,21 @@ class _MapStage(ParallelStage):
     def _strict_epoch(self, pool: WorkerPool, source: Iterator) -> Iterator:
         ledger = self._ledger
         more = True
-        try:
-            while more and pool.outstanding < self.buffer_size:
+
+        def refill() -> None:
+            nonlocal more
+            while more and pool.outstanding < self.buffer_size and not pool.saturated:  # bytes bound it too
                 try:
                     self._put(pool, source)
                 except StopIteration:
                     more = False
-            while pool.outstanding:
+
+        try:
+            refill()
+            while pool.outstanding:  # none only once the source ran out (a saturated pool holds tasks)
                 out = self._get(pool)
                 self._took(pool)
-                if more:
-                    try:
-                        self._put(pool, source)
-                    except StopIteration:
-                        more = False
+                refill()
                 if out is not None:
                     self._stats.datapoints += 1
                     yield out
@@ -287,7 +408,7 @@ class _MapStage(ParallelStage):
         carry = self._carry
         buffer_size = self.buffer_size
         while self._taken < size:
-            while pool.outstanding < buffer_size:
+            while pool.outstanding < buffer_size and not pool.saturated:  # bytes bound it too
                 self._put(pool, carry)
             out = self._get(pool)
             self._took(pool)
@@ -310,46 +431,63 @@ class _MapStage(ParallelStage):
         head = {"strict": self._epoch_size() is None, "ordered": bool(self.ordered)}
         ledger = self._ledger
         if ledger is None:
-            return {**head, "source": child_state(self.ds), "replay": 0, "skip": [], "taken": 0, "batch": None}
-        source, replay, skip = ledger.position()
+            return {**head, "source": child_state(self.ds), "replay": 0, "skip": [], "taken": 0, "batch": None,
+                    "held": None, "ended": False}
+        loose = self._source_loose()
+        if loose is None:
+            source, replay, skip = ledger.position()
+            held = None
+        else:  # the source's state now, and what was pulled from it and not received
+            source, replay, skip = child_state(self.ds), 0, sorted([s - ledger.low, n] for s, n in ledger.done.items())
+            held = pack_held(self._in_flight(ledger), loose)
         live = epoch_live(self)
         plan = self._plan if live else self._batched
+        pending = self._partial[:2] if self._partial is not None else None
         if plan is not None and plan.ledger is ledger:
-            batch = plan.state(plan.taken if live else 0)
+            batch = plan.state(plan.taken if live else 0, pending)
             taken = batch.pop("taken")
         else:
             batch, taken = None, self._taken if live else 0
-        return {**head, "source": source, "replay": replay, "skip": skip, "taken": taken, "batch": batch}
+            if self._fused_size and (pending is not None or self._align):  # after going back: where the next
+                # plan's groups start, and a group delivered in part (to come again in the next epoch of batches)
+                batch = {"size": self._fused_size, "offset": self._align, "held": 0,
+                         "partial": None if pending is None else [pending[0] - ledger.low, pending[1]]}
+        return {**head, "source": source, "replay": replay, "skip": skip, "taken": taken, "batch": batch,
+                "held": held, "ended": loose is not None and self._ended}
+
+    def _in_flight(self, ledger: SourceLedger) -> list:
+        """The datapoints pulled from the source and not received, by pull index from ``ledger.low`` (None
+        where received already: the state's 'skip' runs)."""
+        pulls, start = self._pulls, ledger.low - self._pulls_from
+        items = [pulls[i] for i in range(start, min(len(pulls), ledger.pulled - self._pulls_from))]
+        for s, n in ledger.done.items():
+            items[s - ledger.low:s - ledger.low + n] = [None] * n
+        return items
 
     def _take_state(self, state: dict) -> None:
-        strict = self._epoch_size() is None
-        if field(state, "strict", bool) != strict:
-            raise StateMismatchError(f"the state is for a {'strict' if state['strict'] else 'carried'} stage, "
-                                     f"this one is {'strict' if strict else 'carried'} (strict=, or a source "
-                                     "without len())")
-        if field(state, "ordered", bool) != bool(self.ordered):
-            raise StateMismatchError(f"the state is for ordered={state['ordered']}, this stage has "
-                                     f"ordered={self.ordered}")
-        batch = field(state, "batch", (dict, type(None)))
-        per = 1 if batch is None else max(1, min(check_count(batch, "size"), 1 << 16))
+        """The bounds that depend on the fused batch size (a task holds a batch's datapoints), and order."""
+        batch = state["batch"]
+        per = 1 if batch is None else max(1, batch["size"])
         # in flight: at most buffer_size tasks (of a fused batch's datapoints each), pulled since the last snapshot
         most = SNAPSHOT_EVERY + (self.buffer_size + 1) * per
         if batch is not None:
             why = "the datapoints a stage can have in flight"
             for key in ("offset", "held"):
-                check_count(batch, key, most, why)
-            partial = field(batch, "partial", (list, type(None)))
-            if partial is not None and not (len(partial) == 2
-                                            and all(type(v) is int and 0 <= v <= most for v in partial)):
-                raise StateMismatchError(f"damaged 'partial' entry {partial!r:.60} in the state")
-        _, _, skip = check_source_position(state, most, f"buffer_size={self.buffer_size} in flight and "
-                                                        f"{SNAPSHOT_EVERY} pulls between two snapshots")
-        if self.ordered and skip:
+                Count(f"batch.{key}", most, why).check(self, batch[key])
+            if batch["partial"] is not None and max(batch["partial"]) > most:
+                raise StateMismatchError(f"damaged 'partial' entry {batch['partial']!r:.60} in the state")
+        check_source_position(state, most, f"buffer_size={self.buffer_size} in flight and {SNAPSHOT_EVERY} pulls "
+                                           "between two snapshots")
+        if self.ordered and state["skip"]:
             raise StateMismatchError("an ordered stage's state lists datapoints received out of order")
         size = self._epoch_size()
-        check_count(state, "taken", None if size is None else -(-size // per) if batch is not None else size,
-                    "the epoch's length")
-        load_child(self.ds, state["source"])
+        Count("taken", None if size is None else -(-size // per) if batch is not None else size,
+              "the epoch's length").check(self, state["taken"])
+        if state.get("held") is not None:  # over an unordered stage: what was pulled and not received, held
+            held = len(unpack_held(state["held"]))
+            if state["replay"] or held > most or any(a + n > held for a, n in state["skip"]):
+                raise StateMismatchError(f"the state's {held} held datapoints disagree with its 'replay' "
+                                         f"{state['replay']} and 'skip' {state['skip']!r:.60} (at most {most})")
 
     def _drop_iteration(self) -> None:
         """Close the carried source stream and the fused plans: the source's iteration they hold ends now (a
@@ -370,27 +508,49 @@ class _MapStage(ParallelStage):
         state = super().__getstate__()
         # generators and positions of this process's iteration
         state["_carry"] = state["_batched"] = state["_plan"] = state["_ledger"] = None
-        state["_skips"], state["_index_of"] = collections.deque(), {}
+        state["_skips"], state["_index_of"], state["_pulls"] = collections.deque(), {}, collections.deque()
         return state
 
 
 class MultiProcessMapData(_MapStage):
-    """Run ``map_func`` on every datapoint in ``num_proc`` worker processes.
+    """Run ``map_func`` on every datapoint of ``ds`` in ``num_proc`` worker processes.
 
-    Array bytes in the results travel through shared memory (see :mod:`bridgeflow.parallel.shm`);
-    received arrays are writable and valid for as long as you hold them. ``map_func`` returning
-    ``None`` drops the datapoint. ``buffer_size`` bounds the datapoints in flight. ``nr_proc=`` (tensorpack's
-    older name of ``num_proc=``) is accepted, deprecated.
+    ``ds`` is read in this process; each datapoint goes to a worker, and its ``map_func`` result comes back
+    (arrays through shared memory: received arrays are writable and yours for as long as you hold them).
 
-    ``timeout`` (seconds, like torch's ``DataLoader(timeout=)``; every parallel stage takes it) raises
-    :class:`~bridgeflow.WorkerTimeoutError` naming the worker when a result takes longer; after
-    ``stall_warning`` seconds of waiting (default 60, ``None`` for never) a warning is logged with the
-    worker's pid, state and Python stack.
+    Args:
+        ds: the flow to read.
+        num_proc: the number of worker processes.
+        map_func: called with one datapoint, returns the new one (a list, tuple or dict), or ``None`` to
+            drop it. Under ``spawn``/``forkserver`` it must be picklable (a module-level function).
+        buffer_size: at most this many datapoints are in flight between ``ds`` and you: read ahead and
+            being mapped, or mapped and not yet taken. Large ones are bounded in bytes as well (1/16 of the
+            memory and 1/8 of /dev/shm by default; see the parallel stages page).
+        strict: ``False`` (the default) keeps the workers busy across epochs: an iteration yields
+            ``len(ds)`` results, and the read-ahead at its end already belongs to the next one. ``True``
+            runs exactly one epoch of ``ds`` per iteration and drops what is in flight when you stop early.
+            A ``ds`` without ``len()`` always runs strict.
+        ordered: ``True`` (the default) yields results in ``ds``'s order; ``False`` yields each as soon as
+            it is ready, so one slow datapoint does not hold up the others.
+        start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``None``: multiprocessing's default.
+        seed: worker ``i`` seeds Python's and numpy's global generators with ``seed + i`` (random when
+            ``None``), so workers never repeat each other's augmentations.
+        timeout: seconds to wait for a result before raising :class:`~bridgeflow.WorkerTimeoutError`
+            naming the worker (``None``: wait for ever, as torch's ``DataLoader(timeout=0)``).
+        stall_warning: after this many seconds of waiting, log a warning with the worker's pid, state and
+            Python stack (``None``: never).
+
+    ``nr_proc=`` (tensorpack's older name of ``num_proc=``) is accepted, deprecated.
 
     Example:
-        >>> from bridgeflow import DataFromList, BatchData
-        >>> df = BatchData(MultiProcessMapData(DataFromList(list(range(100))), 2, load_image), 64)
-        ...  # doctest: +SKIP
+        >>> import numpy as np
+        >>> from bridgeflow import BatchData, DataFromList, MultiProcessMapData
+        >>> def square(dp):
+        ...     return [np.float32(dp[0]) ** 2]
+        >>> df = BatchData(MultiProcessMapData(DataFromList([[i] for i in range(8)], shuffle=False), 2, square), 4)
+        >>> with df:  # doctest: +SKIP
+        ...     [b[0].tolist() for b in df]
+        [[0.0, 1.0, 4.0, 9.0], [16.0, 25.0, 36.0, 49.0]]
     """
 
     _processes = True
@@ -405,7 +565,9 @@ class MultiProcessMapData(_MapStage):
 
 
 class MultiThreadMapData(_MapStage):
-    """Run ``map_func`` on every datapoint in ``num_thread`` threads: the thread twin of MultiProcessMapData.
+    """Run ``map_func`` on every datapoint of ``ds`` in ``num_thread`` threads: the thread twin of
+    :class:`MultiProcessMapData`, with the same arguments (``num_thread`` for ``num_proc``, no
+    ``start_method``) and the same output.
 
     Threads pay off when ``map_func`` releases the GIL (I/O, decoding in C, large numpy operations).
     A thread cannot be killed: a ``map_func`` that never returns keeps its thread alive after ``close()``.

@@ -58,8 +58,8 @@ class WorkerContext:
     seed: int
     stage: str
     writer: shm.SlabWriter | None = field(default=None, compare=False, repr=False)
-    """In process workers, the result writer: ``writer.reserve(n)`` then ``writer.alloc(shape, dtype)``
-    builds arrays of the next result directly in shared memory."""
+    """The result writer of a process worker (``None`` in threads). ``writer.reserve(n)`` then
+    ``writer.alloc(shape, dtype)`` builds arrays of the next result directly in shared memory."""
 
 
 class RemoteTraceback(Exception):
@@ -113,7 +113,10 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
     try:
         task_fn = init_fn(ctx)
     except BaseException as exc:  # reported to the consumer, which raises it
-        send([(ERROR, INIT, pack_exception(exc, by_pickle))], 0.0)
+        try:
+            send([(ERROR, INIT, pack_exception(exc, by_pickle))], 0.0)
+        except (BrokenPipeError, EOFError, ConnectionError):
+            return  # the consumer is gone
         while recv() is not None:  # stay until told to stop, so tasks sent meanwhile find us alive
             pass
         return
@@ -217,7 +220,10 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
     except FileNotFoundError:
         err = shm.SegmentVanishedError(f"the control segment {shm.SHM_DIR}/{ctl_name} of this pool vanished "
                                        "before the worker started: another process removed it")
-        result_conn.send_bytes(shm.SlabWriter("", None, 0).dumps([(ERROR, FATAL, pack_exception(err, True))]))
+        try:
+            result_conn.send_bytes(shm.SlabWriter("", None, 0).dumps([(ERROR, FATAL, pack_exception(err, True))]))
+        except OSError:  # the consumer closed the pool while this (spawned, slow) worker was starting
+            pass
         return
     base = ctl_base(ctx.worker_id)
     view = ctl.view if ctl is not None else None

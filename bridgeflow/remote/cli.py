@@ -77,7 +77,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_keys(args: argparse.Namespace) -> int:
     from .keys import generate_keys
 
-    keys = generate_keys(args.folder, overwrite=args.overwrite)
+    try:
+        keys = generate_keys(args.folder, overwrite=args.overwrite)
+    except FileExistsError as exc:  # the function's argument is overwrite=True; the command's, --overwrite
+        raise FileExistsError(str(exc).replace("overwrite=True", "--overwrite")) from None
     print(f"wrote CurveZMQ keys to {keys.source} (server {keys.server_public.decode()}, client "
           f"{keys.client_public.decode()}); copy the folder to every machine of the job (its *.key_secret files "
           "are secrets) and pass it as --keys / keys=")

@@ -13,6 +13,14 @@ producer's stream away: its handshake fails and nothing it sends is read.
 The secret files are written readable by their owner only (0600); loading warns when others can read
 them. Anyone holding the folder is trusted: treat it as a password.
 
+When the two sides were given different key folders, both say so: every secured socket is watched
+(ZeroMQ's socket monitor, one thread each, stopped by ``close()``) and a failed handshake is logged with the
+:func:`fingerprint` of the key this side expected (the binding side: its server key, and the job's client
+key; the connecting side: the server key it expects, and its own client key), so the fingerprints the two
+machines print tell which folder differs. The consumer's "sent nothing" error repeats the last one. A
+stranger retrying without pause cannot fill the log: each kind of failure is logged at once, then at most
+once a minute with the count since (:class:`Throttle`).
+
 Example:
     $ bridgeflow keys ~/.bridgeflow/job-keys         # once; copy the folder to every machine
     >>> send_dataflow_zmq(df, "tcp://0.0.0.0:8877", keys="~/.bridgeflow/job-keys")   # doctest: +SKIP
@@ -22,14 +30,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import stat
+import threading
+import time
 from typing import Any
 
 from .._deps import require
 
-__all__ = ["CurveKeys", "Security", "generate_keys", "load_keys"]
+__all__ = ["CurveKeys", "Security", "Throttle", "fingerprint", "generate_keys", "load_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +62,33 @@ class CurveKeys:
                f"source={self.source!r})"
 
 
+def fingerprint(public: bytes) -> str:
+    """A short name of a public key (Z85 text) to compare between machines: 16 hex digits of its SHA-256."""
+    digest = hashlib.sha256(public.strip()).hexdigest()[:16]
+    return ":".join(digest[i:i + 4] for i in range(0, 16, 4))
+
+
+class Throttle:
+    """Logs a kind of warning at once, then at most once per ``period`` seconds with the count since: a peer
+    that retries without pause cannot fill the log. Thread-safe."""
+
+    def __init__(self, period: float = 60.0) -> None:
+        self.period = period
+        self._lock = threading.Lock()
+        self._kinds: dict[str, list] = {}  # kind -> [last logged (monotonic), suppressed since]
+
+    def warning(self, kind: str, message: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            last = self._kinds.get(kind)
+            if last is not None and now - last[0] < self.period:
+                last[1] += 1
+                return
+            more = last[1] if last is not None else 0
+            self._kinds[kind] = [now, 0]
+        log.warning("%s%s", message, f" ({more} more like it in the last {self.period:g} s)" if more else "")
+
+
 def generate_keys(folder: str | os.PathLike, *, overwrite: bool = False) -> CurveKeys:
     """Make a key folder (see the module doc) and return its keys; an existing one is kept unless
     ``overwrite``."""
@@ -63,7 +101,7 @@ def generate_keys(folder: str | os.PathLike, *, overwrite: bool = False) -> Curv
     present = [f for f in _FILES if os.path.exists(os.path.join(path, f))]
     if present and not overwrite:
         raise FileExistsError(f"{path} already holds keys ({', '.join(present)}); pass overwrite=True "
-                              "(--overwrite) to replace them (every machine then needs the new folder)")
+                              "to replace them (every machine then needs the new folder)")
     os.makedirs(path, mode=0o700, exist_ok=True)
     for name in ("server", "client"):
         public, secret = zmq.auth.create_certificates(path, name)
@@ -107,16 +145,69 @@ def load_keys(keys: str | os.PathLike | CurveKeys) -> CurveKeys:
 class _Allowed:
     """ZAP credentials provider: the client key of the job, and a count of the peers refused."""
 
-    def __init__(self, public: bytes) -> None:
-        self.public = public
+    def __init__(self, keys: CurveKeys, throttle: Throttle) -> None:
+        self.keys, self.throttle = keys, throttle
         self.refused = 0
 
     def callback(self, domain: str, key: bytes) -> bool:
-        if key == self.public:
+        if key == self.keys.client_public:
             return True
         self.refused += 1
-        log.warning("refused a ZeroMQ peer presenting the unknown CurveZMQ key %s", key.decode("ascii", "replace"))
+        self.throttle.warning("refused", f"refused a ZeroMQ peer presenting client key {fingerprint(key)}: this "
+                                         f"side expects the job's client key {fingerprint(self.keys.client_public)} "
+                                         f"(keys from {self.keys.source or 'keys='}); the peer was given another key "
+                                         "folder, or is a stranger")
         return False
+
+
+class _Watch(threading.Thread):
+    """Reads one socket's monitor events and names failed CurveZMQ handshakes (see the module doc)."""
+
+    def __init__(self, security: Security, sock: Any, binding: bool) -> None:
+        super().__init__(name="bridgeflow-zmq-handshakes", daemon=True)
+        import zmq
+
+        self.zmq, self.security, self.binding = zmq, security, binding
+        self.addr = f"inproc://bridgeflow-monitor-{id(self):x}-{os.getpid()}"
+        self.stop = threading.Event()
+        sock.monitor(self.addr, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_MONITOR_STOPPED)
+        self.pair = security.ctx.socket(zmq.PAIR)
+        self.pair.connect(self.addr)
+
+    def run(self) -> None:
+        from zmq.utils.monitor import recv_monitor_message
+
+        zmq = self.zmq
+        try:
+            while not self.stop.is_set():
+                if not self.pair.poll(100):
+                    continue
+                event = recv_monitor_message(self.pair)
+                if event["event"] == zmq.EVENT_MONITOR_STOPPED:
+                    return
+                self.security.failed(self._message(event["event"], event["endpoint"].decode("utf-8", "replace")))
+        except zmq.ZMQError:  # the context is going away
+            return
+        finally:
+            self.pair.close(0)
+
+    def _message(self, kind: int, addr: str) -> tuple[str, str]:
+        keys, zmq = self.security.keys, self.zmq
+        assert keys is not None
+        folder = keys.source or "keys="
+        if self.binding:
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                return "", ""  # the ZAP handler refused its client key, and said so
+            return "server", (f"a ZeroMQ peer on {addr} failed its CurveZMQ handshake: it encrypted for another "
+                              f"server key than this side's {fingerprint(keys.server_public)} (keys from {folder}); "
+                              "the peer was given another key folder, or is a stranger")
+        if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return "client", (f"{addr} refused this side's client key {fingerprint(keys.client_public)} (keys from "
+                              f"{folder}): the two sides were given different key folders")
+        return "server", (f"the CurveZMQ handshake with {addr} failed: it does not hold the server key "
+                          f"{fingerprint(keys.server_public)} this side expects (keys from {folder}); the two sides "
+                          "were given different key folders, or it is not a bridgeflow peer with keys=")
 
 
 class Security:
@@ -129,11 +220,35 @@ class Security:
         self.keys = None if keys is None else load_keys(keys)
         self._auth: Any = None
         self._allowed: _Allowed | None = None
+        self._watches: list[_Watch] = []
+        self.throttle = Throttle()
+        self.handshakes_failed = 0
+        self.last_failure = ""
 
     @property
     def refused(self) -> int:
         """Peers whose handshake presented a key other than the job's."""
         return 0 if self._allowed is None else self._allowed.refused
+
+    def failed(self, kind_message: tuple[str, str]) -> None:
+        """A failed handshake (from a socket's watch): counted, and logged through the throttle."""
+        kind, message = kind_message
+        if not message:
+            return
+        self.handshakes_failed += 1
+        self.last_failure = message
+        self.throttle.warning(kind, message)
+
+    def note(self) -> str:
+        """What to add to a "nothing arrived" error: the last failed handshake, if any."""
+        if not self.handshakes_failed:
+            return ""
+        return f"; {self.handshakes_failed} CurveZMQ handshake(s) failed, the last: {self.last_failure}"
+
+    def _watch(self, sock: Any, binding: bool) -> None:
+        watch = _Watch(self, sock, binding)
+        self._watches.append(watch)
+        watch.start()
 
     def binding(self, sock: Any) -> None:
         """Secure a socket that will bind (a CURVE server)."""
@@ -142,13 +257,14 @@ class Security:
         if self._auth is None:
             from zmq.auth.thread import ThreadAuthenticator
 
-            self._allowed = _Allowed(self.keys.client_public)
+            self._allowed = _Allowed(self.keys, self.throttle)
             self._auth = ThreadAuthenticator(self.ctx, log=logging.getLogger(f"{__name__}.zap"))
             self._auth.start()
             self._auth.configure_curve_callback(domain="*", credentials_provider=self._allowed)
         sock.curve_secretkey = self.keys.server_secret
         sock.curve_publickey = self.keys.server_public
         sock.curve_server = True
+        self._watch(sock, binding=True)
 
     def connecting(self, sock: Any) -> None:
         """Secure a socket that will connect (a CURVE client of the job's server key)."""
@@ -157,8 +273,14 @@ class Security:
         sock.curve_secretkey = self.keys.client_secret
         sock.curve_publickey = self.keys.client_public
         sock.curve_serverkey = self.keys.server_public
+        self._watch(sock, binding=False)
 
     def close(self) -> None:
+        watches, self._watches = self._watches, []
+        for watch in watches:
+            watch.stop.set()
+        for watch in watches:
+            watch.join(2.0)
         auth, self._auth = self._auth, None
         if auth is not None:
             auth.stop()

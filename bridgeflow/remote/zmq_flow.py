@@ -442,7 +442,8 @@ class RemoteDataZMQ(DataFlow):
                 raise ProducerLostError(
                     f"{type(self).__name__}: no producer sent anything to {', '.join(self.addrs)} for "
                     f"{self.timeout:g} s{waiting} (bind=True: producers connect with "
-                    f"send_dataflow_zmq(..., bind=False)){hint}", addr=", ".join(self.addrs), silent_s=now - heard)
+                    f"send_dataflow_zmq(..., bind=False)){hint}{self._security.note()}", addr=", ".join(self.addrs),
+                    silent_s=now - heard)
             return
         lost = [p for p in active if now - p.last_seen >= self.timeout]
         for p in [p for p in lost if not p.spoke]:  # a hello and nothing else: a stranger, or gone at once
@@ -592,7 +593,7 @@ class RemoteDataZMQ(DataFlow):
         silent = now - min(p.last_seen for p in lost)
         left = sum(p.state == _ACTIVE for p in self._producers)
         msg = (f"{type(self).__name__}: producer {names} sent nothing for {silent:.1f} s "
-               f"(timeout={self.timeout:g} s); dropped, {left} other producer(s) go on")
+               f"(timeout={self.timeout:g} s); dropped, {left} other producer(s) go on{self._security.note()}")
         if self.on_lost == "raise":
             raise ProducerLostError(msg, addr=lost[0].addr, silent_s=silent)
         log.warning("%s", msg)

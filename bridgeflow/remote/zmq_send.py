@@ -168,6 +168,8 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
             sock.bind(addr)
         else:
             security.connecting(sock)
+            if keys is not None:  # queue nothing before a handshake succeeded: one that fails is then named
+                sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.connect(addr)
     except zmq.ZMQError as exc:
         sock.close(0)
@@ -180,7 +182,14 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
     # first message says hello, so that one message from a stranger cannot pass for a producer's.
     prefix = [] if bind else [P.TAG + os.urandom(P.TAG_ID_BYTES)]
     if prefix:
-        sock.send_multipart(prefix + [P.HELLO])
+        try:
+            sock.send_multipart(prefix + [P.HELLO])
+        except zmq.Again:
+            sock.close(0)
+            security.close()
+            ctx.term()
+            raise RemoteConnectionError(f"{who}: no consumer took a message on {addr} for {send_timeout} s "
+                                        f"(send_timeout){security.note()}", addr=addr) from None
 
     total = None
     if epochs is not None:
@@ -231,7 +240,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
                     raise payload
             except zmq.Again:
                 raise RemoteConnectionError(f"{who}: no consumer took a message on {addr} for {send_timeout} s "
-                                            "(send_timeout)", addr=addr) from None
+                                            f"(send_timeout){security.note()}", addr=addr) from None
     finally:
         if not reader.close(timeout=5):  # stuck inside the flow; a daemon thread, it stops at its next put
             log.warning("%s: the reader thread of %s is still inside the flow after 5 s", who, addr)

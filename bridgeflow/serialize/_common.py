@@ -98,8 +98,16 @@ def iterate_source(df: DataFlow, *, progress: bool, desc: str) -> Iterator[Any]:
 def note_datapoint(exc: BaseException, index: int) -> None:
     """Note on ``exc`` the datapoint of the source it arose at (``bridgeflow serialize`` prints it)."""
     note = f"at datapoint {index} of the source"
-    if hasattr(exc, "add_note") and note not in getattr(exc, "__notes__", ()):
+    notes = getattr(exc, "__notes__", ())
+    if note in notes:
+        return
+    if hasattr(exc, "add_note"):
         exc.add_note(note)
+    else:  # Python 3.10: no add_note; the attribute it fills (PEP 678), which describe_error reads
+        try:
+            exc.__notes__ = [*notes, note]
+        except AttributeError:
+            pass
 
 
 def normalize_index(index: Any, n: int, who: str) -> int:

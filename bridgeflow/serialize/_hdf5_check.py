@@ -13,17 +13,27 @@ the file is as long as its superblock says, and :func:`check_global_heaps` walks
 collection in the file (found by their signature, in one pass over the file) the way libhdf5 will, before
 anything variable-length is read. Both read through the reader's pinned descriptor and are bounded by
 the file's real size. bridgeflow's own files (format version 2) hold no variable-length data at all.
+
+:func:`contained_dataset` opens a dataset only once its path is known to stay inside the file and its
+data to lie there: libhdf5 follows external links, soft links leading through them, raw data stored in
+other files and virtual datasets wherever they point, so a crafted dataset file could make the reader
+read any file the process can. Such datasets raise :class:`ExternalDataError` naming the file, the
+dataset and what it points at, unless the caller vouches for the file (``allow_external=True``). It
+also checks the dataset holds the bytes its shape declares (:func:`check_stored`): a chunked dataset
+may declare 5e8 rows and store none, which libhdf5 reads back as gigabytes of fill values.
 """
 
 from __future__ import annotations
 
+import math
 import struct
+from typing import Any
 
 from ._common import wrong_format
 from ._pinned import PinnedFile
-from .errors import CorruptDataError
+from .errors import CorruptDataError, ExternalDataError
 
-__all__ = ["check_global_heaps", "check_superblock", "is_variable_length"]
+__all__ = ["check_global_heaps", "check_stored", "check_superblock", "contained_dataset", "is_variable_length"]
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _GCOL = b"GCOL\x01"
@@ -135,3 +145,97 @@ def _collection(pin: PinnedFile, where: int, size: int, name: str) -> int:
                                    f"{osize} bytes at offset {p})")
         p += need
     return csize
+
+
+_MAX_HOPS = 16  # soft links followed in one path: libhdf5's own default limit
+_SMALL = 1 << 20  # a dataset declaring no more than this is read whatever it stores
+_LOSSLESS_RATIO = 1032  # the most deflate expands: the bound for datasets with a compression filter
+_NOT_COMPRESSING = (2, 3)  # shuffle, fletcher32: stored bytes >= declared bytes
+
+
+def _outside(path: str, name: str, what: str) -> ExternalDataError:
+    return ExternalDataError(f"{path}: dataset {name!r} {what}; a dataset file must not make the reader read "
+                             "other files, so it is not read. If you trust the file and the files it points at, "
+                             "pass allow_external=True (bridgeflow serialize/inspect: --allow-external)")
+
+
+def contained_dataset(f: Any, name: str, path: str, *, allow_external: bool = False) -> Any:
+    """The object at ``name`` in the open ``h5py.File`` ``f`` (a dataset or group), or ``None`` when there
+    is none; unless ``allow_external``, :class:`ExternalDataError` for a path through an external (or
+    user-defined) link, a soft link out of the file, or a dataset whose data lies in other files (external
+    storage, a virtual dataset). Links are read, never followed, until they are known to stay inside."""
+    if allow_external:
+        return f[name] if name in f else None
+    from h5py import h5l
+
+    todo = [c for c in name.split("/") if c and c != "."]
+    at: list[str] = []  # the hard path walked so far
+    group = f["/"]
+    hops = 0
+    while todo:
+        comp = todo.pop(0)
+        key = comp.encode("utf-8")
+        if not group.id.links.exists(key):
+            return None
+        kind = group.id.links.get_info(key).type
+        if kind == h5l.TYPE_SOFT:
+            hops += 1
+            if hops > _MAX_HOPS:
+                raise CorruptDataError(f"{path}: dataset {name!r}: more than {_MAX_HOPS} soft links in its path")
+            target = group.id.links.get_val(key).decode("utf-8", "replace")
+            rest = [c for c in target.split("/") if c and c != "."]
+            todo = (rest if target.startswith("/") else at + rest) + todo
+            at, group = [], f["/"]
+            continue
+        if kind == h5l.TYPE_EXTERNAL:
+            other, inside = (v.decode("utf-8", "replace") for v in group.id.links.get_val(key))
+            where = "/".join(at + [comp])
+            raise _outside(path, name, f"is reached through an external link /{where} -> {other}:{inside}")
+        if kind != h5l.TYPE_HARD:
+            where = "/".join(at + [comp])
+            raise _outside(path, name, f"is reached through a user-defined link /{where} (type {kind}), which "
+                                       "libhdf5 resolves by code outside the file")
+        obj = group[comp]
+        at.append(comp)
+        if todo and not hasattr(obj.id, "links"):
+            return None  # a dataset where a group belongs: nothing at ``name``
+        group = obj
+    if hasattr(group, "shape"):
+        _check_layout(group, name, path)
+    return group
+
+
+def _check_layout(ds: Any, name: str, path: str) -> None:
+    from h5py import h5d
+
+    plist = ds.id.get_create_plist()
+    if plist.get_layout() == h5d.VIRTUAL:
+        n = plist.get_virtual_count()
+        sources = ", ".join(f"{plist.get_virtual_filename(i)}:{plist.get_virtual_dsetname(i)}"
+                            for i in range(min(n, 3)))
+        raise _outside(path, name, f"is a virtual dataset, read from {n} source(s): {sources}"
+                                   + (", ..." if n > 3 else ""))
+    n = plist.get_external_count()
+    if n:
+        files = ", ".join(plist.get_external(i)[0].decode("utf-8", "replace") for i in range(min(n, 3)))
+        raise _outside(path, name, f"stores its data in {n} other file(s): {files}" + (", ..." if n > 3 else ""))
+
+
+def check_stored(ds: Any, name: str, path: str) -> None:
+    """:class:`CorruptDataError` when dataset ``ds`` declares (by its shape) more bytes than the file holds
+    for it: more than it stores, or, with a compression filter, more than deflate could expand that to.
+    Reads then cost memory in proportion to the file, never to a count it claims."""
+    declared = math.prod(ds.shape) * ds.dtype.itemsize
+    if declared <= _SMALL:
+        return
+    from h5py import h5d
+
+    plist = ds.id.get_create_plist()
+    if plist.get_layout() == h5d.VIRTUAL or plist.get_external_count():
+        return  # allowed by the caller: its data lies elsewhere
+    stored = int(ds.id.get_storage_size())
+    compressed = any(plist.get_filter(i)[0] not in _NOT_COMPRESSING for i in range(plist.get_nfilters()))
+    if declared > stored * (_LOSSLESS_RATIO if compressed else 1):
+        raise CorruptDataError(f"{path}: dataset {name!r} declares shape {ds.shape} ({declared} bytes) but holds "
+                               f"{stored} bytes in the file{' (compressed)' if compressed else ''}: damaged or "
+                               "crafted, not read")

@@ -25,7 +25,7 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -50,13 +50,20 @@ _CHUNK_BYTES = 256 << 10
 _FLAT_CHUNK_BYTES = 64 << 10  # smaller: a random read of one short row reads its whole chunk
 _FLUSH_BYTES = 16 << 20
 CRC_SEED = 0x2F6B  # the CRC's start value: an empty row's CRC is not 0, as a zeroed checksum would be
+# Checksummed metadata (superblock 3, version 2 object headers) that HDF5 1.10 to 1.14 read: "latest" with
+# HDF5 2.0 (h5py 3.16) would write what h5py 3.14 (HDF5 1.14, TensorFlow's pin) may not open.
+_LIBVER = ("v110", "v114")
 
 
 class _Sink(io.RawIOBase):
-    """The temporary file as libhdf5 writes it (h5py's file-object driver). The first write that fails
-    (disk full, ``ulimit -f``) raises, and every later write is dropped: libhdf5, which tries to flush the
-    file again when it is closed, would otherwise fail to close it, keep it open and crash the process
-    (SIGSEGV) when it shuts down. The file is removed anyway."""
+    """The temporary file as libhdf5 writes it (h5py's file-object driver). A write that fails (disk
+    full, ``ulimit -f``) is recorded in :attr:`failed` and it and every later write are dropped, but
+    nothing is raised into libhdf5: h5py 3.14 turned such an exception into an ``OSError`` from the
+    write that met it, but libhdf5 then failed to close the file, kept it open and crashed the process
+    (SIGSEGV) when it shut down; h5py 3.16 (HDF5 2.0) loses the exception inside libhdf5, which goes on
+    with a Python exception pending (a silently truncated file renamed into place, or SIGSEGV). The
+    writer looks at :attr:`failed` after every call into libhdf5 instead (:func:`hdf5_output`'s
+    ``check``) and raises there, from Python. The file is removed anyway."""
 
     def __init__(self, path: str) -> None:
         super().__init__()
@@ -86,11 +93,10 @@ class _Sink(io.RawIOBase):
         if self.failed is None:
             try:
                 done = 0
-                while done < len(view):  # libhdf5 does not look at the count: write it all, or raise
+                while done < len(view):  # libhdf5 does not look at the count: write it all, or give up
                     done += self.file.write(view[done:]) or 0
             except OSError as exc:
                 self.failed = exc
-                raise
         return len(view)
 
     def truncate(self, size: int | None = None) -> int:
@@ -99,7 +105,6 @@ class _Sink(io.RawIOBase):
                 return self.file.truncate(size)
             except OSError as exc:
                 self.failed = exc
-                raise
         return self.tell() if size is None else size
 
     def flush(self) -> None:
@@ -114,25 +119,31 @@ class _Sink(io.RawIOBase):
 
 
 @contextlib.contextmanager
-def hdf5_output(h5py: Any, target: str, tmp: str) -> Iterator[Any]:
-    """An ``h5py.File`` writing ``tmp`` for ``target``; a failure to write raises
-    :class:`DatasetWriteError` naming ``target`` (see :class:`_Sink`), and the file is always closed."""
+def hdf5_output(h5py: Any, target: str, tmp: str) -> Iterator[tuple[Any, Callable[[], None]]]:
+    """``(file, check)``: an ``h5py.File`` writing ``tmp`` for ``target``, and ``check()``, which raises
+    :class:`DatasetWriteError` naming ``target`` once a write failed (see :class:`_Sink`): call it after
+    every call into libhdf5 that may write. The file is always closed, and checked once more after it."""
     try:
         sink = _Sink(tmp)
-        f = h5py.File(sink, "w", libver="latest", locking=False)
+        f = h5py.File(sink, "w", libver=_LIBVER, locking=False)
     except OSError as exc:
         raise write_error(target, exc, tmp) from exc
+
+    def check(cause: BaseException | None = None) -> None:
+        if sink.failed is not None:
+            raise write_error(target, sink.failed, tmp) from cause or sink.failed
+
     try:
         try:
-            yield f
+            yield f, check
         finally:
             try:
                 f.close()  # the last flush
             except OSError as exc:
                 f.close()  # later writes are dropped: this closes it for good
-                if sink.failed is None:
-                    raise
-                raise write_error(target, sink.failed, tmp) from exc
+                check(exc)
+                raise
+        check()
     finally:
         sink.close()
 

@@ -146,6 +146,7 @@ def _sequence(children: list[Build], as_tuple: bool, value_at: list[int | None])
                 if n * item != size:
                     raise bad(size, (n,))
                 return [frombuffer(base, dt, n, off), v[i1]]
+            vector_and_value.pair = (dt, i, i1)  # lets a batch of them be decoded with numpy (codec.decode_many)
             return vector_and_value
         if i1 is not None and i0 is None:  # [array, label]: the most common datapoint
             return lambda v, b, h: [c0(v, b, h), v[i1]]

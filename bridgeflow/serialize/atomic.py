@@ -142,7 +142,7 @@ def check_target(path: str | os.PathLike, overwrite: bool) -> str:
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"cannot save {target}: folder {folder} does not exist")
     if os.path.lexists(target) and not overwrite:
-        raise TargetExistsError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
+        raise TargetExistsError(f"{target} already exists; pass overwrite=True to replace it")
     return target
 
 

@@ -15,6 +15,7 @@ Example (shell):
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import signal
@@ -25,6 +26,8 @@ from typing import Any
 
 from ..base import DataFlow
 from ..commands import Terminated, load_object, run_command
+from .atomic import check_target
+from .errors import CorruptDataError, TargetExistsError
 from .formats import EXTENSIONS, FORMATS, detect_format, load_dataset
 
 __all__ = ["Terminated", "bench_file", "main", "open_source", "register"]
@@ -75,16 +78,19 @@ def _parallel_map(df: DataFlow, workers: int) -> DataFlow:
 
 
 def open_source(spec: str, *, decode: bool = False, workers: int = 0, allow_pickle: bool = False,
-                split: str | None = None, non_images: str = "skip", bad_images: str = "error") -> DataFlow:
+                split: str | None = None, non_images: str = "skip", bad_images: str = "error",
+                allow_external: bool = False) -> DataFlow:
     """The flow ``bridgeflow serialize`` reads: an image folder, a dataset file, or ``module:function``.
     ``bad_images``: images that do not decode are refused (``"error"``), left out and named (``"skip"``),
-    or stored unchecked (``"keep"``)."""
+    or stored unchecked (``"keep"``). ``allow_external``: an HDF5 source may read data lying in other
+    files (see :func:`~bridgeflow.serialize.load_dataset`)."""
     return _open_source(spec, decode=decode, workers=workers, allow_pickle=allow_pickle, split=split,
-                        non_images=non_images, bad_images=bad_images)[0]
+                        non_images=non_images, bad_images=bad_images, allow_external=allow_external)[0]
 
 
 def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, split: str | None, non_images: str,
-                 bad_images: str = "error") -> tuple[DataFlow, list[str] | None, list[str], int | None]:
+                 bad_images: str = "error",
+                 allow_external: bool = False) -> tuple[DataFlow, list[str] | None, list[str], int | None]:
     """(flow, class names to store or None, files skipped as not images, images found or None)."""
     if split is not None and not (os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "data.mdb"))):
         raise ValueError("--split applies to image folders only")
@@ -95,14 +101,16 @@ def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, s
         from .images import ImageFolderData
 
         images = ImageFolderData(spec, decode=decode, split=split, non_images=non_images,
-                                 bad_images=None if bad_images == "keep" else bad_images)
+                                 bad_images={"keep": None, "skip": "error"}.get(bad_images, bad_images))
+        if bad_images == "skip":  # those that do not decode come back named, from whatever process read them
+            images.func = functools.partial(_read_or_name, images.func)
         df: DataFlow = images
         classes, skipped, found = images.classes, images.skipped, len(images.files)
         log.info("image folder %s: %d images in classes %s", images.root, len(df), images.classes)
     elif os.path.exists(spec):
         if decode:
             raise ValueError("--decode applies to image folders only")
-        df = load_dataset(spec, allow_pickle=allow_pickle)
+        df = load_dataset(spec, allow_pickle=allow_pickle, allow_external=allow_external)
         classes = getattr(df, "classes", None)  # a conversion keeps the label names
         if workers:
             log.warning("--workers ignored: reading %s has no map stage to parallelize", spec)
@@ -120,16 +128,52 @@ def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, s
     return (_parallel_map(df, workers) if workers else df), classes, skipped, found
 
 
+class _Undecodable(str):
+    """The path of an image that does not decode, in its datapoint's place (``--bad-images skip``)."""
+
+
+def _read_or_name(read: Any, dp: list) -> list:
+    """``read(dp)``, or ``[_Undecodable(path), why]`` for an image that does not decode: the command drops
+    it and names the file at the end, whichever process read it."""
+    try:
+        return read(dp)
+    except CorruptDataError as exc:
+        return [_Undecodable(dp[0]), str(exc.__cause__ or exc)]
+
+
+def _drop_undecodable(df: DataFlow, names: list[str]) -> DataFlow:
+    """``df`` less the images :func:`_read_or_name` named, whose paths go to ``names``."""
+    from ..transforms import MapData
+
+    def drop(dp: Any) -> Any:
+        if not (isinstance(dp, list) and dp and isinstance(dp[0], _Undecodable)):
+            return dp
+        if not names:
+            log.warning("skipping images that do not decode, each named at the end (first: %s: %s)", dp[0], dp[1])
+        names.append(str(dp[0]))
+        return None
+
+    return MapData(df, drop)
+
+
 def _cmd_serialize(args: argparse.Namespace) -> int:
     fmt = args.format or EXTENSIONS.get(os.path.splitext(args.output)[1].lower())
     if fmt is None:
         raise ValueError(f"cannot tell the format from {args.output!r}; pass --format {'|'.join(FORMATS)}")
     if args.workers < 0:
         raise ValueError(f"--workers must be >= 0, got {args.workers}")
+    try:  # before reading the source; the function's argument is overwrite=True, the command's --overwrite
+        check_target(args.output, args.overwrite)
+    except TargetExistsError:
+        raise TargetExistsError(f"{args.output} already exists; pass --overwrite to replace it") from None
     with sigterm_unwinds():  # SIGTERM (timeout, Slurm) cleans up like Ctrl-C
         df, classes, skipped, images = _open_source(args.source, decode=args.decode, workers=args.workers,
                                                     allow_pickle=args.allow_pickle, split=args.split,
-                                                    non_images=args.non_images, bad_images=args.bad_images)
+                                                    non_images=args.non_images, bad_images=args.bad_images,
+                                                    allow_external=args.allow_external)
+        undecodable: list[str] = []
+        if args.bad_images == "skip" and images is not None:
+            df = _drop_undecodable(df, undecodable)
         if args.limit:
             from ..transforms import FixedSizeData
 
@@ -153,11 +197,12 @@ def _cmd_serialize(args: argparse.Namespace) -> int:
                 n = NumpySerializer.save(df, args.output, overwrite=args.overwrite, progress=progress,
                                          classes=classes)
     extra = f"; skipped {len(skipped)} files that are not images" if skipped else ""
-    undecodable = images - n if images is not None and not args.limit else 0
     if undecodable:
-        extra += f"; skipped {undecodable} images that do not decode (named above)"
+        extra += f"; skipped {len(undecodable)} images that do not decode (named above)"
     for path in skipped:
         print(f"skipped (not an image): {path}", file=sys.stderr)
+    for path in undecodable:
+        print(f"skipped (does not decode): {path}", file=sys.stderr)
     print(f"wrote {n} datapoints to {args.output} ({fmt}, {_size(args.output)}){extra}")
     return 0
 
@@ -199,7 +244,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from ..transforms import describe_datapoint
 
     path = args.path
-    ds = load_dataset(path, allow_pickle=args.allow_pickle)
+    ds = load_dataset(path, allow_pickle=args.allow_pickle, allow_external=args.allow_external)
     fmt = detect_format(path)
     print(f"path:    {path}")
     layout = getattr(ds, "format", None)
@@ -237,18 +282,20 @@ def bench_file(path: str, args: argparse.Namespace) -> int:
 
     quiet = bool(getattr(args, "quiet", False))
     for shuffle in (False, True):
-        ds = load_dataset(path, shuffle=shuffle, seed=0, allow_pickle=bool(getattr(args, "allow_pickle", False)))
+        ds = load_dataset(path, shuffle=shuffle, seed=0, allow_pickle=bool(getattr(args, "allow_pickle", False)),
+                          allow_external=bool(getattr(args, "allow_external", False)))
         if len(ds) == 0:
             print(f"{path}: empty dataset, nothing to measure")
             return 0
         size = int(getattr(args, "size", 2000))
         warmup = int(getattr(args, "warmup", 0))
-        passes = (size + warmup) / len(ds)
-        print(f"{path}: {'shuffled' if shuffle else 'sequential'} read, {len(ds)} datapoints; timing {size} "
-              f"datapoints after {warmup} untimed: {passes:.1f} passes over the file"
-              + (" (pass --size to change)" if passes > 1.5 else ""))
+        seconds = float(getattr(args, "seconds", 2.0))
+        passes = size / len(ds)
+        print(f"{path}: {'shuffled' if shuffle else 'sequential'} read, {len(ds)} datapoints; timing rounds of "
+              f"{size} datapoints" + (f" for at least {seconds:g} s" if seconds else "") + f" after {warmup} untimed"
+              + (f"; a round reads the file {passes:.1f} times (pass --size to change)" if passes > 1.5 else ""))
         with ds:
-            TestDataSpeed(ds, size=size, warmup=warmup, progress=not quiet).start()
+            TestDataSpeed(ds, size=size, warmup=warmup, progress=not quiet, min_seconds=seconds).start()
     return 0
 
 
@@ -266,11 +313,12 @@ def register(subparsers: Any) -> None:
     ser.add_argument("--split", metavar="NAME", help="image folders: read SOURCE/NAME (e.g. train), for a "
                      "folder of split folders holding class folders")
     ser.add_argument("--non-images", choices=("skip", "error"), default="skip",
-                     help="image folders: files that are not images (by extension or content) are skipped, each "
-                     "named (default), or refused")
+                     help="image folders: files without an image extension are skipped, each named (default), "
+                     "or refused")
     ser.add_argument("--bad-images", choices=("error", "skip", "keep"), default="error",
-                     help="image folders: images that do not decode (a truncated JPEG) are refused, naming the "
-                     "file (default), skipped, each named, or stored unchecked (keep: no decoding, faster); "
+                     help="image folders: images that do not decode (a truncated JPEG, a .jpg holding no image) "
+                     "are refused, naming the file (default), skipped, each named, or stored unchecked (keep: no "
+                     "decoding, faster; files that do not start like an image are skipped as not images); "
                      "checking needs Pillow")
     ser.add_argument("--workers", type=int, default=0, help="run the source's map stage (image reading/"
                      "decoding, or the outermost MapData) in N processes, order kept")
@@ -278,6 +326,9 @@ def register(subparsers: Any) -> None:
     ser.add_argument("--codec", default="bridgeflow", choices=("bridgeflow", "pickle"),
                      help="LMDB value codec (pickle stores any object; readers must pass --allow-pickle)")
     ser.add_argument("--allow-pickle", action="store_true", help="read a pickle-codec LMDB source")
+    ser.add_argument("--allow-external", action="store_true", help="HDF5 source: read data lying in other files "
+                     "(external links, external storage, virtual datasets; refused by default), only for a "
+                     "file you trust")
     ser.add_argument("--write-frequency", type=int, default=5000, help="LMDB: datapoints per commit")
     ser.add_argument("--no-checksum", dest="checksum", action="store_false", help="LMDB: store no CRC-32 with "
                      "each value (by default every value carries one, checked on every read; HDF5 and npz "
@@ -293,6 +344,8 @@ def register(subparsers: Any) -> None:
     ins.add_argument("path", help="an LMDB, HDF5 or npz dataset")
     ins.add_argument("--num", type=int, default=2, help="datapoints to describe (default 2)")
     ins.add_argument("--allow-pickle", action="store_true", help="describe a pickle-codec LMDB")
+    ins.add_argument("--allow-external", action="store_true", help="HDF5: read data lying in other files "
+                     "(refused by default), only for a file you trust")
     ins.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
                      help="on an error, print the full traceback (default: one line)")
     ins.set_defaults(func=_cmd_inspect)
@@ -308,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--size", type=int, default=2000)
     bench.add_argument("--warmup", type=int, default=0)
     bench.add_argument("--quiet", action="store_true")
+    bench.add_argument("--seconds", type=float, default=2.0)
     bench.add_argument("--batch", type=int, default=0)
     bench.set_defaults(func=lambda a: bench_file(a.target, a))
     args = parser.parse_args(argv)

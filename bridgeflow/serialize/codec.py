@@ -43,6 +43,7 @@ Example:
 from __future__ import annotations
 
 import pickle
+import re
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -59,6 +60,7 @@ __all__ = [
     "FORMAT_VERSION",
     "decode",
     "decode_frames",
+    "decode_many",
     "encode",
     "encode_frames",
     "peek_codec",
@@ -370,6 +372,91 @@ def decode(buf: Any, *, allow_pickle: bool = False) -> Any:
         raise
     except Exception as exc:  # struct.error, IndexError, UnicodeDecodeError, unhashable keys, ...
         raise CorruptDataError(f"cannot decode datapoint: {type(exc).__name__}: {exc}") from exc
+
+
+def decode_many(buf: Any, starts: np.ndarray, length: int) -> list | None:
+    """Decode the encodings of ``length`` bytes each that lie in ``buf`` (a writable buffer: a block of
+    small values read at once) at the offsets ``starts``, as one batch: their headers, skeletons and buffer
+    lengths are compared with the first's all at once (it is decoded as :func:`decode` does), then each is
+    built from one tuple of its values, its array a view of ``buf`` (or, where ``buf`` would leave arrays
+    misaligned for their dtype, of one copy of all their bytes). ``None`` when the batch is not of that
+    kind (another skeleton among them, more than one array, strings or other heap data): decode them one by
+    one then, which also says what is wrong with a damaged one.
+    """
+    n = len(starts)
+    raw = np.frombuffer(buf, np.uint8)
+    if n == 0 or length < 32 or int(starts.max()) + length > len(raw):
+        return None
+    s0 = int(starts[0])
+    first = decode(bytearray(buf[s0:s0 + length]))  # checks it through, and makes its plan the last one
+    plan = _last[0]
+    if not plan.simple or plan.hstart > length:
+        return None
+    t0 = plan.full.unpack_from(buf, s0)
+    if t0[9] != plan.key or t0[:7] != plan.expect or t0[8] != length:
+        return None
+    end = plan.hstart + t0[7]
+    off = end + (-end % ALIGN)
+    size = t0[-1]
+    if off + size != length:
+        return None
+    prefix = raw[starts[:, None] + np.arange(plan.hstart)]  # header, skeleton, values, buffer length of each
+    fixed = np.r_[0:32 + len(plan.key), plan.hstart - 8:plan.hstart]  # all but the values (dims and numbers)
+    if not (prefix[:, fixed] == prefix[0, fixed]).all():
+        return None
+    at = starts + off
+    pair = getattr(plan.build, "pair", None)
+    if pair is not None:  # [1-d array, number], the usual small datapoint: whole columns at once
+        return _vectors_and_values(raw, prefix, at, size, plan, pair)
+    base: Any = buf
+    align = _alignment(first) or 1
+    if align > 1 and ((raw.ctypes.data + at) % align).any():
+        base = np.concatenate([raw[a:a + size] for a in at.tolist()])
+        at = np.arange(n, dtype=np.int64) * size
+    build = plan.build
+    return [build(t, [(base, a, size)], b"") for t, a in zip(plan.full.iter_unpack(prefix.tobytes()), at.tolist())]
+
+
+def _fields(fmt: str) -> list[tuple[int, str]]:
+    """``(byte offset, code)`` of each field a ``struct`` format (little-endian, no padding) unpacks."""
+    out, at = [], 0
+    for count, code in re.findall(r"(\d*)([a-zA-Z])", fmt.lstrip("<")):
+        if code == "s":
+            out.append((at, code))
+            at += int(count or 1)
+            continue
+        for _ in range(int(count or 1)):
+            out.append((at, code))
+            at += struct.calcsize("<" + code)
+    return out
+
+
+def _vectors_and_values(raw: np.ndarray, prefix: np.ndarray, at: np.ndarray, size: int, plan: Plan,
+                        pair: tuple) -> list | None:
+    """``[vector, number]`` datapoints of a batch (see :func:`decode_many`): the vectors' lengths checked
+    and their numbers read as columns of the prefixes, the vectors copied into one array, one row each."""
+    dt, dims, value = pair
+    fields = _fields(plan.full.format)
+    count, rest = divmod(size, dt.itemsize)
+    o = fields[dims][0]
+    if rest or not (prefix[:, o:o + 8].copy().view("<u8") == count).all():
+        return None
+    o, code = fields[value]
+    numbers = prefix[:, o:o + 8].copy().view("<i8" if code == "q" else "<f8").ravel().tolist()
+    vectors = np.concatenate([raw[a:a + size] for a in at.tolist()]).view(dt).reshape(len(at), count)
+    return [[v, x] for v, x in zip(vectors, numbers)]
+
+
+def _alignment(dp: Any) -> int:
+    """The alignment the first array in ``dp`` needs (1 without one)."""
+    if isinstance(dp, np.ndarray):
+        return dp.dtype.alignment
+    values = dp.values() if isinstance(dp, dict) else dp if isinstance(dp, (list, tuple)) else ()
+    for v in values:
+        found = _alignment(v)
+        if found:
+            return found
+    return 0
 
 
 def decode_frames(frames: Sequence[Any], *, allow_pickle: bool = False) -> Any:

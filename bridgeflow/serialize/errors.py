@@ -11,6 +11,7 @@ __all__ = [
     "DatasetNotFoundError",
     "DatasetWriteError",
     "EncodeError",
+    "ExternalDataError",
     "PickleNotAllowedError",
     "SerializationError",
     "TargetExistsError",
@@ -27,6 +28,14 @@ class CorruptDataError(SerializationError, ValueError):
 
     File errors name the path; the original low-level error (``lmdb.Error``, ``OSError``) is the cause.
     """
+
+
+class ExternalDataError(SerializationError, ValueError):
+    """A dataset file whose data lies outside it: an HDF5 external link, a soft link leading out through
+    one, raw data stored in other files, or a virtual dataset. Such a file could make the reader read any
+    file the process can (``/etc/passwd`` as images), so it is refused unless the caller vouches for it
+    (``allow_external=True``, ``--allow-external``). The message names the file, the dataset and what it
+    points at."""
 
 
 class UnsupportedFormatError(SerializationError, ValueError):
@@ -60,8 +69,10 @@ class DatasetNotFoundError(SerializationError, FileNotFoundError):
 
 
 class DatasetChangedError(SerializationError):
-    """A reader used in another process (or after ``close()``) finds another file at its path than the one
-    it was opened on (the file was replaced or removed): load the path again to read the new file."""
+    """The file a reader reads changed under it: a reader used in another process (or after ``close()``)
+    finds another file at its path than the one it was opened on (replaced or removed), or another
+    process committed to the LMDB file since the reader opened it (it is being written: a value read now
+    could be another key's). Load the path again to read the file as it is now."""
 
 
 class ComponentNotFoundError(SerializationError, KeyError):

@@ -44,8 +44,13 @@ def detect_format(path: str) -> str:
 
 
 def load_dataset(path: str | os.PathLike, *, shuffle: bool = False, seed: int | None = None,
-                 allow_pickle: bool = False, format: str | None = None, fmt: str | None = None) -> DataFlow:
+                 allow_pickle: bool = False, format: str | None = None, fmt: str | None = None,
+                 allow_external: bool = False) -> DataFlow:
     """The loaded flow of an LMDB, HDF5 or npz dataset file, its format recognised from its content.
+
+    ``allow_external=True`` lets an HDF5 file read data that lies in other files (external links,
+    external storage, virtual datasets), refused by default (:class:`ExternalDataError`): only for files
+    you trust, as ``allow_pickle`` for pickled LMDB values.
 
     ``format`` (the name the loaders and ``bridgeflow serialize --format`` use): ``"lmdb"``, ``"hdf5"``,
     ``"npz"``, or ``"tensorpack"`` (an LMDB file written by tensorpack's ``LMDBSerializer.save``), to
@@ -74,7 +79,7 @@ def load_dataset(path: str | os.PathLike, *, shuffle: bool = False, seed: int | 
     if found == "hdf5":
         from .hdf5_format import HDF5Data
 
-        return HDF5Data(path, shuffle=shuffle, seed=seed)
+        return HDF5Data(path, shuffle=shuffle, seed=seed, allow_external=allow_external)
     from .npz_format import NumpyData
 
     return NumpyData(path, shuffle=shuffle, seed=seed)

@@ -17,7 +17,13 @@ files that have them (format version 1 files, written before this layout, and fo
 variable-length data) once per file and process, so that they too load or fail, never hang.
 
 The reader opens the path once and reads everything through that open file (see
-:mod:`bridgeflow.serialize._pinned`): a file renamed over the path meanwhile is never mixed in.
+:mod:`bridgeflow.serialize._pinned`): a file renamed over the path meanwhile is never mixed in. Nothing
+outside the file is read: a dataset reached through an external link (or a soft link leading out
+through one), whose raw data lies in other files, or that is virtual raises
+:class:`~bridgeflow.serialize.errors.ExternalDataError` naming it and what it points at, unless
+``allow_external=True`` vouches for the file and what it points at. Every
+dataset read must hold the bytes its shape declares (a compressed one, no more than deflate could give),
+so memory stays in proportion to the file, whatever counts it claims.
 
 ``load`` also reads HDF5 files written by other tools when ``data_paths`` names their datasets (all
 of the same length; the first axis indexes datapoints).
@@ -49,7 +55,7 @@ from ..errors import BridgeflowError
 from ..order import IndexedSource
 from ._columns import Column, assemble
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes, source_length
-from ._hdf5_check import check_global_heaps, check_superblock, is_variable_length
+from ._hdf5_check import check_global_heaps, check_stored, check_superblock, contained_dataset, is_variable_length
 from ._hdf5_write import (
     CRC,
     FLAT,
@@ -94,28 +100,34 @@ class HDF5Serializer:
         h5py = _h5py()
         names = None if data_paths is None else [str(p) for p in data_paths]
         target = os.fspath(path)
-        with atomic_path(path, overwrite=overwrite, sidecars=()) as tmp, hdf5_output(h5py, target, tmp) as f:
+        with atomic_path(path, overwrite=overwrite, sidecars=()) as tmp, \
+                hdf5_output(h5py, target, tmp) as (f, check):
             writer = HDF5Writer(f, names, source_length(df))
             desc = f"HDF5 {os.path.basename(target)}"
             for i, dp in enumerate(iterate_source(df, progress=progress, desc=desc)):
                 try:
                     writer.add(dp, i)
                 except OSError as exc:  # libhdf5 failed to write (the source's own errors are not caught here)
+                    check(exc)
                     raise write_error(target, exc, tmp) from exc
+                check()  # a write that failed inside libhdf5 (see _hdf5_write._Sink)
             try:
                 writer.finish(None if classes is None else classes_json(classes))
             except OSError as exc:
+                check(exc)
                 raise write_error(target, exc, tmp) from exc
+            check()
         return writer.count
 
     @staticmethod
     def load(path: str | os.PathLike, data_paths: Sequence[str] | None = None, shuffle: bool = True, *,
              seed: int | None = None, verify: bool = True, shard: tuple[int, int] | str | None = None,
-             drop_last: bool = False) -> HDF5Data:
+             drop_last: bool = False, allow_external: bool = False) -> HDF5Data:
         """The flow of datapoints stored at ``path`` (see :class:`HDF5Data`); ``shard=(rank, world)`` or
-        ``"auto"`` reads this rank's part only."""
+        ``"auto"`` reads this rank's part only; ``allow_external=True`` follows links and data that lie in
+        other files (only for files you trust)."""
         return HDF5Data(path, data_paths=data_paths, shuffle=shuffle, seed=seed, verify=verify, shard=shard,
-                        drop_last=drop_last)
+                        drop_last=drop_last, allow_external=allow_external)
 
 
 def _open(pin: PinnedFile, path: str) -> Any:
@@ -141,6 +153,7 @@ def _open(pin: PinnedFile, path: str) -> Any:
         if same:
             return f
         f.close()
+    pin.ensure()  # a replaced file is refused here: raised in h5py's callbacks, 3.13 makes it a SystemError
     try:
         return h5py.File(pin.fileobj(), "r")
     except OSError as exc:
@@ -181,10 +194,11 @@ def _attr(f: Any, name: str, vlen_ok: Any) -> Any:
     return value.decode("utf-8") if isinstance(value, bytes) else value
 
 
-def _describe(f: Any, path: str, data_paths: list[str] | None,
-              vlen_ok: Any) -> tuple[str, list[Column], int, int]:
+def _describe(f: Any, path: str, data_paths: list[str] | None, vlen_ok: Any,
+              dataset: Any) -> tuple[str, list[Column], int, int]:
     """(structure, columns, count, format version; 0 for foreign files) from our attributes, or from
-    ``data_paths`` for foreign files. ``vlen_ok()`` runs before anything variable-length is read."""
+    ``data_paths`` for foreign files. ``vlen_ok()`` runs before anything variable-length is read;
+    ``dataset(f, name)`` opens a dataset (checked to lie inside the file), or gives ``None``."""
 
     def attr(name: str) -> Any:
         return _attr(f, name, vlen_ok)
@@ -213,9 +227,9 @@ def _describe(f: Any, path: str, data_paths: list[str] | None,
                                "name the datasets to read")
     columns, lengths = [], set()
     for p in data_paths:
-        if p not in f or not hasattr(f[p], "shape") or len(f[p].shape) == 0:
+        ds = dataset(f, p)
+        if ds is None or not hasattr(ds, "shape") or len(ds.shape) == 0:
             raise ComponentNotFoundError(f"{path} has no dataset {p!r} with a first axis to index")
-        ds = f[p]
         if is_variable_length(ds.id.get_type()):
             vlen_ok()
         lengths.add(ds.shape[0])
@@ -233,18 +247,21 @@ class HDF5Data(IndexedSource):
     finds a handle inherited through ``fork``. Sequential epochs read ~1 MiB blocks of rows (about one
     chunk); arrays of one block share its memory (writable). Shuffled epochs and ``ds[i]`` read row by
     row. ``data_paths`` picks and orders the components to read. ``verify=False`` skips the checks made
-    before libhdf5 reads the file (see the module doc): only for files you trust. ``shard=(rank, world)``
+    before libhdf5 reads the file (see the module doc): only for files you trust; so does
+    ``allow_external=True``, which reads datasets whose data lies in other files (external links, external
+    storage, virtual datasets; refused by default with :class:`ExternalDataError`). ``shard=(rank, world)``
     or ``"auto"`` reads this rank's contiguous part of every epoch (see :mod:`bridgeflow.shard`);
     ``state_dict()`` is the epoch, the position and the shuffle's entropy (see :mod:`bridgeflow.order`).
     """
 
     def __init__(self, path: str | os.PathLike, data_paths: Sequence[str] | None = None, shuffle: bool = True,
                  seed: int | None = None, *, verify: bool = True, shard: tuple[int, int] | str | None = None,
-                 drop_last: bool = False) -> None:
+                 drop_last: bool = False, allow_external: bool = False) -> None:
         self.path = existing_path(path, "HDF5Data")
         self.shuffle = shuffle
         self.seed = seed
         self.verify = verify
+        self.allow_external = bool(allow_external)
         paths = None if data_paths is None else [str(p) for p in data_paths]
         self._held = _Held(PinnedFile(self.path, "HDF5Data"))  # the one open of the path
         self._finalizer = weakref.finalize(self, self._held.release)
@@ -253,7 +270,7 @@ class HDF5Data(IndexedSource):
             f = _open(self._held.pin, self.path)
             try:
                 self.structure, self.columns, self._len, self.version = _describe(f, self.path, paths,
-                                                                                  self._check_heaps)
+                                                                                  self._check_heaps, self._dataset)
                 self._check_lengths(f)
                 self.classes: list[str] | None = parse_classes(_attr(f, "classes", self._check_heaps)
                                                                if self.version else None, self.path)
@@ -274,8 +291,14 @@ class HDF5Data(IndexedSource):
         if self.verify:
             check_global_heaps(self._held.pin, self.path)
 
+    def _dataset(self, f: Any, name: str) -> Any:
+        """The dataset ``name`` of ``f``, checked to lie inside the file (unless ``allow_external``), or
+        ``None``."""
+        return contained_dataset(f, name, self.path, allow_external=self.allow_external)
+
     def _check_lengths(self, f: Any) -> None:
-        """Every dataset a column reads holds as many rows as the count says (metadata only)."""
+        """Every dataset a column reads lies inside the file, holds as many rows as the count says and
+        stores the bytes its shape declares (metadata only)."""
         n = self._len
         for c in self.columns:
             want = {c.name: (n,)}
@@ -286,12 +309,13 @@ class HDF5Data(IndexedSource):
                 if c.kind == "ragged":
                     want[f"{SHAPES}/{c.name}"] = (n, len(c.shape))
             for name, shape in want.items():
-                if name not in f or not hasattr(f[name], "shape"):
+                ds = self._dataset(f, name)
+                if ds is None or not hasattr(ds, "shape"):
                     raise CorruptDataError(f"{self.path}: dataset {name!r} is missing")
-                ds = f[name]
                 if shape is not None and ds.shape[:len(shape)] != shape:
                     raise CorruptDataError(f"{self.path}: dataset {name!r} has shape {ds.shape}, where "
                                            f"{self._len} rows belong")
+                check_stored(ds, name, self.path)
                 if self.version == FORMAT_VERSION and is_variable_length(ds.id.get_type()):
                     raise CorruptDataError(f"{self.path}: dataset {name!r} is variable-length, which "
                                            "HDF5Serializer never writes")
@@ -314,6 +338,9 @@ class HDF5Data(IndexedSource):
             except BridgeflowError:
                 f.close()
                 raise
+            except MemoryError as exc:
+                f.close()
+                raise MemoryError(f"{self.path}: not enough memory to read the row index of its columns") from exc
             except (OSError, KeyError, ValueError, TypeError) as exc:
                 f.close()
                 raise CorruptDataError(f"{self.path}: damaged HDF5 file ({exc})") from exc
@@ -321,9 +348,9 @@ class HDF5Data(IndexedSource):
         return self._ds
 
     def _column(self, f: Any, c: Column) -> tuple[Column, Any, Any, Any, Any]:
-        ds = f[c.name]
+        ds = self._dataset(f, c.name)
         if self.version != FORMAT_VERSION:
-            shapes = f[f"{SHAPES}/{c.name}"] if c.kind == "ragged" else None
+            shapes = self._dataset(f, f"{SHAPES}/{c.name}") if c.kind == "ragged" else None
             return c, ds, shapes, self._crcs(f, c), None
         crcs = self._whole(f, f"{CRC}/{c.name}", (self._len,), np.uint32)
         if c.kind == "scalar" and self._len * ds.dtype.itemsize <= _SCALARS_IN_MEMORY:
@@ -342,15 +369,16 @@ class HDF5Data(IndexedSource):
         return c, ds, shapes, crcs, offsets
 
     def _whole(self, f: Any, name: str, shape: tuple, dtype: Any) -> np.ndarray:
-        ds = f[name]
+        ds = self._dataset(f, name)
         if ds.shape != shape or ds.dtype != dtype:  # checked before reading it whole
             raise CorruptDataError(f"{self.path}: dataset {name!r} is {ds.dtype} of shape {ds.shape}, not "
                                    f"{np.dtype(dtype)} of shape {shape}")
+        check_stored(ds, name, self.path)
         return ds[...]
 
     def _crcs(self, f: Any, c: Column) -> np.ndarray | None:
         """Version 1: the CRC-32 of each variable-length row, if the file has them."""
-        if c.kind not in _VLEN or f"{CRC}/{c.name}" not in f:
+        if c.kind not in _VLEN or self._dataset(f, f"{CRC}/{c.name}") is None:
             return None
         return self._whole(f, f"{CRC}/{c.name}", (self._len,), np.uint32)
 

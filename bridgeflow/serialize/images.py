@@ -5,19 +5,19 @@ file). Images are the file's encoded bytes as a 1-D ``uint8`` array (store them 
 disk, decode at training time with ``cv2.imdecode(img, cv2.IMREAD_COLOR)``, the tensorpack idiom, which
 needs an array; ``encoded="bytes"`` gives ``bytes`` instead, as bridgeflow did before), or, with
 ``decode=True``, a ``uint8`` array decoded by Pillow (``HxWx3`` RGB by default; ``mode=`` picks another
-Pillow mode). Files are recognised as images by their first bytes (JPEG, PNG, GIF, BMP,
-TIFF, WebP, PPM/PGM), not only their extension: others are skipped and counted (``.skipped``), or refused
-with ``non_images="error"``. A file that starts like an image may still not decode (a truncated JPEG):
-``bad_images="error"`` checks that every image decodes (with Pillow; JPEGs at 1/8 scale, which reads the
-whole stream but costs about 2/3 of a full decode) and refuses the first that does not, naming it;
+Pillow mode). Files without an image extension are skipped and counted (``.skipped``), or refused with
+``non_images="error"``. A file named like an image may still not decode (a truncated JPEG, or no image at
+all): ``bad_images="error"`` checks that every image decodes (with Pillow; JPEGs at 1/8 scale, which reads
+the whole stream but costs about 2/3 of a full decode) and refuses the first that does not, naming it;
 ``bad_images="skip"`` leaves such images out, each logged as a warning naming the file (from the worker
-that read it). The default, ``None``, stores the file's bytes unchecked (``decode=True`` always decodes,
-so an image that does not decode raises, or with ``"skip"`` is left out). ``bridgeflow serialize``
-checks by default. A root holding only ``train``/``val``/``test`` folders is refused: those are
-splits, not classes (pass ``split="train"``, or the split's folder). The flow is a
-:class:`~bridgeflow.MapData` over the list of ``[path, label]``, so the reading/decoding stage can be run
-in parallel by replacing it with
-``MultiProcessMapData(flow.ds, n, flow.func)`` (what ``bridgeflow serialize --workers N`` does).
+that read it). The default, ``None``, stores the file's bytes unchecked, after a look at their first bytes
+(JPEG, PNG, GIF, BMP, TIFF, WebP, PPM/PGM): a file named like an image that does not start like one is
+skipped as a non-image (``decode=True`` always decodes, so an image that does not decode raises, or with
+``"skip"`` is left out). ``bridgeflow serialize`` checks by default. A root holding only
+``train``/``val``/``test`` folders is refused: those are splits, not classes (pass ``split="train"``, or the
+split's folder). The flow is a :class:`~bridgeflow.MapData` over the list of ``[path, label]``, so the
+reading/decoding stage can be run in parallel by replacing it with ``MultiProcessMapData(flow.ds, n,
+flow.func)`` (what ``bridgeflow serialize --workers N`` does).
 
 Example:
     >>> from PIL import Image
@@ -73,12 +73,13 @@ def is_image_file(path: str) -> bool:
 
 def list_image_folder(root: str | os.PathLike, extensions: tuple[str, ...] = IMAGE_EXTENSIONS, *,
                       non_images: str = "skip", split: str | None = None,
-                      skipped: list[str] | None = None) -> tuple[list[str], list[list]]:
+                      skipped: list[str] | None = None, by_content: bool = True) -> tuple[list[str], list[list]]:
     """``(classes, [[path, label], ...])`` in a stable order (sorted classes, then sorted file names).
 
-    Files that are not images (by extension, then by their first bytes) are left out and appended to
-    ``skipped``, or raise ``ValueError`` naming the first with ``non_images="error"``. ``split`` reads
-    ``root/split``.
+    Files that are not images (by extension, then, with ``by_content``, by their first bytes) are left out and
+    appended to ``skipped``, or raise ``ValueError`` naming the first with ``non_images="error"``. ``split``
+    reads ``root/split``. A caller that checks that every image decodes passes ``by_content=False``, so that
+    a file named like an image is judged by that check, whether it is damaged or no image at all.
     """
     if non_images not in ("skip", "error"):
         raise ValueError(f"non_images must be 'skip' or 'error', got {non_images!r}")
@@ -104,7 +105,7 @@ def list_image_folder(root: str | os.PathLike, extensions: tuple[str, ...] = IMA
                 if fn.startswith("."):
                     continue
                 path = os.path.join(dirpath, fn)
-                if fn.lower().endswith(extensions) and is_image_file(path):
+                if fn.lower().endswith(extensions) and (not by_content or is_image_file(path)):
                     items.append([path, label])
                 elif non_images == "error":
                     by = "content" if fn.lower().endswith(extensions) else "extension"
@@ -196,7 +197,7 @@ class ImageFolderData(MapData):
         self.root = os.fspath(root) if split is None else os.path.join(os.fspath(root), split)
         self.skipped: list[str] = []
         self.classes, self.files = list_image_folder(self.root, extensions, non_images=non_images,
-                                                     skipped=self.skipped)
+                                                     skipped=self.skipped, by_content=bad_images is None)
         self.decode = decode
         super().__init__(DataFromList(self.files, shuffle=shuffle, seed=seed),
                          functools.partial(read_image_datapoint, decode=decode, mode=mode, encoded=encoded,

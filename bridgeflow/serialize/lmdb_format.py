@@ -61,10 +61,10 @@ from ..order import IndexedSource
 from ._checksum import crc32
 from ._common import classes_json, existing_path, iterate_source, normalize_index, note_datapoint, parse_classes
 from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray, new_bytearray_function
-from ._lmdb_tree import LMDBTree, walk_lmdb
+from ._lmdb_tree import LMDBTree, walk_lmdb, written_error
 from ._pinned import PinnedFile
 from .atomic import atomic_path, write_error
-from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, decode, encode
+from .codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, decode, decode_many, encode
 from .errors import CorruptDataError, EncodeError, PickleNotAllowedError, UnsupportedFormatError
 from .tensorpack_codec import decode_tensorpack
 from .tensorpack_lmdb import lmdb_layout, tensorpack_index, tensorpack_key
@@ -282,12 +282,15 @@ def _check_keys(tree: LMDBTree, count: int, p: str) -> None:
 
 class _Index:
     """What the readers of one file need, found once per file and process: the file's layout and
-    metadata, and where each datapoint's value lies (``offsets``, ``sizes``: 12 bytes a datapoint)."""
+    metadata, where each datapoint's value lies (``offsets``, ``sizes``: 12 bytes a datapoint), and the
+    version of the file they describe (its ``txnid``, and the watch that tells a commit since: see
+    :mod:`bridgeflow.serialize._lmdb_tree`)."""
 
-    __slots__ = ("__weakref__", "format", "meta", "offsets", "sizes", "small")
+    __slots__ = ("__weakref__", "format", "meta", "offsets", "sizes", "small", "txnid", "watch", "watch_at")
 
-    def __init__(self, fmt: str, meta: dict, offsets: np.ndarray, sizes: np.ndarray) -> None:
+    def __init__(self, fmt: str, meta: dict, offsets: np.ndarray, sizes: np.ndarray, tree: LMDBTree) -> None:
         self.format, self.meta = fmt, meta
+        self.txnid, self.watch_at, self.watch = tree.txnid, tree.watch_at, tree.watch
         self.offsets = np.ascontiguousarray(offsets, np.int64)
         self.sizes = np.ascontiguousarray(sizes, np.uint32)
         self.small = bool(np.median(self.sizes) < _SMALL_VALUE) if len(self.sizes) else False  # read in blocks
@@ -317,10 +320,10 @@ def _index(tree_of: Any, pin: PinnedFile, p: str, fmt: str | None) -> _Index:
             i = int(np.argmax(tree.sizes[:n] < _CRC.size))
             raise CorruptDataError(f"{p}: datapoint {i}: stored value of {tree.sizes[i]} bytes is too short for "
                                    "its checksum")
-        made = _Index(layout, meta, tree.offsets[:n], tree.sizes[:n])
+        made = _Index(layout, meta, tree.offsets[:n], tree.sizes[:n], tree)
     elif layout == "tensorpack":
         entries, meta = tensorpack_index(tree, pin, p, require_keys_entry=fmt is None)
-        made = _Index(layout, meta, tree.offsets[entries], tree.sizes[entries])
+        made = _Index(layout, meta, tree.offsets[entries], tree.sizes[entries], tree)
     else:
         raise CorruptDataError(f"{p}: an LMDB file, but not one written by LMDBSerializer (no "
                                f"{(META + b'format').decode()} key) nor by tensorpack's LMDBSerializer (no "
@@ -401,6 +404,11 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
     def _set_index(self, index: _Index) -> None:
         self._index = index
         self._offsets, self._sizes = memoryview(index.offsets), memoryview(index.sizes)  # fast int lookups
+        self._watch_at, self._watch = index.watch_at, index.watch
+
+    def _written(self) -> Exception:
+        """The error for a file a writer committed to since it was opened (see the module doc)."""
+        return written_error(self._pin, self.path, self._index.txnid)
 
     def _pickle_refusal(self) -> str:
         if self.format == "tensorpack":
@@ -438,6 +446,8 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
             got = os.preadv(fd, [data], off)
         if got != size:
             raise self._cut(off, size, f"datapoint {i}")
+        if os.pread(fd, 8, self._watch_at) != self._watch:
+            raise self._written()
         return self._finish(i, data, crc)
 
     def _finish(self, i: int, data: Any, crc: Any) -> Any:
@@ -470,11 +480,16 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                 continue
             stop = run.stop  # a range: sequential
             at = end = 0  # datapoints at..end-1 lie in ``block``, read from byte ``base`` of the file
+            batch = None  # and decoded together, when they are alike
             for i in it:
                 if not at <= i < end:
                     at, end, base, block = self._block(fd, i, stop)
+                    batch = self._decode_block(at, end, base, block)
                 if i >= end:  # a large value: read alone
                     yield get(fd, i)
+                    continue
+                if batch is not None:
+                    yield batch[i - at]
                     continue
                 a, size = self._offsets[i] - base, self._sizes[i]
                 if self.format == "tensorpack":
@@ -489,11 +504,14 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
         """:meth:`_get` for each of ``it``, inlined (the common case: bridgeflow's format, checksums)."""
         offsets, sizes, new, preadv = self._offsets, self._sizes, new_bytearray_function(), os.preadv
         crc32_of, stored, allow, tail = crc32(), _CRC.unpack, self._unpickle, _CRC.size
+        pread, watch_at, watch = os.pread, self._watch_at, self._watch
         for i in it:
             off, size = offsets[i], sizes[i]
             data, crc = new(size - tail), bytearray(tail)
             if preadv(fd, [data, crc], off) != size:
                 raise self._cut(off, size, f"datapoint {i}")
+            if pread(fd, 8, watch_at) != watch:
+                raise self._written()
             if crc32_of(data) != stored(crc)[0]:
                 raise CorruptDataError(f"{self.path}: datapoint {i}: checksum mismatch: the stored value is damaged")
             try:
@@ -501,6 +519,30 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
             except DECODE_ERRORS as exc:
                 raise self._damaged(i, exc) from exc
             yield dp
+
+    def _decode_block(self, at: int, end: int, base: int, block: memoryview | None) -> list | None:
+        """The datapoints ``at..end-1`` of a block of small values, their CRCs checked and their values decoded
+        together (:func:`~bridgeflow.serialize.codec.decode_many`: the arrays are views of the block), or
+        ``None`` where they are not alike: then each goes the usual way, which names a damaged one."""
+        if block is None or end - at < 2 or self.format != "bridgeflow" or self._unpickle:
+            return None
+        sizes = self._index.sizes[at:end]
+        size = int(sizes[0])
+        if (sizes != size).any():
+            return None
+        starts = self._index.offsets[at:end] - base
+        length = size - _CRC.size if self._crc else size
+        if self._crc:
+            crc32_of = crc32()
+            got = np.fromiter((crc32_of(block[s:s + length]) for s in starts.tolist()), np.uint32, len(starts))
+            raw = np.frombuffer(block, np.uint8)
+            stored = raw[(starts + length)[:, None] + np.arange(_CRC.size)].copy().view("<u4").ravel()
+            if (got != stored).any():
+                return None
+        try:
+            return decode_many(block, starts, length)
+        except DECODE_ERRORS:
+            return None
 
     def _block(self, fd: int, i: int, stop: int) -> tuple[int, int, int, memoryview | None]:
         """``(i, end, base, bytes)``: the small values of datapoints ``i..end-1`` that lie close together in
@@ -524,6 +566,8 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
         block = new_bytearray(hi - lo)
         if os.preadv(fd, [block], lo) != hi - lo:
             raise self._cut(lo, hi - lo, f"datapoints {i}..{i + n - 1}")
+        if os.pread(fd, 8, self._watch_at) != self._watch:
+            raise self._written()
         return i, i + n, lo, memoryview(block)
 
     def __getstate__(self) -> dict:

@@ -37,6 +37,7 @@ from ..base import DataFlow
 from ..transforms import MapData
 from ._common import normalize_index
 from ._lmdb_file import PinnedLMDB, check_verify
+from ._lmdb_tree import written_error
 from .codec import DECODE_ERRORS
 from .errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
 from .tensorpack_codec import decode_tensorpack, which_serializer
@@ -148,6 +149,8 @@ class LMDBData(PinnedLMDB):
         key = self._tree.key(j) if key is None else key
         if len(value) != n:
             raise self._cut(off, n, f"the value of key {key!r}")
+        if not self._tree.unchanged(fd):  # a writer may have put another key's value there since
+            raise written_error(self._pin, self.path, self._tree.txnid)
         return [key, value]
 
     def __getitem__(self, index: int) -> list[bytes]:

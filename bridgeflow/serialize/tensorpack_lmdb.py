@@ -41,6 +41,7 @@ __all__ = ["KEYS_ENTRY", "TENSORPACK_SEQUENTIAL_LIMIT", "datapoint_numbers", "lm
 KEYS_ENTRY = b"__keys__"
 BRIDGEFLOW_FORMAT_KEY = b"__bf__/format"
 TENSORPACK_SEQUENTIAL_LIMIT = 10**8  # beyond this, keys have 9 digits and cursor order is no longer index order
+_ROWS = 1 << 16
 
 
 def tensorpack_key(i: int) -> bytes:
@@ -71,12 +72,14 @@ def datapoint_numbers(tree: LMDBTree, entries: np.ndarray) -> np.ndarray:
     for n in np.unique(lengths).tolist():
         if not 8 <= n <= 18:
             continue
-        rows = np.flatnonzero(lengths == n)
-        digits = tree.keys[starts[rows][:, None] + np.arange(n)].astype(np.int64) - ord("0")
-        ok = ((digits >= 0) & (digits <= 9)).all(axis=1)
-        if n > 8:
-            ok &= digits[:, 0] != 0  # "{:08}" pads to 8 digits only
-        out[rows[ok]] = digits[ok] @ (10 ** np.arange(n - 1, -1, -1, dtype=np.int64))
+        every = np.flatnonzero(lengths == n)
+        for at in range(0, len(every), _ROWS):  # a few rows at a time: 16 bytes of index per key byte
+            rows = every[at:at + _ROWS]
+            digits = tree.keys[starts[rows][:, None] + np.arange(n)].astype(np.int64) - ord("0")
+            ok = ((digits >= 0) & (digits <= 9)).all(axis=1)
+            if n > 8:
+                ok &= digits[:, 0] != 0  # "{:08}" pads to 8 digits only
+            out[rows[ok]] = digits[ok] @ (10 ** np.arange(n - 1, -1, -1, dtype=np.int64))
     return out
 
 

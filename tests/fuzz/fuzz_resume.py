@@ -1,21 +1,37 @@
-"""Resume random pipelines at random points: a resumed flow must yield what the uninterrupted one yields.
+"""Resume generated pipelines at generated points, saving in one process and loading in a fresh one.
 
-Each pipeline is drawn from a seed: a source (a list, FakeData, a generator function, an LMDB, HDF5 or npz
-file, shuffled or not) under up to four wrappers (map, filter, batch and unbatch, repeat, repeat each
-datapoint, fixed size, cache, local shuffle, shard, concat, join, random mix, thread and process map stages,
-ordered or not, strict or not, with a BatchData over them batching in the workers). The reference is three
-uninterrupted epochs. Then, for resume points in several epochs (after 0, 1, a few, all datapoints), a new
-pipeline iterates to the point, saves its state through ``json``, and a third pipeline loads it and reads
-the rest: the rest of that epoch and the following ones must equal the reference's. Where an unordered
-stage makes the order a matter of timing, a strict one's stretch is compared as a multiset (the rest of
-the epoch being what the first run had not received), a carried one's by its counts only.
+Each pipeline is drawn from ``(seed, index)``: a source (a list, a generator function, FakeData, an LMDB,
+HDF5 or npz file, shuffled or not; most tagged with a random id per datapoint and epoch, so that a datapoint
+given twice is seen even where the values repeat) under up to four wrappers: map, filter, batch, unbatch,
+repeat, repeat each datapoint, fixed size, cache, local shuffle (endless or one pass), shard, concat, join,
+random mix and choice, batching by shape, thread and process map stages (ordered or not, strict or not,
+batching in the workers or not), a thread runner. A pipeline whose uninterrupted run raises (mixed shapes
+batched, a shard of a flow without a length...) is drawn again.
 
-One JSON line per pipeline that failed or raised, and a summary line. Pipelines run in this process;
-``--seed`` and ``--pipelines`` pick them, so two trees given the same arguments run the same pipelines.
-Uses only bridgeflow's public API. Not collected by pytest.
+A *save* process runs the pipeline uninterrupted for three epochs (the reference), then, per resume point
+(before the first ``iter()``; after 0, 1, a few or all datapoints of epoch 0 or 1; between epochs), builds it
+anew, reads to the point, and saves ``state_dict()`` through json, or records the refusal
+(``NotResumableError``). A fresh *load* process builds each pipeline again, loads the state and reads the
+rest of the epoch and the following ones. Both run under a time limit: one past it counts as a hang.
 
-Example:
-    python tests/fuzz/fuzz_resume.py --pipelines 200 --seed 0
+The comparison depends on what the pipeline promises (see ``bridgeflow.base``):
+
+- ``exact``: no unordered stage; every later epoch equals the reference, datapoint for datapoint.
+- ``multiset``: an unordered stage under wrappers that keep each epoch's datapoints whatever the order; the
+  values in each later epoch (batches flattened, so batches made in another order compare equal) equal
+  the reference's, the saved epoch's counting what was received before the state.
+- ``weak``: an unordered stage under a wrapper whose epoch boundary falls where timing puts it (a
+  carried stage, a fixed size, a join, a batch dropping its remainder, an endless shuffle, a random
+  choice, a runner of two workers): no run gives fixed epochs, so only what no run can give is looked
+  for: where the uninterrupted run gives no tagged datapoint twice, a tagged datapoint given twice (and
+  the right number of epochs, without an error).
+
+One JSON line per pipeline that failed, hung or was refused at load, and a summary by family (the
+wrapper right above the first unordered stage, or "ordered"): pipelines, points, exact resumes, refusals.
+
+Examples:
+    python tests/fuzz/fuzz_resume.py --pipelines 2000 --seed 0 --timeout 120 > results.jsonl
+    python tests/fuzz/fuzz_resume.py --only 17 212 --seed 0 --verbose
 """
 
 from __future__ import annotations
@@ -25,6 +41,8 @@ import collections
 import json
 import os
 import random
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,10 +52,13 @@ from typing import Any
 import numpy as np
 
 import bridgeflow as bf
+from bridgeflow.state import NotResumableError, StateError
 
 EPOCHS = 3
 N_FILE = 11  # datapoints of the file sources
-ORDERED_ONLY = False  # --ordered-only: no unordered stage, so every failure is the library's, not timing's
+TAG = (10**12, 10**15)  # a tag component's values: far above any other value of a datapoint
+LIMIT = 400  # datapoints per epoch above which a pipeline is drawn again (a repeat of a repeat of ...)
+STAGES = ("tmap", "pmap", "fused")
 
 
 # --- functions the stages run (module level, so process workers can use them) -----------------------------
@@ -64,13 +85,14 @@ def generated(n: int) -> Any:
 
 
 class Files:
-    def __init__(self, folder: str) -> None:
-        data = [[np.int64(100 + i)] for i in range(N_FILE)]
+    def __init__(self, folder: str, create: bool = True) -> None:
         self.paths = {"lmdb": os.path.join(folder, "d.lmdb"), "hdf5": os.path.join(folder, "d.h5"),
                       "npz": os.path.join(folder, "d.npz")}
-        bf.LMDBSerializer.save(bf.DataFromList(data, shuffle=False), self.paths["lmdb"])
-        bf.HDF5Serializer.save(bf.DataFromList(data, shuffle=False), self.paths["hdf5"], ["x"])
-        bf.NumpySerializer.save(bf.DataFromList(data, shuffle=False), self.paths["npz"])
+        if create:
+            data = [[np.int64(100 + i)] for i in range(N_FILE)]
+            bf.LMDBSerializer.save(bf.DataFromList(data, shuffle=False), self.paths["lmdb"], progress=False)
+            bf.HDF5Serializer.save(bf.DataFromList(data, shuffle=False), self.paths["hdf5"], ["x"], progress=False)
+            bf.NumpySerializer.save(bf.DataFromList(data, shuffle=False), self.paths["npz"], progress=False)
 
     def load(self, kind: str, shuffle: bool, seed: int) -> Any:
         if kind == "lmdb":
@@ -82,43 +104,73 @@ class Files:
 
 def draw_source(r: random.Random) -> tuple:
     kind = r.choice(["list", "list", "fake", "gen", "lmdb", "hdf5", "npz"])
-    n = r.randint(3, 12)
-    return (kind, n, r.random() < 0.5, r.randrange(1000))
+    n = N_FILE if kind in ("lmdb", "hdf5", "npz") else r.randint(3, 12)
+    return (kind, n, r.random() < 0.5, r.randrange(1000), r.random() < 0.75)
+
+
+WRAPPERS = ["map", "filter", "batch", "unbatch", "unbatch", "repeat", "repeat_dp", "repeat_dp", "fixed", "cache",
+            "cache", "shuffle", "shuffle", "shard", "concat", "join", "mix", "choose", "byshape", "trun", "tmap",
+            "tmap", "pmap", "fused", "fused"]
 
 
 def draw(r: random.Random, depth: int) -> tuple:
     if depth == 0 or r.random() < 0.25:
         return draw_source(r)
-    kind = r.choice(["map", "filter", "batch", "unbatch", "repeat", "repeat_dp", "fixed", "cache", "shuffle",
-                     "shard", "concat", "join", "mix", "tmap", "tmap", "pmap", "fused"])
-    child = draw(r, depth - 1)
-    if kind in ("concat", "join", "mix"):
+    return wrap(r, r.choice(WRAPPERS), draw(r, depth - 1), depth)
+
+
+def wrap(r: random.Random, kind: str, child: tuple, depth: int, keep: float = 0.5) -> tuple:
+    """``kind`` over ``child``; ``keep``: how often a flag takes the value that keeps every epoch's datapoints
+    (a batch's remainder, a one-pass shuffle, a strict stage)."""
+    if kind in ("concat", "join", "mix", "choose"):
         return (kind, [child, draw(r, depth - 1)], r.randrange(1000))
-    if kind in ("tmap", "pmap", "fused"):
-        return (kind, child, r.randint(1, 2), r.random() < 0.75 or ORDERED_ONLY, r.random() < 0.5,
-                r.random() < 0.2, r.randint(1, 4), r.random() < 0.5)
-    return (kind, child, r.randint(1, 4), r.random() < 0.5, r.randrange(1000))
+    if kind in STAGES:  # workers, ordered, strict, drop, batch, remainder
+        return (kind, child, r.randint(1, 2), r.random() < 0.5, r.random() < keep, r.random() < 0.2, r.randint(1, 4),
+                r.random() < keep)
+    return (kind, child, r.randint(1, 4), r.random() < keep, r.randrange(1000))
+
+
+def draw_unordered(r: random.Random) -> tuple:
+    """An unordered stage (strict more often than not, so that epochs are its datapoints whatever the timing)
+    over a small pipeline, under one or two wrappers."""
+    child = draw(r, r.randint(0, 2))
+    kind = r.choice(["tmap", "tmap", "pmap", "pmap", "fused", "fused", "fused", "trun"])
+    if kind == "trun":
+        node = ("trun", child, 2, r.random() < 0.5, r.randrange(1000))
+    else:
+        node = (kind, child, r.randint(1, 2), False, r.random() < 0.8, False, r.randint(1, 4), r.random() < 0.8)
+    for _ in range(r.randint(1, 2)):
+        node = wrap(r, r.choice(WRAPPERS), node, 2, keep=0.8)
+    return node
+
+
+def _tagged(src: Any, n: int, seed: int) -> Any:
+    """The source joined with a random id per datapoint and epoch (drawn in order, before any stage)."""
+    tag = bf.FakeData([[1]], size=n, dtype="int64", domain=TAG, seed=seed + 7)
+    return bf.JoinData([src, tag])
 
 
 def make(spec: tuple, files: Files) -> Any:
     kind = spec[0]
-    if kind == "list":
-        _, n, shuffle, seed = spec
-        return bf.DataFromList([[np.int64(i)] for i in range(n)], shuffle=shuffle, seed=seed)
-    if kind == "fake":
-        _, n, _, seed = spec
-        return bf.FakeData([[2]], size=n, dtype="int64", domain=(0, 999), seed=seed)
-    if kind == "gen":
-        return bf.DataFromGenerator(generated(spec[1]), size=spec[1])
-    if kind in ("lmdb", "hdf5", "npz"):
-        return files.load(kind, spec[2], spec[3])
-    if kind in ("concat", "join", "mix"):
+    if kind in ("list", "fake", "gen", "lmdb", "hdf5", "npz"):
+        _, n, shuffle, seed, tag = spec
+        if kind == "list":
+            src = bf.DataFromList([[np.int64(i)] for i in range(n)], shuffle=shuffle, seed=seed)
+        elif kind == "fake":
+            src = bf.FakeData([[2]], size=n, dtype="int64", domain=(0, 999), seed=seed)
+        elif kind == "gen":
+            src = bf.DataFromGenerator(generated(n), size=n)
+        else:
+            src = files.load(kind, shuffle, seed)
+        return _tagged(src, n, seed) if tag else src
+    if kind in ("concat", "join", "mix", "choose"):
         parts = [make(s, files) for s in spec[1]]
         return {"concat": lambda: bf.ConcatData(parts), "join": lambda: bf.JoinData(parts),
-                "mix": lambda: bf.RandomMixData(parts, seed=spec[2])}[kind]()
-    if kind in ("tmap", "pmap", "fused"):
+                "mix": lambda: bf.RandomMixData(parts, seed=spec[2]),
+                "choose": lambda: bf.RandomChooseData(parts, seed=spec[2])}[kind]()
+    if kind in STAGES:
         _, child, workers, ordered, strict, drop, batch, remainder = spec
-        func = drop_thirds if drop and ordered else inc_last  # unordered and dropping: epochs are timing's
+        func = drop_thirds if drop and not loose(spec) else inc_last  # unordered and dropping: epochs are timing's
         src = make(child, files)
         if kind == "pmap" or (kind == "fused" and workers == 2):
             stage = bf.MultiProcessMapData(src, workers, func, buffer_size=6, strict=strict, ordered=ordered,
@@ -139,7 +191,7 @@ def make(spec: tuple, files: Files) -> Any:
     if kind == "repeat":
         return bf.RepeatedData(c, min(k, 2))
     if kind == "repeat_dp":
-        return bf.RepeatedDataPoint(c, min(k, 2))
+        return bf.RepeatedDataPoint(c, min(k, 3))
     if kind == "fixed":
         return bf.FixedSizeData(c, k + 2, keep_state=flag)
     if kind == "cache":
@@ -149,122 +201,338 @@ def make(spec: tuple, files: Files) -> Any:
     if kind == "shard":
         world = min(k, 3) if k > 1 else 2
         return bf.ShardData(c, seed % world, world, drop_last=flag)
+    if kind == "byshape":
+        return bf.BatchDataByShape(c, k, 0, remainder=True)
+    if kind == "trun":
+        return bf.MultiThreadRunner(lambda: make(child, files), num_prefetch=4, num_thread=min(k, 2))
     raise ValueError(kind)
 
 
-def looseness(spec: tuple) -> int:
-    """0: the order is exact; 1: a strict unordered stage (each stretch is a multiset); 2: a carried unordered
-    stage (which results make an epoch depends on timing too: only the counts are checked)."""
-    own = 0
-    if spec[0] in ("tmap", "pmap", "fused") and not spec[3]:
-        own = 1 if spec[4] else 2
-    children = spec[1] if spec[0] in ("concat", "join", "mix") else [spec[1]] if isinstance(spec[1], tuple) else []
-    return max([own, *(looseness(c) for c in children)])
+# --- what a pipeline promises ----------------------------------------------------------------------------
 
 
-def valid(spec: tuple, files: Files) -> bool:
-    """Pipelines that cannot be built (a shard of a flow without length, say) are drawn again."""
-    try:
-        with make(spec, files) as df:
-            df.reset_state()
-            first = [next(iter(df), None)]
-            return first[0] is not None
-    except Exception:
+def _children(spec: tuple) -> list[tuple]:
+    if spec[0] in ("concat", "join", "mix", "choose"):
+        return list(spec[1])
+    return [spec[1]] if len(spec) > 1 and isinstance(spec[1], tuple) else []
+
+
+def _unordered(spec: tuple) -> bool:
+    """Whether this node's own output order is timing's."""
+    return (spec[0] in STAGES and not spec[3]) or (spec[0] == "trun" and min(spec[2], 2) > 1)
+
+
+def loose(spec: tuple) -> bool:
+    """Whether an unordered stage is in the pipeline (this node included)."""
+    return _unordered(spec) or any(loose(c) for c in _children(spec))
+
+
+def has_len(spec: tuple) -> bool:
+    kind = spec[0]
+    if kind in ("filter", "unbatch", "byshape", "choose"):
         return False
+    if kind in ("list", "fake", "gen", "lmdb", "hdf5", "npz", "fixed"):
+        return True
+    return all(has_len(c) for c in _children(spec))
 
 
-# --- comparing ----------------------------------------------------------------------------------------
+def _boundary(spec: tuple) -> bool:
+    """Whether this node's epoch boundary, over an unordered child, falls where timing puts it."""
+    kind = spec[0]
+    if kind in ("fixed", "join", "choose", "trun"):
+        return True
+    if kind == "batch":
+        return not spec[3]  # drops the epoch's remainder
+    if kind == "shuffle":
+        return not spec[3]  # endless: an epoch is a stretch of a stream that mixes passes
+    if kind in STAGES:
+        carried = not spec[4] and has_len(spec[1])
+        return carried or (kind == "fused" and not spec[7])
+    return False
+
+
+def stable(spec: tuple) -> bool:
+    """Whether every epoch's datapoints (as a multiset) are the same whatever the timing."""
+    if not all(stable(c) for c in _children(spec)):
+        return False
+    if _boundary(spec) and (_unordered(spec) or any(loose(c) for c in _children(spec))):
+        return False
+    return not (spec[0] == "trun" and _unordered(spec))
+
+
+def oracle(spec: tuple) -> str:
+    return "exact" if not loose(spec) else "multiset" if stable(spec) else "weak"
+
+
+def family(spec: tuple) -> str:
+    """The wrapper right above the first unordered stage (depth first), or "ordered"."""
+    def find(node: tuple, parent: str) -> str | None:
+        if _unordered(node):
+            return f"{parent}/{node[0]}"
+        for c in _children(node):
+            kind = node[0]
+            above = parent if kind in ("map", "filter") else kind
+            found = find(c, above)
+            if found:
+                return found
+        return None
+    return find(spec, "top") or "ordered"
+
+
+# --- datapoints as plain data ----------------------------------------------------------------------------
 
 
 def key(dp: Any) -> Any:
     if isinstance(dp, dict):
-        return ("d", tuple((k, key(v)) for k, v in sorted(dp.items())))
+        return ["d", [[k, key(v)] for k, v in sorted(dp.items())]]
     if isinstance(dp, (list, tuple)):
-        return ("l", tuple(key(v) for v in dp))
+        return ["l", [key(v) for v in dp]]
     a = np.asarray(dp)
-    return ("a", a.dtype.str, a.shape, a.tobytes())
+    return ["a", a.dtype.str, list(a.shape), a.ravel().tolist()]
 
 
-def epochs(df: Any, count: int, limit: int = 400) -> list[list]:
+def atoms(k: Any, out: list) -> list:
+    """Every number in a datapoint's key: a batch and its datapoints give the same."""
+    if k[0] == "a":
+        out.extend(k[3])
+    elif k[0] == "l":
+        for v in k[1]:
+            atoms(v, out)
+    else:
+        for _, v in k[1]:
+            atoms(v, out)
+    return out
+
+
+def epochs(df: Any, count: int) -> list[list]:
     out = []
     for _ in range(count):
         epoch = []
         for dp in df:
             epoch.append(key(dp))
-            if len(epoch) >= limit:
-                raise RuntimeError("an epoch longer than the limit")
+            if len(epoch) > LIMIT:
+                raise OverflowError("an epoch longer than the limit")
         out.append(epoch)
     return out
 
 
-def check(spec: tuple, files: Files, r: random.Random) -> dict:
-    with make(spec, files) as df:
-        ref = epochs(df, EPOCHS)
-    loose = looseness(spec)
-    points = 0
-    failures = []
+# --- the two roles -----------------------------------------------------------------------------------------
+
+
+def _points(r: random.Random, ref: list[list]) -> list[tuple]:
+    """(kind, epoch, k): "fresh" (before any iter()), "at" (after k datapoints of the epoch, the epoch's
+    iterator open), "between" (after e whole epochs, their iterators ended)."""
+    points = [("fresh", 0, 0)]
     for e in range(EPOCHS - 1):
         n = len(ref[e])
-        for k in sorted({0, min(1, n), r.randint(0, n), n}):
-            points += 1
-            with make(spec, files) as a:
-                for _ in range(e):
-                    for _ in a:
-                        pass
+        points += [("at", e, k) for k in sorted({0, min(1, n), r.randint(0, n), n})]
+    points.append(("between", r.randint(1, EPOCHS - 1), 0))
+    return points
+
+
+def save_role(seed: int, index: int, folder: str) -> dict:
+    files = Files(folder, create=False)
+    r = random.Random(seed * 100_003 + index)
+    attempts = 0
+    while attempts < 60:
+        attempts += 1
+        spec = draw_unordered(r) if index % 2 == 0 else draw(r, 4)  # every other one has an unordered stage
+        try:
+            with make(spec, files) as df:
+                ref = epochs(df, EPOCHS)
+        except Exception as exc:  # invalid by construction: drawn again
+            last = f"{type(exc).__name__}: {exc}"[:200]
+            continue
+        if not any(ref):
+            last = "no datapoints"
+            continue
+        break
+    else:
+        return {"invalid": last}
+    points = []
+    for kind, e, k in _points(r, ref):
+        point: dict = {"kind": kind, "epoch": e, "k": k}
+        with make(spec, files) as a:
+            pre = epochs(a, e)
+            received: list = []
+            it = None
+            if kind == "at":
                 it = iter(a)
                 received = [key(dp) for _, dp in zip(range(k), it)]
-                state = json.loads(json.dumps(a.state_dict()))
+            try:
+                point["state"] = json.loads(json.dumps(a.state_dict()))
+            except NotResumableError as exc:
+                point["refused"] = str(exc)
+            if it is not None:
                 it.close()
-            with make(spec, files) as b:
-                b.load_state_dict(state)
-                got = epochs(b, EPOCHS - e)
-            want = [ref[e][k:], *ref[e + 1:]]
-            if loose == 2:
-                same = [len(x) for x in got] == [len(x) for x in want]
-            elif loose:  # the datapoints not received yet, in any order: what the first run received is timing's
-                rest = collections.Counter(ref[e]) - collections.Counter(received)
-                same = collections.Counter(sum(got, [])) == rest + collections.Counter(sum(ref[e + 1:], []))
+        point.update(pre=pre, received=received)
+        points.append(point)
+    return {"spec": repr(spec), "attempts": attempts, "ref": ref, "points": points}
+
+
+def load_role(saved: dict, folder: str) -> list:
+    files = Files(folder, create=False)
+    spec = eval(saved["spec"])  # a tuple of literals written by save_role
+    out = []
+    for point in saved["points"]:
+        if "state" not in point:
+            out.append(None)
+            continue
+        with make(spec, files) as b:
+            try:
+                b.load_state_dict(point["state"])
+            except StateError as exc:
+                out.append({"load_refused": str(exc)})
+                continue
+            try:
+                out.append({"got": epochs(b, EPOCHS - point["epoch"])})
+            except Exception as exc:
+                out.append({"raised": f"{type(exc).__name__}: {exc}"[:300],
+                            "where": traceback.format_exc().splitlines()[-3].strip()})
+    return out
+
+
+# --- comparing ----------------------------------------------------------------------------------------
+
+
+def _bag(keys: list) -> collections.Counter:
+    found: list = []
+    for k in keys:
+        atoms(k, found)
+    return collections.Counter(found)
+
+
+def judge(spec: tuple, ref: list, point: dict, result: dict) -> str | None:
+    """None when the resumed run keeps the pipeline's promise, else what is wrong."""
+    got, e = result["got"], point["epoch"]
+    if point["kind"] == "at":
+        want = [ref[e][point["k"]:], *ref[e + 1:]]
+    else:
+        want = ref[e:]
+    if len(got) != len(want):
+        return f"{len(got)} epochs, not {len(want)}"
+    how = oracle(spec)
+    if how == "exact":
+        if got != want:
+            bad = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+            return f"epoch {e + bad}: {len(got[bad])} datapoints, wanted {len(want[bad])}, first difference at " \
+                   f"{next((j for j, (a, b) in enumerate(zip(got[bad], want[bad])) if a != b), 'the end')}"
+        return None
+    if how == "multiset":
+        first = point["received"] + got[0] if point["kind"] == "at" else got[0]
+        for i, (mine, theirs) in enumerate(zip([first, *got[1:]], ref[e:])):
+            a, b = _bag(mine), _bag(theirs)
+            if a != b:
+                return f"epoch {e + i}: values {dict(a - b)} more, {dict(b - a)} fewer than the reference"
+        return None
+    # weak: where the uninterrupted run gives no tagged datapoint twice, no resumed one does
+    def tags(keys: list) -> collections.Counter:
+        return collections.Counter(v for v in atoms(["l", keys], []) if isinstance(v, int) and v >= TAG[0] - 1)
+    if max(tags([dp for ep in ref for dp in ep]).values(), default=2) > 1:
+        return None  # it repeats datapoints (a cache, repeats): how often depends on timing too
+    timeline = [dp for ep in point["pre"] for dp in ep] + point["received"] + [dp for ep in got for dp in ep]
+    twice = {t: n for t, n in tags(timeline).items() if n > 1}
+    return f"tagged datapoints given more than once: {twice}" if twice else None
+
+
+# --- the driver ----------------------------------------------------------------------------------------
+
+
+def _run(args: list[str], timeout: float, stdin: str | None = None) -> tuple[str, Any]:
+    """Run this script in a fresh process (its own process group, killed whole at the time limit)."""
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return "hang", None
+    if proc.returncode != 0:
+        return "crash", (err or out)[-2000:]
+    return "ok", json.loads(out.splitlines()[-1])
+
+
+def check_pipeline(seed: int, index: int, folder: str, timeout: float = 120.0) -> dict:
+    """Save in one fresh process, load in another; the verdict of every resume point."""
+    status, saved = _run(["--role", "save", "--seed", str(seed), "--index", str(index), "--folder", folder], timeout)
+    if status != "ok":
+        return {"pipeline": index, "status": f"save {status}", "detail": saved}
+    if "invalid" in saved:
+        return {"pipeline": index, "status": "invalid", "detail": saved["invalid"]}
+    spec = eval(saved["spec"])
+    status, loaded = _run(["--role", "load", "--folder", folder], timeout, json.dumps(saved))
+    out = {"pipeline": index, "spec": saved["spec"], "family": family(spec), "oracle": oracle(spec),
+           "points": len(saved["points"]), "exact": 0, "refused": 0, "failures": []}
+    if status != "ok":
+        out.update(status=f"load {status}", detail=loaded)
+        return out
+    out["status"] = "ok"
+    for point, result in zip(saved["points"], loaded):
+        where = {"kind": point["kind"], "epoch": point["epoch"], "k": point["k"]}
+        if result is None:
+            out["refused"] += 1
+            out.setdefault("refusals", []).append(point["refused"][:200])
+        elif "got" not in result:
+            out["failures"].append({**where, **result})
+        else:
+            wrong = judge(spec, saved["ref"], point, result)
+            if wrong:
+                out["failures"].append({**where, "wrong": wrong})
             else:
-                same = got == want
-            if not same:
-                failures.append({"epoch": e, "k": k, "got": [len(x) for x in got], "want": [len(x) for x in want]})
-    return {"points": points, "failures": failures}
+                out["exact"] += 1
+    return out
+
+
+def summarize(results: list[dict]) -> dict:
+    table: dict = collections.defaultdict(collections.Counter)
+    for res in results:
+        if res["status"] == "invalid":
+            table["(invalid: drawn 60 times)"]["pipelines"] += 1
+            continue
+        fam = table[res.get("family", "?")]
+        fam["pipelines"] += 1
+        fam["points"] += res.get("points", 0)
+        fam["exact"] += res.get("exact", 0)
+        fam["refused"] += res.get("refused", 0)
+        fam["failed"] += len(res.get("failures", []))
+        fam["hang"] += res["status"].endswith("hang")
+        fam["crash"] += res["status"].endswith("crash")
+        fam["oracle " + res.get("oracle", "?")] += 1
+    return {k: dict(v) for k, v in sorted(table.items())}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pipelines", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--only", type=int, nargs="*", help="run only these pipelines (their indices)")
-    parser.add_argument("--ordered-only", action="store_true", help="no unordered stages (no timing in results)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per process (save, load)")
+    parser.add_argument("--verbose", action="store_true", help="a line for every pipeline")
+    parser.add_argument("--role", choices=["save", "load"], help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global ORDERED_ONLY
-    ORDERED_ONLY = args.ordered_only
-    totals: collections.Counter = collections.Counter()
+    if args.role == "save":
+        print(json.dumps(save_role(args.seed, args.index, args.folder)))
+        return 0
+    if args.role == "load":
+        print(json.dumps(load_role(json.loads(sys.stdin.read()), args.folder)))
+        return 0
     t0 = time.perf_counter()
+    results = []
     with tempfile.TemporaryDirectory() as folder:
-        files = Files(folder)
+        Files(folder)
         for i in args.only if args.only else range(args.pipelines):
-            r = random.Random(args.seed * 100_003 + i)
-            spec = draw(r, args.depth)
-            while not valid(spec, files):
-                spec = draw(r, args.depth)
-            try:
-                result = check(spec, files, r)
-            except Exception as exc:
-                totals["raised"] += 1
-                print(json.dumps({"pipeline": i, "spec": repr(spec), "raised": f"{type(exc).__name__}: {exc}",
-                                  "where": traceback.format_exc().splitlines()[-3].strip()}), flush=True)
-                continue
-            totals["pipelines"] += 1
-            totals["points"] += result["points"]
-            totals["failed_points"] += len(result["failures"])
-            if result["failures"]:
-                print(json.dumps({"pipeline": i, "spec": repr(spec), "failures": result["failures"]}), flush=True)
-    print(json.dumps({"summary": dict(totals), "seconds": round(time.perf_counter() - t0, 1),
-                      "bridgeflow": os.path.dirname(bf.__file__)}), flush=True)
-    return 0
+            res = check_pipeline(args.seed, i, folder, args.timeout)
+            results.append(res)
+            if args.verbose or res["status"] not in ("ok", "invalid") or res.get("failures"):
+                print(json.dumps(res), flush=True)
+    bad = sum(len(r.get("failures", [])) + (r["status"] not in ("ok", "invalid")) for r in results)
+    print(json.dumps({"summary": summarize(results), "pipelines": len(results), "failed_or_hung": bad,
+                      "seconds": round(time.perf_counter() - t0, 1), "bridgeflow": os.path.dirname(bf.__file__)}),
+          flush=True)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -3,15 +3,21 @@ data exactly as saved or a bridgeflow error naming the file; never a hang, a cra
 
 Each format's file is written by the current code from one seeded set of datapoints (arrays of a fixed
 and of a varying shape, numbers, text and bytes), then mutated ``--mutations`` times: a zeroed 4 KiB
-page, random bytes over a 4 KiB page, 1-8 flipped bytes, a cut at a random length. Each mutated file is
-read whole (length, one sequential pass, random access by index) in a separate worker process that the
-runner kills after ``--timeout`` seconds. Outcomes:
+page, random bytes over a 4 KiB page, 1-8 flipped bytes, a cut at a random length, a huge number written
+over 2, 4 or 8 bytes (counts and sizes), and for LMDB every node pointer of a page aimed at one node (a
+small file claiming keys without end). Each mutated file is read whole (length, one sequential pass,
+random access by index, compared with what was saved one datapoint at a time) in a separate worker
+process that the runner kills after ``--timeout`` seconds, under a memory limit (``RLIMIT_AS``) of the
+worker's address space before the read plus ``--memory-factor`` times the file's size plus
+``--memory-slack`` MiB; the growth of its resident memory (peak less before, ``VmHWM`` reset per read) is
+recorded. Outcomes:
 
 - ``same``: read back exactly as saved (the mutation hit bytes no reader uses);
 - ``error:<Type>``: a bridgeflow error naming the file (what damage must give);
 - ``foreign:<Type>``: any other exception, or a bridgeflow error without the file's name;
 - ``wrong``: read without an error but different from what was saved (silent);
-- ``hang``: killed at the timeout; ``crash:<signal>``: the worker died.
+- ``hang``: killed at the timeout; ``crash:<signal>``: the worker died;
+- ``memory:<Type>``: the read ran out of the memory limit (``MemoryError`` or a libhdf5 allocation error).
 
 One JSON line per format on stdout. Not collected by pytest; ``tests/test_serialize_fuzz.py`` runs a
 few hundred mutations per format through the same code.
@@ -40,7 +46,9 @@ from typing import Any
 import numpy as np
 
 FORMATS = ("lmdb", "lmdb-nochecksum", "hdf5", "npz")
-KINDS = ("zero-page", "random-page", "flip", "cut")
+KINDS = ("zero-page", "random-page", "flip", "cut", "big-int", "alias")
+MEMORY_FACTOR = 2.0
+MEMORY_SLACK_MIB = 64
 SUFFIX = {"lmdb": ".lmdb", "lmdb-nochecksum": ".lmdb", "hdf5": ".h5", "npz": ".npz"}
 
 
@@ -72,9 +80,9 @@ def write(fmt: str, path: str) -> None:
         NumpySerializer.save(df, path, progress=False)
 
 
-def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
+def mutate(data: bytes, rng: random.Random, lmdb: bool = False) -> tuple[str, bytes]:
     """One random mutation of ``data``: (its kind, the mutated bytes)."""
-    kind = rng.choices(KINDS, weights=(5, 2, 2, 1))[0]
+    kind = rng.choices(KINDS, weights=(5, 2, 2, 1, 2, 2 if lmdb else 0))[0]
     b = bytearray(data)
     if kind in ("zero-page", "random-page"):
         page = rng.randrange(max(1, len(b) // 4096)) * 4096
@@ -83,68 +91,134 @@ def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
     elif kind == "flip":
         for _ in range(rng.randint(1, 8)):
             b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+    elif kind == "big-int":
+        width = rng.choice((2, 4, 8))
+        at = rng.randrange(0, len(b) - width, width)
+        b[at:at + width] = rng.choice((2 ** (8 * width) - 1, 2 ** (8 * width - 1), rng.randrange(2 ** (8 * width))
+                                       )).to_bytes(width, "little")
+    elif kind == "alias":
+        alias_pointers(b, rng)
     else:
         del b[rng.randrange(len(b)):]
     return kind, bytes(b)
 
 
+def alias_pointers(b: bytearray, rng: random.Random, psize: int = 4096) -> None:
+    """Aim every node pointer of a random LMDB tree page at its first node, and give the page as many
+    pointers as fit before that node: pages that claim hundreds of keys sharing one key's bytes."""
+    pages = [p for p in range(2, len(b) // psize) if b[p * psize + 10] & 0x03]  # branch or leaf pages
+    if not pages:
+        return
+    at = rng.choice(pages) * psize
+    lower, upper = int.from_bytes(b[at + 12:at + 14], "little"), int.from_bytes(b[at + 14:at + 16], "little")
+    if lower <= 16 or upper >= psize:
+        return
+    first = b[at + 16:at + 18]
+    count = (upper - 16) // 2
+    b[at + 12:at + 14] = (16 + 2 * count).to_bytes(2, "little")
+    b[at + 16:at + 16 + 2 * count] = bytes(first) * count
+    if b[at + 10] & 0x02:  # a leaf: both meta pages count the entries it now claims
+        for meta in (0, psize):
+            entries = int.from_bytes(b[meta + 120:meta + 128], "little") + count - (lower - 16) // 2
+            b[meta + 120:meta + 128] = entries.to_bytes(8, "little")
+
+
 # --- the worker process: reads the files it is sent, one JSON answer a line ------------------------
 
-def read_back(path: str) -> str:
-    """Read ``path`` whole and classify the outcome (see the module doc)."""
+def read_back(path: str, want: list | None = None) -> str:
+    """Read ``path`` whole and classify the outcome (see the module doc). Nothing read is kept: each
+    datapoint is compared with ``want`` as it comes, so memory is the reader's own."""
     from bridgeflow.errors import BridgeflowError
     from bridgeflow.serialize import load_dataset
     from bridgeflow.testing import assert_same_datapoints
 
+    want = datapoints() if want is None else want
+    same = True
     try:
         ds = load_dataset(path, shuffle=False)
         try:
             ds.reset_state()
             n = len(ds)
-            seq = list(ds)
-            by_index = [ds[i] for i in range(n - 1, -1, -1)][::-1]
+            same = n == len(want)
+            count = 0
+            for i, dp in enumerate(ds):
+                count += 1
+                if same and i < len(want):
+                    same = _same(want[i], dp, assert_same_datapoints)
+            same = same and count == n
+            for i in range(n - 1, -1, -1):
+                dp = ds[i]
+                if same:
+                    same = _same(want[i], dp, assert_same_datapoints)
         finally:
             ds.close()
+    except MemoryError as exc:
+        return f"memory:{type(exc).__name__}"
     except BridgeflowError as exc:
+        if "MemoryError" in repr(exc.__cause__) or "allocat" in str(exc).lower():  # libhdf5's, wrapped
+            return f"memory:{type(exc).__name__}"
         named = os.path.basename(path) in str(exc)
         return f"{'error' if named else 'foreign'}:{type(exc).__name__}"
     except Exception as exc:  # what the fuzz is there to find
         return f"foreign:{type(exc).__name__}"
+    return "same" if same else "wrong"
+
+
+def _same(a: Any, b: Any, check: Any) -> bool:
     try:
-        want = datapoints()
-        assert len(seq) == n == len(want)
-        assert_same_datapoints(want, seq)
-        assert_same_datapoints(want, by_index)
+        check([a], [b])
     except AssertionError:
-        return "wrong"
-    return "same"
+        return False
+    return True
 
 
-def worker() -> None:
+def _status(field: str) -> int:
+    """A ``/proc/self/status`` figure, in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def worker(factor: float = MEMORY_FACTOR, slack_mib: int = MEMORY_SLACK_MIB) -> None:
+    """Read each path from stdin; answer ``outcome resident-growth-bytes`` a line."""
+    import logging
     import resource
 
-    soft = 8 << 30  # a damaged size must not take the machine's memory
-    resource.setrlimit(resource.RLIMIT_AS, (soft, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    import logging
-
     logging.disable(logging.CRITICAL)
+    want = datapoints()
+    read_back(os.devnull, want)  # import the readers before the first limit
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     for line in sys.stdin:
-        outcome = read_back(line.strip())
-        sys.stdout.write(outcome + "\n")
+        path = line.strip()
+        limit = _status("VmSize") + int(factor * os.path.getsize(path)) + (slack_mib << 20)
+        with open("/proc/self/clear_refs", "w") as f:  # VmHWM starts again from VmRSS
+            f.write("5")
+        rss = _status("VmRSS")
+        resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+        try:
+            outcome = read_back(path, want)
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+        sys.stdout.write(f"{outcome} {_status('VmHWM') - rss}\n")
         sys.stdout.flush()
 
 
 class Reader:
     """A worker process, restarted after a hang or a crash."""
 
-    def __init__(self) -> None:
+    def __init__(self, factor: float = MEMORY_FACTOR, slack_mib: int = MEMORY_SLACK_MIB) -> None:
         self.proc: subprocess.Popen | None = None
+        self.factor, self.slack_mib = factor, slack_mib
+        self.grew = 0  # resident memory the last read added (bytes)
 
     def _start(self) -> subprocess.Popen:
         here = os.path.dirname(os.path.abspath(__file__))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-        return subprocess.Popen([sys.executable, "-c", "import fuzz_serialize; fuzz_serialize.worker()"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        code = f"import fuzz_serialize; fuzz_serialize.worker({self.factor}, {self.slack_mib})"
+        return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env=env)
 
     def read(self, path: str, timeout: float) -> str:
         if self.proc is None or self.proc.poll() is not None:
@@ -161,7 +235,9 @@ class Reader:
             code = proc.wait()
             self.proc = None
             return f"crash:{signal.Signals(-code).name if code < 0 else code}"
-        return line.strip()
+        outcome, grew = line.split()
+        self.grew = int(grew)
+        return outcome
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -183,18 +259,20 @@ def run(fmt: str, mutations: int, seed: int, timeout: float, folder: str,
     outcomes: collections.Counter = collections.Counter()
     bad: dict[str, list] = collections.defaultdict(list)
     kinds: collections.Counter = collections.Counter()
+    most_grew = 0.0  # resident growth / file size, the largest seen
     t0 = time.perf_counter()
     try:
         assert reader.read(original, timeout * 4) == "same", f"{fmt}: the undamaged file does not read back"
         for t in range(mutations):
-            kind, mutated = mutate(data, rng)
+            kind, mutated = mutate(data, rng, lmdb=fmt.startswith("lmdb"))
             kinds[kind] += 1
             path = os.path.join(folder, f"m{t}{SUFFIX[fmt]}")
             with open(path, "wb") as f:
                 f.write(mutated)
             outcome = reader.read(path, timeout)
             outcomes[outcome] += 1
-            if outcome == "wrong" or outcome == "hang" or outcome.startswith(("crash", "foreign")):
+            most_grew = max(most_grew, reader.grew / len(mutated))
+            if outcome == "wrong" or outcome == "hang" or outcome.startswith(("crash", "foreign", "memory")):
                 bad[outcome].append((t, kind))
             os.unlink(path)
     finally:
@@ -204,7 +282,10 @@ def run(fmt: str, mutations: int, seed: int, timeout: float, folder: str,
             "outcomes": dict(sorted(outcomes.items())), "kinds": dict(sorted(kinds.items())),
             "hangs": outcomes["hang"], "crashes": sum(v for k, v in outcomes.items() if k.startswith("crash")),
             "foreign_errors": sum(v for k, v in outcomes.items() if k.startswith("foreign")),
-            "silent_wrong": outcomes["wrong"], "examples": {k: v[:5] for k, v in bad.items()},
+            "silent_wrong": outcomes["wrong"],
+            "out_of_memory": sum(v for k, v in outcomes.items() if k.startswith("memory")),
+            "most_resident_growth_per_file_byte": round(most_grew, 2),
+            "examples": {k: v[:5] for k, v in bad.items()},
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -214,13 +295,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated, of {', '.join(FORMATS)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=20.0, help="seconds before a read counts as a hang")
+    p.add_argument("--memory-factor", type=float, default=MEMORY_FACTOR,
+                   help=f"memory limit: this many times the file's size (default {MEMORY_FACTOR})")
+    p.add_argument("--memory-slack", type=int, default=MEMORY_SLACK_MIB,
+                   help=f"... plus this many MiB (default {MEMORY_SLACK_MIB})")
     args = p.parse_args(argv)
     folder = tempfile.mkdtemp(prefix="bf_fuzz_")
+    reader = Reader(args.memory_factor, args.memory_slack)
     try:
         for fmt in args.formats.split(","):
             print(json.dumps({"bench": "fuzz_serialize", **run(fmt, args.mutations, args.seed, args.timeout,
-                                                                folder)}), flush=True)
+                                                                folder, reader)}), flush=True)
     finally:
+        reader.stop()
         shutil.rmtree(folder, ignore_errors=True)
     return 0
 

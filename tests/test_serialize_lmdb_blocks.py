@@ -1,0 +1,138 @@
+"""Sequential reads of small LMDB values decode a whole block at once (``codec.decode_many``): the same
+datapoints as reading each value alone, writable and independent, and every damaged value still named."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bridgeflow import DataFromList, LMDBSerializer
+from bridgeflow.serialize import CorruptDataError
+from bridgeflow.serialize.codec import decode_many, encode
+
+
+def _same(a, b) -> None:
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    else:
+        assert repr(a) == repr(b)
+
+
+def read_all(path: str) -> list:
+    with LMDBSerializer.load(path, shuffle=False) as ds:
+        ds.reset_state()
+        seq = list(ds)
+        alone = [ds[i] for i in range(len(ds))]  # each value read and decoded alone
+    return seq, alone
+
+
+KINDS = {
+    "vector_int": lambda i: [np.arange(i % 5, i % 5 + 300, dtype=np.uint8), i],
+    "vector_float_label": lambda i: [np.full(60, i, np.float32), i / 3],
+    "float64_vector": lambda i: [np.full(37, i, np.float64), -i],  # 8-byte items: misaligned in the block
+    "matrix": lambda i: [np.full((3, 4), i, np.int16), i],
+    "dict": lambda i: {"x": np.full(20, i, np.int32), "y": i},
+    "tuple3": lambda i: (np.full(9, i, np.int64), i, 2.5),
+    "strings": lambda i: [np.full(9, i % 100, np.int8), f"name{i}"],
+    "ragged": lambda i: [np.zeros(i % 7, np.uint8), i],
+    "mixed": lambda i: [np.zeros(4, np.uint8), i] if i % 3 else [np.zeros(4, np.uint16), float(i)],
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("checksum", [True, False])
+def test_block_reads_give_what_single_reads_give(kind, checksum, tmp_path):
+    rows = [KINDS[kind](i) for i in range(3000)]
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False, checksum=checksum)
+    seq, alone = read_all(path)
+    for got, single, want in zip(seq, alone, rows):
+        _same(got, want)
+        _same(single, want)
+    arrays = [a for dp in seq for a in (dp.values() if isinstance(dp, dict) else dp) if isinstance(a, np.ndarray)]
+    assert all(a.flags.writeable and a.flags.aligned for a in arrays)
+    arrays[0][...] = 0  # independent: writing one changes no other datapoint
+    _same(seq[1], rows[1])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(n=st.integers(2, 300), length=st.integers(0, 40), dtype=st.sampled_from(["u1", "<i2", "<f4", "<f8", "<c8"]),
+       label=st.sampled_from(["int", "float"]), data=st.data())
+def test_decode_many_equals_decode(n, length, dtype, label, data):
+    """Encodings laid out as LMDB lays them (at even offsets, gaps between), decoded together."""
+    values = []
+    for i in range(n):
+        number = i - 5 if label == "int" else i * 0.25
+        values.append(encode([(np.arange(i, i + length) % 250).astype(dtype), number]))
+    gaps = data.draw(st.lists(st.sampled_from([0, 2, 6, 16, 30]), min_size=n, max_size=n))
+    starts, at = [], data.draw(st.sampled_from([0, 2, 8]))
+    for v, gap in zip(values, gaps):
+        starts.append(at)
+        at += len(v) + gap
+    block = bytearray(at)
+    for s, v in zip(starts, values):
+        block[s:s + len(v)] = v
+    got = decode_many(memoryview(block), np.array(starts, np.int64), len(values[0]))
+    assert got is not None
+    from bridgeflow.serialize.codec import decode
+
+    for g, v in zip(got, values):
+        _same(g, decode(bytearray(v)))
+
+
+def test_unlike_encodings_are_left_to_decode_one_by_one():
+    a, b = encode([np.zeros(4, np.uint8), 1]), encode([np.zeros(4, np.int8), 1])  # same length, other dtype
+    assert len(a) == len(b)
+    block = bytearray(a + b)
+    assert decode_many(memoryview(block), np.array([0, len(a)]), len(a)) is None
+    c = encode([np.zeros(2, np.uint16), 1])  # same bytes, other length in the values
+    assert len(c) == len(a)
+    assert decode_many(memoryview(bytearray(a + c)), np.array([0, len(a)]), len(a)) is None
+
+
+@pytest.mark.parametrize("where", ["array", "header", "label", "crc"])
+def test_a_damaged_value_in_a_block_is_named(where, tmp_path):
+    rows = [[np.full(300, i % 250, np.uint8), i] for i in range(2000)]
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False)
+    with LMDBSerializer.load(path, shuffle=False) as ds:
+        off, size = int(ds._index.offsets[777]), int(ds._index.sizes[777])
+    pos = {"array": off + size - 100, "header": off + 5, "label": off + size - 4 - 320, "crc": off + size - 2}[where]
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0x10]))
+    with LMDBSerializer.load(path, shuffle=False) as ds:
+        ds.reset_state()
+        with pytest.raises(CorruptDataError, match="datapoint 777"):
+            for _ in ds:
+                pass
+
+
+def test_a_file_cut_under_a_sequential_reader_is_an_error(tmp_path):
+    rows = [[np.full(300, i % 250, np.uint8), i] for i in range(5000)]
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False)
+    with LMDBSerializer.load(path, shuffle=False) as ds:
+        ds.reset_state()
+        it = iter(ds)
+        next(it)
+        os.truncate(path, os.path.getsize(path) // 2)
+        with pytest.raises(CorruptDataError, match="d.lmdb"):
+            for _ in it:
+                pass
