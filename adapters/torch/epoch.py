@@ -38,7 +38,7 @@ import weakref
 from typing import Any
 
 from bridgeflow.errors import BridgeflowError
-from bridgeflow.parallel.pool import EXHAUSTED
+from bridgeflow.parallel._transport.pool import EXHAUSTED
 
 from . import _compat
 from ._compat import torch

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from bridgeflow.parallel.shm import INBAND_LIMIT
+from bridgeflow.parallel._transport.shm import INBAND_LIMIT
 
 from . import _compat
 from ._compat import torch
@@ -207,7 +207,7 @@ class FastCollate:
     """torch's ``default_collate``, same output, faster (see ``_compat.fast_default_collate``).
 
     In a worker it stacks into ``alloc(shape, dtype)``: the shared-memory slab the batch is sent in (see
-    :meth:`~bridgeflow.parallel.shm.SlabWriter.alloc`), as torch's workers stack into shared memory. It
+    :meth:`~bridgeflow.parallel._transport.shm.SlabWriter.alloc`), as torch's workers stack into shared memory. It
     runs with the worker info hidden, or torch's collate would make a shared-memory segment of its own.
     """
 

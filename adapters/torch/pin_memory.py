@@ -28,8 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from bridgeflow.parallel.background import Producer
-from bridgeflow.parallel.pool import EXHAUSTED
+from bridgeflow.parallel._transport.background import Producer
+from bridgeflow.parallel._transport.pool import EXHAUSTED
 
 from . import _compat
 from ._compat import torch

@@ -2,7 +2,7 @@
 
 - :class:`LocalSource` (``num_workers=0``) runs the workers' task function in this process, one task at a
   time, so both sources give the same values and markers;
-- :class:`PoolSource` sends tasks to a bridgeflow :class:`~bridgeflow.parallel.pool.WorkerPool` of processes
+- :class:`PoolSource` sends tasks to a bridgeflow :class:`~bridgeflow.parallel.WorkerPool` of processes
   and receives their batches through shared memory, tensors rebuilt without a copy (:mod:`.convert`). A dead
   worker or the loader's ``timeout`` ends it with torch's words; a wait in a reading thread is cut into
   short slices (``between`` runs between them) so that stopping never waits for a slow worker.
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bridgeflow.errors import WorkerError, WorkerTimeoutError
-from bridgeflow.parallel.pool import EXHAUSTED, WorkerPool
+from bridgeflow.parallel._transport.pool import EXHAUSTED, WorkerPool
 
 from .convert import unpack
 from .fetch import Reset, WithState, WorkerSpec, WorkerTask, close_source, init_worker
