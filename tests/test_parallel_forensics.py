@@ -21,8 +21,8 @@ from bridgeflow.parallel import (
     MultiThreadMapData,
     MultiThreadRunner,
     WorkerPool,
-    forensics,
 )
+from bridgeflow.parallel._transport import forensics
 from conftest import PROMPTLY_S
 
 MAP_STAGES = [MultiProcessMapData, MultiThreadMapData]
