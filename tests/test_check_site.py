@@ -42,10 +42,11 @@ def test_the_reference_check_names_what_is_missing_or_internal(check_site, tmp_p
     (tmp_path / "api" / "flows.html").write_text(page(
         "<dl><dt id='bridgeflow.DataFlow'>DataFlow</dt><dd><code>bridgeflow.dataflow.DataFlow</code></dd>"
         "<dt id='bridgeflow.DataFlow.close'>close</dt>"
-        "<dt id='bridgeflow.parallel.shm.SlabWriter'>SlabWriter</dt></dl>"))
+        "<dt id='bridgeflow.parallel._transport.shm.SlabWriter'>SlabWriter</dt></dl>"))
     (tmp_path / "api" / "deep.html").write_text(page("<dt id='bridgeflow.MapData'>MapData</dt>"))  # 3 clicks
     problems = check_site.check_reference(tmp_path)
-    assert "api/flows.html describes bridgeflow.parallel.shm.SlabWriter, which is not a public name" in problems
+    assert ("api/flows.html describes bridgeflow.parallel._transport.shm.SlabWriter, which is not a public name"
+            in problems)
     assert "bridgeflow.MapData: no entry with that id on any page within two clicks of index.html" in problems
     assert not [p for p in problems if p.startswith(("bridgeflow.DataFlow:", "bridgeflow.__version__:"))]
     assert all("DataFlow.close" not in p for p in problems)  # a member of an entry is public

@@ -91,11 +91,11 @@ def test_a_name_listed_twice_fails(apigen, monkeypatch):
 
 def test_an_internal_or_unexported_path_in_the_table_fails(apigen, monkeypatch):
     monkeypatch.setitem(apigen.PAGES, "extra", ("Extra", "", {
-        "inside": ["bridgeflow.parallel.shm.SlabWriter", "bridgeflow.NoSuchThing"]}))
+        "inside": ["bridgeflow.parallel._transport.shm.SlabWriter", "bridgeflow.NoSuchThing"]}))
     problems = apigen.plan(("bridgeflow",)).problems
     assert problems == [
-        "bridgeflow.parallel.shm.SlabWriter (extra: inside): bridgeflow.parallel.shm is not one of the public "
-        "NAMESPACES",
+        "bridgeflow.parallel._transport.shm.SlabWriter (extra: inside): bridgeflow.parallel._transport.shm is not "
+        "one of the public NAMESPACES",
         "bridgeflow.NoSuchThing (extra: inside) is not in bridgeflow.__all__",
     ]
 
@@ -126,10 +126,11 @@ def test_a_docstring_reference_by_any_path_leads_to_the_entry_or_the_module_map(
     assert targets.public["bridgeflow.adapters.torch.loader.DataLoader"] == "bridgeflow.adapters.torch.DataLoader"
     assert targets.public["WorkerError"] == "bridgeflow.WorkerError"
     assert targets.public["PrefetchData"] == "bridgeflow.MultiProcessPrefetchData"
-    assert targets.internal["bridgeflow.parallel.shm.SlabWriter"] == "bridgeflow.parallel.shm"
+    assert targets.internal["bridgeflow.parallel._transport.shm.SlabWriter"] == "bridgeflow.parallel._transport.shm"
     assert targets.internal["bridgeflow.serialize._lmdb_tree"] == "bridgeflow.serialize._lmdb_tree"
     internal = set(apigen.internal_modules(apigen.all_modules()))
     assert not internal & set(apigen.NAMESPACES)
-    assert {"bridgeflow.parallel.wire", "bridgeflow.parallel.pickling", "bridgeflow.serialize.lmdb_format",
+    assert {"bridgeflow.parallel._transport.wire", "bridgeflow.parallel._transport.pickling",
+            "bridgeflow.serialize.lmdb_format",
             "bridgeflow.adapters.torch.loader"} <= internal
     assert apigen.exists("bridgeflow.DataFlow.state_dict") and not apigen.exists("bridgeflow.DataFlow.nope")

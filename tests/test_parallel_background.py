@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from bridgeflow.parallel.background import BackgroundIterator, Producer
+from bridgeflow.parallel._transport.background import BackgroundIterator, Producer
 from conftest import wait_for
 
 

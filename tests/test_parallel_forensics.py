@@ -21,8 +21,8 @@ from bridgeflow.parallel import (
     MultiThreadMapData,
     MultiThreadRunner,
     WorkerPool,
-    forensics,
 )
+from bridgeflow.parallel._transport import forensics
 from conftest import PROMPTLY_S
 
 MAP_STAGES = [MultiProcessMapData, MultiThreadMapData]
@@ -49,7 +49,7 @@ def stall_records(caplog) -> list[str]:
 
 @pytest.mark.parametrize("cls", MAP_STAGES)
 def test_a_stall_is_logged_with_the_workers_stack_and_the_wait_goes_on(cls, leak_check, caplog):
-    with caplog.at_level(logging.WARNING, logger="bridgeflow.parallel.pool"):
+    with caplog.at_level(logging.WARNING, logger="bridgeflow.parallel._transport.pool"):
         with cls(source(), 2, waits_for_a_lock_that_never_comes, stall_warning=0.5) as df:
             df.reset_state()
             assert [dp[0] for dp in df] == list(range(20))  # no timeout: it waits, and nothing is lost
@@ -135,7 +135,7 @@ def wait_until(predicate, timeout=10.0):
 def test_a_stopped_worker_is_reported_as_such_then_times_out(leak_check, caplog):
     """SIGSTOP (or a debugger) freezes a worker: it cannot dump its stack, and the warning says why; the
     stage's timeout then raises an error naming it, and closing the stage kills it."""
-    with caplog.at_level(logging.WARNING, logger="bridgeflow.parallel.pool"):
+    with caplog.at_level(logging.WARNING, logger="bridgeflow.parallel._transport.pool"):
         df = MultiProcessMapData(source(10**6), 2, identity, stall_warning=0.3, timeout=1.5)
         df.reset_state()
         it = iter(df)

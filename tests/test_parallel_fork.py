@@ -1,4 +1,4 @@
-"""A ``fork()`` in the consumer's process leaves its pipelines alone (bridgeflow.parallel.forking).
+"""A ``fork()`` in the consumer's process leaves its pipelines alone (bridgeflow.parallel._transport.forking).
 
 Each scenario runs in a fresh interpreter (a child of pytest that calls ``sys.exit`` would run pytest's own
 exit path): it starts a pipeline, takes a few datapoints, forks, lets the child end in one way, then reads
@@ -24,7 +24,7 @@ _SCENARIO = textwrap.dedent("""
     import numpy as np
     from collections import Counter
     from bridgeflow import DataFromList, MapData, MultiProcessMapData, MultiProcessRunner, MultiThreadMapData
-    from bridgeflow.parallel.background import BackgroundIterator
+    from bridgeflow.parallel._transport.background import BackgroundIterator
 
     def f(dp):
         return [np.full(50_000, dp[0], np.int64)]  # 400 KB: results travel in shared-memory slabs

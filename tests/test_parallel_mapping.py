@@ -13,7 +13,7 @@ import pytest
 import bridgeflow as bf
 from bridgeflow.errors import WorkerError
 from bridgeflow.parallel import MultiProcessMapData, WorkerPool
-from bridgeflow.parallel import shm as shm_mod
+from bridgeflow.parallel._transport import shm as shm_mod
 from conftest import wait_for
 
 
@@ -150,7 +150,7 @@ class RaisesIn(Recorder):
 @pytest.mark.parametrize("where", ["opened", "closing"])
 def test_a_hook_that_raises_is_logged_once_and_the_pipeline_goes_on(where, leak_check, caplog):
     hooks = RaisesIn(where)
-    with caplog.at_level(logging.WARNING, logger="bridgeflow.parallel.mapping"):
+    with caplog.at_level(logging.WARNING, logger="bridgeflow.parallel._transport.mapping"):
         with WorkerPool(megabyte_init, 1, mapping_hooks=hooks, name="Stage") as pool:
             pool.start()
             held = []

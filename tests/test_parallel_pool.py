@@ -13,7 +13,7 @@ import pytest
 
 from bridgeflow.errors import BridgeflowError, WorkerError
 from bridgeflow.parallel import EXHAUSTED, WorkerContext, WorkerPool
-from bridgeflow.parallel import shm as shm_mod
+from bridgeflow.parallel._transport import shm as shm_mod
 from conftest import PROMPTLY_S, InterruptAfterRead, shm_entries
 
 
@@ -393,7 +393,7 @@ def test_a_worker_whose_pool_is_gone_exits_quietly():
     """process_main itself, in a real process: its control segment removed and its consumer's pipe closed."""
     import multiprocessing as mp
 
-    from bridgeflow.parallel.worker import process_main
+    from bridgeflow.parallel._transport.worker import process_main
 
     ctx = mp.get_context("fork")
     task_r, task_w = ctx.Pipe(duplex=False)

@@ -17,7 +17,7 @@ import pytest
 
 from bridgeflow.errors import WorkerError
 from bridgeflow.parallel import WorkerPool, segments
-from bridgeflow.parallel import shm as shm_mod
+from bridgeflow.parallel._transport import shm as shm_mod
 from conftest import shm_entries, wait_for
 
 FORK = mp.get_context("fork")

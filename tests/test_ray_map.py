@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromList, MapData, WorkerError
-from bridgeflow.parallel.pool import RemoteTraceback
+from bridgeflow.parallel._transport.pool import RemoteTraceback
 from bridgeflow.remote import RayMapData
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 from conftest import need

@@ -14,7 +14,7 @@ import pytest
 
 import bridgeflow as bf
 from bridgeflow.parallel import MultiProcessMapData, WorkerPool
-from bridgeflow.parallel import pool as pool_mod
+from bridgeflow.parallel._transport import pool as pool_mod
 from conftest import SHM_DIR
 
 MIB = 1 << 20

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from bridgeflow.parallel import shm
+from bridgeflow.parallel._transport import shm
 from conftest import need
 
 need("torch")

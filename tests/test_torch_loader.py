@@ -566,7 +566,7 @@ def _through_slabs(value):
     """``value`` sent as a worker sends its result (its writer set up by the loader's worker task) and
     received as the loader receives it; also whether the received tensors lie in shared memory."""
     from bridgeflow.adapters.torch import convert
-    from bridgeflow.parallel import shm
+    from bridgeflow.parallel._transport import shm
 
     flags = memoryview(bytearray(8))
     writer, reader = shm.SlabWriter(f"bf{os.getpid()}_c_", flags, 8), shm.SlabReader(flags)

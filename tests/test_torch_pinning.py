@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import bridgeflow
-from bridgeflow.parallel import shm
+from bridgeflow.parallel._transport import shm
 from conftest import need
 
 need("torch")

@@ -46,7 +46,7 @@ from typing import Any
 import tensorflow as tf
 
 from bridgeflow.errors import DatapointError
-from bridgeflow.parallel.background import Producer
+from bridgeflow.parallel._transport.background import Producer
 
 from ._flow import END, close_iterator, dynamic_batch_for, reset_once
 from .signature import Signature

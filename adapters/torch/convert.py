@@ -1,6 +1,6 @@
 """Tensors through the worker's shared-memory transport, and the diagnosis of what cannot be sent.
 
-bridgeflow's transport (:mod:`bridgeflow.parallel.shm`) moves numpy arrays through shared memory out of band
+bridgeflow's transport (:mod:`bridgeflow.parallel._transport.shm`) moves numpy arrays through shared memory out of band
 (pickle protocol 5, one copy) but would pickle a torch tensor's bytes into the message. So each worker's
 result writer gets one more entry in its pickler's dispatch table (:func:`install`): a plain CPU tensor is
 pickled as a zero-copy numpy view of its data plus its real dtype, and rebuilt in the consumer by
@@ -69,7 +69,7 @@ def reduce_tensor(t: Any) -> Any:
 
 
 def install(writer: Any) -> None:
-    """Make ``writer`` (a worker's :class:`~bridgeflow.parallel.shm.SlabWriter`) send tensors out of band."""
+    """Make ``writer`` (a worker's :class:`~bridgeflow.parallel._transport.shm.SlabWriter`) send tensors out of band."""
     writer.reducers[torch.Tensor] = reduce_tensor
 
 

@@ -166,7 +166,7 @@ class FastCollate:
     """torch's ``default_collate``, same output, faster (see ``_compat.fast_default_collate``).
 
     In a worker it stacks into ``alloc(shape, dtype)``: the shared-memory slab the batch is sent in (see
-    :meth:`~bridgeflow.parallel.shm.SlabWriter.alloc`), as torch's workers stack into shared memory. It
+    :meth:`~bridgeflow.parallel._transport.shm.SlabWriter.alloc`), as torch's workers stack into shared memory. It
     runs with the worker info hidden, or torch's collate would make a shared-memory segment of its own.
     """
 

@@ -8,7 +8,7 @@ It *is* a torch DataLoader (``isinstance`` holds, ``DataLoader[T]`` works), buil
 constructor, so arguments, validation errors, attributes, ``len()``, default samplers and DataPipe settings are
 torch's, and frameworks that re-create a loader from its ``__init__`` arguments (Lightning injecting a
 ``DistributedSampler``) get this class back. Only the iterator differs: batches come from a bridgeflow
-:class:`~bridgeflow.parallel.pool.WorkerPool` through reused shared memory, with torch's random streams (worker
+:class:`~bridgeflow.parallel.WorkerPool` through reused shared memory, with torch's random streams (worker
 seeds, shuffles drawn from ``generator``), ``get_worker_info()``, DataPipe sharding and task-to-worker
 assignment, so the same arguments give the same batches. ``state_dict()``/``load_state_dict()`` resume an
 epoch exactly (see :mod:`bridgeflow.adapters.torch.state`).
@@ -323,7 +323,7 @@ class DataLoader(_tud.DataLoader[T_co]):
 
     def set_mapping_hooks(self, hooks: Any) -> None:
         """Tell ``hooks`` when a shared-memory slab this loader reads batches from is mapped and before it
-        is unmapped (:class:`~bridgeflow.parallel.mapping.MappingHooks`; ``None`` removes them): the slabs
+        is unmapped (:class:`~bridgeflow.parallel.MappingHooks`; ``None`` removes them): the slabs
         of the worker pool of every iterator, running or started later (persistent workers included),
         and of the parallel stages of a DataFlow dataset. :class:`CUDAPrefetcher` calls it to page-lock
         the slabs (:class:`~bridgeflow.adapters.torch.pinning.SlabPinner`), so its copies read batches

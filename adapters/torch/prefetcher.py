@@ -49,7 +49,7 @@ import numpy as np
 
 from bridgeflow.base import DataFlow
 from bridgeflow.errors import BridgeflowError
-from bridgeflow.parallel.background import BackgroundIterator, Producer
+from bridgeflow.parallel._transport.background import BackgroundIterator, Producer
 from bridgeflow.shard import warn_if_unsharded
 
 from ._compat import torch

@@ -11,7 +11,7 @@ The protocol, which :class:`~.pin_memory.PinThread` also follows:
 
 - :class:`LocalSource` (``num_workers=0``) runs the workers' task function in this process, one task at a
   time, so both sources give the same values and markers;
-- :class:`PoolSource` sends tasks to a bridgeflow :class:`~bridgeflow.parallel.pool.WorkerPool` of processes
+- :class:`PoolSource` sends tasks to a bridgeflow :class:`~bridgeflow.parallel.WorkerPool` of processes
   and receives their batches through shared memory, tensors rebuilt without a copy as they are unpickled
   (:mod:`.convert`). A dead worker or the loader's ``timeout`` ends it with torch's words; a wait in a
   reading thread is cut into short slices (``between`` runs between them) so that stopping never waits for
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bridgeflow.errors import WorkerError, WorkerTimeoutError
-from bridgeflow.parallel.pool import EXHAUSTED, WorkerPool
+from bridgeflow.parallel._transport.pool import EXHAUSTED, WorkerPool
 
 from .fetch import Reset, WorkerSpec, WorkerTask, close_source, init_worker
 from .result import ENDED, FAILED, Result

@@ -1,5 +1,7 @@
 """Parallel stages on threads or processes, sharing one worker loop and a shared-memory transport."""
 
+from ._transport.mapping import MappingHooks
+from ._transport.pool import EXHAUSTED, RemoteError, WorkerContext, WorkerPool
 from .common import OversubscribedWarning
 from .compat import (
     MultiProcessMapAndBatchData,
@@ -11,8 +13,6 @@ from .compat import (
     PrefetchDataZMQ,
     ThreadedMapData,
 )
-from .mapping import MappingHooks
-from .pool import EXHAUSTED, RemoteError, WorkerContext, WorkerPool
 from .stages import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData, MultiThreadRunner
 
 __all__ = [

@@ -16,9 +16,9 @@ import numpy as np
 from ..base import DataFlow
 from ..errors import DatapointError
 from ..proxy import ProxyDataFlow
-from .forensics import check_seconds
-from .pickling import dumps_as_launched
-from .pool import WorkerPool, describe_unpicklable
+from ._transport.forensics import check_seconds
+from ._transport.pickling import dumps_as_launched
+from ._transport.pool import WorkerPool, describe_unpicklable
 
 __all__ = [
     "ParallelStage", "check_picklable", "check_positive", "check_seconds", "chunk_size", "forever",

@@ -20,7 +20,7 @@ import numpy as np
 from ..batch import _batch_component, batch_datapoints
 from ..proxy import ProxyDataFlow
 from ..state import StateMismatchError
-from .pool import WorkerPool
+from ._transport.pool import WorkerPool
 from .progress import SourceLedger
 
 __all__ = ["EPOCH_END", "BatchPlan", "BatchTask", "Stacked", "WorkerBatching", "batch_bytes", "map_group", "unstack"]

@@ -28,6 +28,7 @@ from ..rng import worker_seed_scope
 from ..shard import UnshardedWarning
 from ..state import NotResumableError, StateError, StateMismatchError, check_plain
 from ..state_schema import Count, Same, Value
+from ._transport.pool import EXHAUSTED, WorkerContext, WorkerPool
 from .common import (
     ParallelStage,
     check_picklable,
@@ -37,7 +38,6 @@ from .common import (
     seed_worker_globals,
     warn_if_oversubscribed,
 )
-from .pool import EXHAUSTED, WorkerContext, WorkerPool
 from .progress import WorkerLedger, WorkerSnapshot
 
 __all__ = ["MultiProcessRunner", "MultiThreadRunner"]

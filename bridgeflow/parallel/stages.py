@@ -43,6 +43,7 @@ from ..errors import LengthUnknownError
 from ..state import StateError, StateMismatchError, child_state, held_then, pack_held, unpack_held
 from ..state_schema import Child, Count, Flag, Held, Part, Same, Value
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
+from ._transport.pool import WorkerContext, WorkerPool
 from .common import (
     ParallelStage,
     check_picklable,
@@ -53,7 +54,6 @@ from .common import (
     warn_if_oversubscribed,
 )
 from .fused import BatchPlan, BatchTask, WorkerBatching, map_group
-from .pool import WorkerContext, WorkerPool
 from .progress import SNAPSHOT_EVERY, SourceLedger, check_runs, check_source_position
 from .runners import MultiProcessRunner, MultiThreadRunner
 

@@ -43,7 +43,7 @@ import numpy as np
 from .._deps import require
 from ..base import DataFlow
 from ..errors import WorkerError
-from ..parallel.pool import pack_exception, unpack_exception
+from ..parallel._transport.pool import pack_exception, unpack_exception
 from ..proxy import ProxyDataFlow
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
 

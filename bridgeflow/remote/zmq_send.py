@@ -28,7 +28,7 @@ from typing import Any
 
 from .._deps import require
 from .._progress import progress_bar
-from ..parallel.background import Producer
+from ..parallel._transport.background import Producer
 from ..serialize.codec import CODECS, DEFAULT_CODEC, encode_frames
 from . import _protocol as P
 from .errors import RemoteConnectionError

@@ -7,7 +7,7 @@ sharing ``/dev/shm``: Docker ``--ipc=host``, pods sharing a volume) cannot see: 
 keeps the lock on the file, whatever namespace the holder runs in, so :func:`sweep_orphans` removes a
 pool's segments only when it can take that lock itself: when the pool and all its workers have exited.
 
-Mappings keep no descriptor open (:mod:`bridgeflow.parallel.mapping`), so a process needs one only for
+Mappings keep no descriptor open (:mod:`bridgeflow.parallel._transport.mapping`), so a process needs one only for
 a moment per segment, and one per pool for the lock. :func:`raise_fd_limit` lifts the soft limit of open
 files to the hard one at pool start all the same.
 """

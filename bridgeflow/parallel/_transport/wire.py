@@ -1,4 +1,4 @@
-"""What travels between a :class:`~bridgeflow.parallel.pool.WorkerPool` and its workers, and how it is laid out.
+"""What travels between a :class:`~bridgeflow.parallel.WorkerPool` and its workers, and how it is laid out.
 
 A task message is a chunk, a list of ``(task_id, payload)``; the reply to a chunk is one list of
 ``(kind, task_id, value)``, ``kind`` being :data:`OK`, :data:`RAN_OUT` (the task function raised
@@ -6,7 +6,7 @@ A task message is a chunk, a list of ``(task_id, payload)``; the reply to a chun
 :data:`INIT` carries the error of a failed ``init_fn``, :data:`FATAL` an error after which a process worker
 exits (its tasks are lost). An empty message, :data:`STOP`, tells a process worker to exit.
 
-A pool of process workers shares one control segment (:mod:`bridgeflow.parallel.shm`); worker ``w``'s part
+A pool of process workers shares one control segment (:mod:`bridgeflow.parallel._transport.shm`); worker ``w``'s part
 starts at :func:`ctl_base` ``(w)`` and holds :data:`MAX_SLABS` result-slab flags, as many task-slab flags,
 then two unsigned 64-bit counters: the results it completed and the nanoseconds it spent in its task
 function.

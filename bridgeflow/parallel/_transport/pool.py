@@ -10,9 +10,9 @@ Every parallel stage of bridgeflow, and the torch DataLoader adapter, runs on :c
   the consumer with its type and message, the worker's traceback attached as ``__cause__``.
 
 Both kinds of worker run the same loop, :func:`worker_loop`; only the channels differ
-(:mod:`bridgeflow.parallel.channels`), and the pool never asks which it has: it keeps the order of the
+(:mod:`bridgeflow.parallel._transport.channels`), and the pool never asks which it has: it keeps the order of the
 results, the chunks, the timeouts, the statistics and the forensics. Process workers send results through
-:mod:`bridgeflow.parallel.shm` (array bytes in shared memory) over one pipe each. The consumer waits on
+:mod:`bridgeflow.parallel._transport.shm` (array bytes in shared memory) over one pipe each. The consumer waits on
 those pipes *and* on the processes' sentinels, so a worker that dies (signal, ``os._exit``, OOM killer)
 becomes a :class:`~bridgeflow.WorkerError` at once instead of a hang. Each process worker also watches
 its parent and exits when the parent is gone, even if killed with SIGKILL.
@@ -31,7 +31,7 @@ OOM-killed a worker at 12.6 GB.
 
 A worker that is alive but returns nothing (a deadlock, a stuck read, SIGSTOP) is found out too: after
 ``stall_warning`` seconds without the result it waits for, ``get()`` logs which worker holds the oldest
-task, its state and its Python stack (:mod:`bridgeflow.parallel.forensics`), and with ``timeout`` it
+task, its state and its Python stack (:mod:`bridgeflow.parallel._transport.forensics`), and with ``timeout`` it
 raises :class:`~bridgeflow.WorkerTimeoutError` naming that worker.
 
 Example:
@@ -54,7 +54,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import BridgeflowError, DataFlowTerminated, WorkerError, WorkerTimeoutError
+from ...errors import BridgeflowError, DataFlowTerminated, WorkerError, WorkerTimeoutError
 from . import forensics
 from .channels import ProcessChannel, ThreadChannel
 from .forensics import Wait, check_seconds
@@ -496,7 +496,7 @@ class WorkerPool:
         (``None`` removes them). The address is stable while the mapping lives. A mapping whose arrays
         the consumer still holds stays mapped after the pool closes and is closed when they go. A hook
         that raises is logged once and dropped; the pipeline goes on. Thread workers use no slabs.
-        See :class:`~bridgeflow.parallel.mapping.MappingHooks`.
+        See :class:`~bridgeflow.parallel.MappingHooks`.
 
         Example:
             >>> class Pin:   # e.g. page-lock each slab for fast CUDA copies

@@ -1,6 +1,6 @@
-"""The two ways a :class:`~bridgeflow.parallel.pool.WorkerPool` reaches its workers: threads or processes.
+"""The two ways a :class:`~bridgeflow.parallel.WorkerPool` reaches its workers: threads or processes.
 
-Both channels run :func:`~bridgeflow.parallel.worker.worker_loop` in every worker and offer the pool one
+Both channels run :func:`~bridgeflow.parallel._transport.worker.worker_loop` in every worker and offer the pool one
 small interface; the pool keeps the order of results, the chunks, the timeouts, the statistics and the
 forensics, and never asks which kind it has:
 
@@ -15,10 +15,10 @@ forensics, and never asks which kind it has:
 - ``shutdown()`` stops the workers and frees what they shared. It is what ``weakref.finalize`` calls when a
   pool is collected without ``close()``, so a channel never refers to its pool;
 - ``forked_from``: None, or the pid of the process that owns the workers when this is a forked child's
-  copy of the channel, which must not be used (:mod:`bridgeflow.parallel.forking`).
+  copy of the channel, which must not be used (:mod:`bridgeflow.parallel._transport.forking`).
 
 Thread workers share one result queue. Process workers each get a task pipe, a result pipe, a pipe for
-their stack dumps and slabs of shared memory for array bytes (:mod:`bridgeflow.parallel.shm`); the consumer
+their stack dumps and slabs of shared memory for array bytes (:mod:`bridgeflow.parallel._transport.shm`); the consumer
 polls the result pipes together with the processes' sentinels, so a worker's death is seen at once.
 """
 
@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import BridgeflowError, WorkerError
+from ...errors import BridgeflowError, WorkerError
 from . import forensics, forking, shm
 from .mapping import MappingHookSet
 from .pickling import describe_unpicklable, dumps_as_launched
@@ -49,7 +49,7 @@ from .worker import WorkerContext, process_main, worker_loop
 
 __all__ = ["ProcessChannel", "ThreadChannel"]
 
-log = logging.getLogger("bridgeflow.parallel.pool")
+log = logging.getLogger("bridgeflow.parallel._transport.pool")
 
 _pool_ids = itertools.count()
 
@@ -148,7 +148,7 @@ class ThreadChannel:
 
 class ProcessChannel:
     """Workers as processes: three pipes each (tasks, results, stack dumps), slabs of shared memory for
-    array bytes, and one control segment (:mod:`bridgeflow.parallel.wire`) for the slabs' flags and the
+    array bytes, and one control segment (:mod:`bridgeflow.parallel._transport.wire`) for the slabs' flags and the
     workers' counters."""
 
     processes = True

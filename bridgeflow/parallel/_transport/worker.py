@@ -1,10 +1,12 @@
 """What runs in a worker, thread or process: the task loop, the process entry point, errors as data.
 
 Both kinds of worker run :func:`worker_loop`; only its ``recv``/``send`` channels differ. A thread's are
-queues; a process's are two pipes plus :mod:`bridgeflow.parallel.shm` (array bytes in shared memory),
+queues; a process's are two pipes plus :mod:`~bridgeflow.parallel._transport.shm` (array bytes in shared
+memory),
 wired up by :func:`process_main`. Everything here runs on the worker's side; the consumer's side is
-:class:`~bridgeflow.parallel.pool.WorkerPool` and its channels (:mod:`bridgeflow.parallel.channels`), which
-send tasks and turn the messages back into results. The messages are :mod:`bridgeflow.parallel.wire`'s.
+:class:`~bridgeflow.parallel.WorkerPool` and its channels
+(:mod:`~bridgeflow.parallel._transport.channels`), which
+send tasks and turn the messages back into results. The messages are :mod:`bridgeflow.parallel._transport.wire`'s.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 # thread is not in the child), so it is imported here, before any pool exists.
 import numpy.random  # noqa: F401
 
-from ..errors import BridgeflowError
+from ...errors import BridgeflowError
 from . import forensics, shm
 from .wire import COMPLETED_AT, ERROR, FATAL, INIT, LIVENESS_INTERVAL, MAX_SLABS, OK, RAN_OUT, STOP, ctl_base
 

@@ -9,7 +9,7 @@ reuses, and sends only the small pickle plus offsets. A result built in a slab t
 built in is sized from the bytes the writer's recent messages carried, or from :meth:`SlabWriter.reserve`.
 The :class:`SlabReader` in the consumer maps each slab once and rebuilds the arrays as views of it: the
 single copy is the worker's write into the slab. Mappings keep no file descriptor open
-(:mod:`bridgeflow.parallel.mapping`), so holding many results never runs into ``ulimit -n``.
+(:mod:`bridgeflow.parallel._transport.mapping`), so holding many results never runs into ``ulimit -n``.
 
 Lifetime of received arrays: a received array stays valid for as long as you hold it (or any view of
 it). A slab returns to its worker only when every array built from it has been garbage-collected,
@@ -20,7 +20,7 @@ frees the unused slabs beyond the most it needed at once over its last results (
 ``TRIM_WINDOW`` results of the whole pool), unlinks them, and tells the reader in its next message,
 which unmaps them at once; the memory goes back to the system soon after the consumer lets go.
 
-Segments, their names and their ownership are :mod:`bridgeflow.parallel.segments`'s. Without
+Segments, their names and their ownership are :mod:`bridgeflow.parallel._transport.segments`'s. Without
 ``/dev/shm`` (not Linux) or when it is full, results travel in-band.
 """
 
@@ -373,7 +373,7 @@ def _release(flags: memoryview, index: int, pid: int) -> None:
 class SlabReader:
     """Consumer side for one worker: maps its slabs (once each) and rebuilds arrays as views of them.
 
-    ``hooks`` (a :class:`~bridgeflow.parallel.mapping.MappingHookSet`) is told of every mapping.
+    ``hooks`` (a :class:`~bridgeflow.parallel._transport.mapping.MappingHookSet`) is told of every mapping.
     """
 
     def __init__(self, flags: memoryview | None, hooks: MappingHookSet | None = None) -> None:
