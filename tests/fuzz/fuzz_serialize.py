@@ -120,7 +120,7 @@ def alias_pointers(b: bytearray, rng: random.Random, psize: int = 4096) -> None:
     if b[at + 10] & 0x02:  # a leaf: both meta pages count the entries it now claims
         for meta in (0, psize):
             entries = int.from_bytes(b[meta + 120:meta + 128], "little") + count - (lower - 16) // 2
-            b[meta + 120:meta + 128] = entries.to_bytes(8, "little")
+            b[meta + 120:meta + 128] = max(0, entries).to_bytes(8, "little")  # the older meta may count fewer
 
 
 # --- the worker process: reads the files it is sent, one JSON answer a line ------------------------
