@@ -111,7 +111,7 @@ def alias_pointers(b: bytearray, rng: random.Random, psize: int = 4096) -> None:
         return
     at = rng.choice(pages) * psize
     lower, upper = int.from_bytes(b[at + 12:at + 14], "little"), int.from_bytes(b[at + 14:at + 16], "little")
-    if lower <= 16 or upper >= psize:
+    if lower <= 16 or upper >= psize or upper < lower:  # not a page header (an overflow value's bytes)
         return
     first = b[at + 16:at + 18]
     count = (upper - 16) // 2
