@@ -204,7 +204,7 @@ def make(spec: tuple, files: Files) -> Any:
     if kind == "byshape":
         return bf.BatchDataByShape(c, k, 0, remainder=True)
     if kind == "trun":
-        return bf.MultiThreadRunner(lambda: make(child, files), num_prefetch=4, num_thread=min(k, 2))
+        return bf.MultiThreadRunner(lambda: make(child, files), num_prefetch=4, num_thread=min(k, 2), seed=seed)
     raise ValueError(kind)
 
 
