@@ -270,6 +270,32 @@ def test_an_ended_source_is_refused_over_an_ordered_source(leak_check):
     g.close()
 
 
+@pytest.mark.parametrize("damage", ["worker_sum", "no_state_field"])
+def test_a_runner_refuses_damaged_worker_positions_at_load(damage, leak_check):
+    """Each worker's state is a tree with its own checksum, inside the runner's: with the runner's sum made
+    again it was checked only in the worker, at iter(), naming the worker's flow and not the runner; a position
+    without its 'state' field was taken and iter() raised KeyError (found by fuzz_states with the checksum
+    recomputed after each mutation)."""
+    with MultiProcessRunner(bf.MapData(src(), times_ten), 4, 2) as f:
+        it = iter(f)
+        for _ in range(7):
+            next(it)
+        state = f.state_dict()
+        it.close()
+    if damage == "worker_sum":
+        worker = next(w for w in state["workers"] if w["state"] is not None)
+        worker["state"]["check"] = "00000000"
+        match = r"^MultiProcessRunner/workers\[\d\]: .*checksum"
+    else:
+        del state["workers"][0]["state"]
+        match = r"^MultiProcessRunner: worker 0's position has the fields \['replay'\]"
+    state["check"] = checksum(state)
+    g = MultiProcessRunner(bf.MapData(src(), times_ten), 4, 2)
+    with pytest.raises(StateMismatchError, match=match):
+        g.load_state_dict(state)
+    g.close()
+
+
 def test_state_dict_with_many_in_flight_is_small(leak_check):
     """256 datapoints in flight in 2 processes: the state holds a source state and a few integers."""
     with bf.BatchData(MultiProcessMapData(src(5000), 2, times_ten, buffer_size=256), 8) as df:
