@@ -31,6 +31,7 @@ from .state import (
     child_state,
     held_then,
     pack_held,
+    read_first,
     state_or_error,
     unless_error,
     unpack_held,
@@ -327,6 +328,8 @@ class UnbatchData(ProxyDataFlow):
         source = iter(self.ds)
         if held is not None:
             source = held_then(unpack_held(held), source)
+        elif self._index:  # the batch being split, read again now
+            source = read_first(source)
         return self._unbatch(source, self._index)
 
     def _own_state(self) -> dict:

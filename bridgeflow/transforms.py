@@ -29,6 +29,7 @@ from .state import (
     child_state,
     held_then,
     pack_held,
+    read_first,
     rng_state,
     set_rng_state,
     state_or_error,
@@ -281,6 +282,8 @@ class RepeatedDataPoint(ProxyDataFlow):
             items = unpack_held(held)
             self._dp = items[0]
             source = held_then(items, source)
+        elif self._rep:  # the datapoint being repeated, read again now
+            source = read_first(source)
         return self._repeat(source, self._rep)
 
     def _repeat(self, source: Iterator, skip: int) -> Iterator:

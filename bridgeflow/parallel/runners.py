@@ -27,7 +27,7 @@ from ..errors import LengthUnknownError
 from ..pipeline import iter_flows
 from ..rng import worker_seed_scope
 from ..shard import UnshardedWarning
-from ..state import NotResumableError, StateError, StateMismatchError, check_plain
+from ..state import NotResumableError, StateError, StateMismatchError, check_plain, verify_checksum
 from ..state_schema import Count, Same, Value
 from ._transport.pool import EXHAUSTED, WorkerContext, WorkerPool
 from .common import (
@@ -96,6 +96,8 @@ def _check_workers(stage: Any, workers: list) -> None:
     for i, w in enumerate(workers):
         if not isinstance(w, dict):
             raise StateMismatchError(f"damaged worker position {w!r:.80} in the state")
+        if set(w) != {"state", "replay"}:
+            raise StateMismatchError(f"worker {i}'s position has the fields {sorted(w)}, not ['replay', 'state']")
         check_plain(w, f"the state of worker {i}")
         Count("replay", 2 * _RUNNER_SNAPSHOT_EVERY + stage._capacity, "a worker reports its copy's state every "
               f"{_RUNNER_SNAPSHOT_EVERY} datapoints").check(stage, w.get("replay"))
@@ -104,11 +106,12 @@ def _check_workers(stage: Any, workers: list) -> None:
             raise StateMismatchError(f"field 'state' of worker {i}'s position is a {type(saved).__name__}")
         if saved is not None:
             probe = probe if probe is not None else stage._probe()
-            if probe is not None:
-                try:
+            try:
+                if probe is not None:
                     probe.load_state_dict(saved)
-                except StateError as exc:
-                    raise exc.within(f"workers[{i}]") from None
+                verify_checksum(saved)  # a worker's state is a tree of its own (the probe's load is nested)
+            except StateError as exc:
+                raise exc.within(f"workers[{i}]") from None
     if probe is not None:
         probe.close()
 

@@ -493,6 +493,9 @@ class _MapStage(ParallelStage):
                                            "between two snapshots")
         if self.ordered and state["skip"]:
             raise StateMismatchError("an ordered stage's state lists datapoints received out of order")
+        if state.get("ended") and self._source_loose() is None:  # only a stage holding what is in flight ends so
+            raise StateMismatchError("the state says the source's epoch ended with datapoints held, which only a "
+                                     "stage over an unordered stage saves")
         size = self._epoch_size()
         Count("taken", None if size is None else -(-size // per) if batch is not None else size,
               "the epoch's length").check(self, state["taken"])
