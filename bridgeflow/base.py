@@ -92,7 +92,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from .errors import DataFlowReentrantError, LengthUnknownError
 from .pipeline import pipeline_stats
@@ -117,6 +117,7 @@ __all__ = ["DataFlow", "ReadAhead", "epoch_live", "pending_state", "reset_once",
 log = logging.getLogger(__name__)
 
 Datapoint = Any  # list | tuple | dict of components
+_Flow = TypeVar("_Flow", bound="DataFlow")
 
 
 class ReadAhead(Protocol):
@@ -209,12 +210,12 @@ class DataFlow:
         """Prepare to iterate in this process: seed RNGs, open files, start workers. Called once."""
         owner = moved_caller(self, "_on_reset")
         if owner is not None:  # super().reset_state() in a tensorpack-style reset_state
-            super(owner, self)._on_reset()
+            self.__parent(owner)._on_reset()
             return
         self._on_reset()
         self.__reset_done = True
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Where this flow is, as plain data: its next ``iter()`` after ``load_state_dict`` continues here.
 
         Take it between two datapoints the consumer received, in the thread that iterates (it is cheap:
@@ -236,7 +237,7 @@ class DataFlow:
         """
         owner = moved_caller(self, "_own_state")
         if owner is not None:
-            return super(owner, self)._own_state()
+            return self.__parent(owner)._own_state()
         reader = self.__read_ahead() if self.__read_ahead is not None else None
         if reader is not None:  # a reader holds datapoints ahead of its consumer: its position is the consumer's
             out = reader.delivered_state(self)
@@ -264,13 +265,13 @@ class DataFlow:
                 out["check"] = check
         return out
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take a state saved by :meth:`state_dict` of a flow of the same structure; its next ``iter()``
         continues from there. A state of another structure raises ``StateMismatchError`` (a ValueError)
         naming the flow and what differs."""
         owner = moved_caller(self, "_take_state")
         if owner is not None:
-            super(owner, self)._take_state(state)
+            self.__parent(owner)._take_state(state)
             return
         self.__read_ahead = None
         depth = _nesting.loading
@@ -309,7 +310,8 @@ class DataFlow:
         :func:`bridgeflow.pipeline.bottleneck` for what they say."""
         owner = moved_caller(self, "_own_stats")
         if owner is not None:  # super().stats() in a stats() written for an earlier bridgeflow
-            return super(owner, self)._own_stats()
+            # a moved stats() is this class's _own_stats hook: super().stats() in it means the parent's own counters
+            return self.__parent(owner)._own_stats()  # type: ignore[return-value]  # the hook's flat dict
         return pipeline_stats(self)
 
     def close(self) -> None:
@@ -351,7 +353,7 @@ class DataFlow:
         """tensorpack's older spelling of ``len(df)``."""
         return len(self)
 
-    def __enter__(self) -> DataFlow:
+    def __enter__(self: _Flow) -> _Flow:  # ``with MapData(...) as df``: df is a MapData
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -499,9 +501,15 @@ class DataFlow:
             if close is not None:
                 close()
 
+    def __parent(self, owner: type[Any]) -> DataFlow:
+        # super(owner, self): the methods that follow ``owner`` in this flow's MRO. mypy types a super() proxy by
+        # the class the call is written in (DataFlow here, whose parent is object), not by ``owner``.
+        return cast(DataFlow, super(owner, self))
+
     def __parent_epoch(self, owner: type) -> Iterator:
-        parent = super(owner, self)
-        if parent._begin_epoch.__func__ is DataFlow._begin_epoch:  # the parent's epoch is its _iter_epoch()
+        parent = self.__parent(owner)
+        # the parent's epoch is its _iter_epoch() (a bound method's __func__: typeshed's Callable has none)
+        if getattr(parent._begin_epoch, "__func__", None) is DataFlow._begin_epoch:
             return parent._iter_epoch()
         return parent._begin_epoch(None)
 

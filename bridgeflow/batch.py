@@ -31,6 +31,7 @@ from .state import (
     child_state,
     held_then,
     pack_held,
+    read_first,
     state_or_error,
     unless_error,
     unpack_held,
@@ -72,7 +73,9 @@ def _pad_stack(values: Sequence[np.ndarray], pad_value: Any, name: str) -> np.nd
         raise BatchError(f"component {name}: pad_value {pad_value!r} does not fit the arrays' dtype {dtype}")
     out = np.full((len(values), *shape), fill, dtype=dtype)
     for i, v in enumerate(values):
-        out[(i, *(slice(0, d) for d in v.shape))] = v
+        where: tuple[int | slice, ...] = (i, *(slice(0, d) for d in v.shape))  # not inline: mypy reads
+        # x[(i, *s)] as 3.11's x[i, *s]
+        out[where] = v
     return out
 
 
@@ -130,7 +133,8 @@ def batch_datapoints(dps: Sequence[Any], use_list: bool | Collection[Hashable] =
     if not dps:
         raise BatchError("cannot batch an empty list of datapoints")
     first = check_datapoint(dps[0], "BatchData input")
-    as_list = (lambda k: True) if use_list is True else (lambda k: bool(use_list) and k in use_list)
+    keep: Collection[Hashable] = () if isinstance(use_list, bool) else use_list
+    as_list = (lambda k: True) if use_list is True else (lambda k: k in keep)
     if isinstance(first, dict):
         keys = list(first)
         for j, dp in enumerate(dps):
@@ -324,6 +328,8 @@ class UnbatchData(ProxyDataFlow):
         source = iter(self.ds)
         if held is not None:
             source = held_then(unpack_held(held), source)
+        elif self._index:  # the batch being split, read again now
+            source = read_first(source)
         return self._unbatch(source, self._index)
 
     def _own_state(self) -> dict:

@@ -30,7 +30,7 @@ DESCRIPTION = ("bridgeflow: build, serialize and measure data pipelines that fee
 
 def parse_shapes(text: str) -> list[list[int]]:
     """``"3x224x224,1"`` -> ``[[3, 224, 224], [1]]``; a component ``scalar`` gives shape ``[]``."""
-    shapes = []
+    shapes: list[list[int]] = []
     for part in text.split(","):
         part = part.strip()
         if part in ("", "scalar"):
@@ -93,6 +93,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         df: DataFlow = FakeData(args.fake, size=None, random=not args.constant,
                                 dtype=args.dtype, seed=0)
     else:
+        assert args.target is not None  # exactly one of TARGET and --fake: checked above
         df = load_object(args.target)
     if args.batch:
         df = BatchData(df, args.batch)

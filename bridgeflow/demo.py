@@ -39,10 +39,10 @@ def demo_source(size: int = 2048, seed: int = 0) -> JoinData:
 def augment(dp: list, rng: np.random.RandomState | None = None) -> list:
     """Random 56x56 crop, random flip, per-channel normalization to float32: a realistic light transform."""
     img, label = dp
-    rng = rng if rng is not None else np.random
-    y, x = rng.randint(0, 9, size=2)
+    draw: Any = rng if rng is not None else np.random  # numpy's global RandomState functions by default
+    y, x = draw.randint(0, 9, size=2)
     img = img[:, y:y + 56, x:x + 56]
-    if rng.randint(2):
+    if draw.randint(2):
         img = img[:, :, ::-1]
     out = img.astype(np.float32)
     out -= _MEAN

@@ -27,8 +27,9 @@ are now, and takes no snapshots.
 from __future__ import annotations
 
 import collections
+import inspect
 import itertools
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -87,7 +88,7 @@ class _Stream:
         self.snaps: collections.deque[_Snapshot] = collections.deque()
         self.error: StateError | None = None
         self.every = max(256, flow.buffer_size // 4)  # reads between two snapshots
-        self.next_snap = 0
+        self.next_snap: float = 0  # inf: never (a loose state keeps no snapshots)
         self.limit = 32  # snapshots kept before the old ones are pruned
         self.low = (0, 0)  # (pulled when computed, oldest read still needed): a cached lower bound
         if loose is not None:
@@ -96,7 +97,7 @@ class _Stream:
 
     # --- the buffer -----------------------------------------------------------------------------
 
-    def _run(self, resumed: bool) -> Iterator:
+    def _run(self, resumed: bool) -> Generator[Any, None, None]:
         flow = self.flow
         ds, rng, queue = flow.ds, flow.rng, self.queue
         size, reuse, interval, one_pass = flow.buffer_size, flow.num_reuse, flow.shuffle_interval, flow.one_pass
@@ -307,7 +308,7 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
                                              "saved", [type(self).__name__])
             stream.check_rebuilt(type(self).__name__)
             taken = resume["taken"]
-        elif self.one_pass or self._stream is None or self._stream.gen.gi_frame is None:
+        elif self.one_pass or self._stream is None or inspect.getgeneratorstate(self._stream.gen) == inspect.GEN_CLOSED:
             self._drop_stream()
             stream = self._stream = _Stream(self, 0, 0, resumed=False, loose=unordered_stage(self))
         else:
@@ -339,7 +340,8 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
         datapoint in the buffer was read, the datapoints handed out since, and the place in the epoch."""
         live = epoch_live(self)
         stream = self._stream
-        if stream is not None and (live or not self.one_pass) and stream.gen.gi_frame is not None:
+        open_stream = stream is not None and inspect.getgeneratorstate(stream.gen) != inspect.GEN_CLOSED
+        if stream is not None and (live or not self.one_pass) and open_stream:
             own = stream.state()
             own["taken"] = stream.yields - self._epoch_start if live else 0
         else:  # nothing read yet, or between two one-pass epochs: a new stream starts from here

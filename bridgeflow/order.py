@@ -106,8 +106,8 @@ class EpochOrder:
             raise ValueError(f"{self.who}: split needs 0 <= k < parts, got k={k}, parts={parts}")
         self.part = (k, parts)
 
-    def _piece(self, runs: list[Run]) -> list[Run]:
-        k, parts = self.part
+    def _piece(self, runs: list[Run], part: tuple[int, int]) -> list[Run]:
+        k, parts = part
         total = sum(len(r) for r in runs)
         lo, hi = total * k // parts, total * (k + 1) // parts
         out, at = [], 0
@@ -127,7 +127,7 @@ class EpochOrder:
         """The indices of ``epoch`` for this flow (this rank's block when sharded, its piece when split), as
         one or more runs."""
         runs = self._runs(epoch)
-        return runs if self.part is None else self._piece(runs)
+        return runs if self.part is None else self._piece(runs, self.part)
 
     def _runs(self, epoch: int) -> list[Run]:
         n = self.n
@@ -180,7 +180,7 @@ class EpochOrder:
                 done += n
                 continue
             skip = max(0, pos - done)
-            it = iter(run)
+            it: Any = iter(run)  # a range's or a list's iterator: its __setstate__(n) (a pickling hook) seeks
             if skip:
                 it.__setstate__(skip)
             self._it, self._done, self._run_len = it, done, n
@@ -193,9 +193,11 @@ class EpochOrder:
         fastest way through it, and it knows its position like the index iterators do (a split order:
         through its piece)."""
         if self.part is not None:
-            piece = self._piece([range(len(seq))])
-            seq = seq[piece[0].start:piece[0].stop] if piece else seq[:0]
-        it = iter(seq)
+            piece = self._piece([range(len(seq))], self.part)
+            first = piece[0] if piece else range(0)
+            assert isinstance(first, range)  # the piece of a range is a range
+            seq = seq[first.start:first.stop]
+        it: Any = iter(seq)  # a list's or a tuple's iterator: its __setstate__(n) (a pickling hook) seeks
         if pos:
             it.__setstate__(pos)
         self._it, self._done, self._run_len = it, 0, len(seq)

@@ -8,7 +8,7 @@ from typing import Any
 from .base import DataFlow
 from .iterables import as_dataflow
 from .state import child_state
-from .state_schema import Child
+from .state_schema import Child, Field
 
 __all__ = ["ProxyDataFlow"]
 
@@ -20,7 +20,7 @@ class ProxyDataFlow(DataFlow):
     a filter) is wherever its child is.
     """
 
-    state_fields = (Child(),)
+    state_fields: tuple[Field, ...] | None = (Child(),)
 
     def __init__(self, ds: DataFlow) -> None:
         self.ds = as_dataflow(ds, type(self).__name__)

@@ -95,8 +95,8 @@ class FakeData(RNGDataFlow):
         seed: for reproducible values.
     """
 
-    state_fields = (Same("size", "size", "the state is for size={saved}, this flow has size={have}"), Rng("rng"),
-                    Rng("fixed"), Count("pos", "size", "the epoch's length"))
+    state_fields = (Same("size", "_size", "the state is for size={saved}, this flow has size={have}"), Rng("rng"),
+                    Rng("fixed"), Count("pos", "_size", "the epoch's length"))
 
     def __init__(self, shapes: Sequence[Sequence[int]], size: int | None = 1000, random: bool = True,
                  dtype: Any = "float32", domain: tuple[float, float] | None = None,
@@ -104,7 +104,7 @@ class FakeData(RNGDataFlow):
         if size is not None and size < 0:
             raise ValueError(f"FakeData size must be >= 0 or None, got {size}")
         self.shapes = [tuple(int(d) for d in s) for s in shapes]
-        self.size = size
+        self._size = size  # not ``self.size``: that would hide DataFlow.size(), tensorpack's len(df)
         self.random = random
         self.dtypes = _as_dtypes(dtype, len(self.shapes))
         self.domain = domain
@@ -114,9 +114,9 @@ class FakeData(RNGDataFlow):
         self._start = 0
 
     def __len__(self) -> int:
-        if self.size is None:
+        if self._size is None:
             raise LengthUnknownError("FakeData(size=None) never ends")
-        return self.size
+        return self._size
 
     def _make(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         if dtype.kind in "iu":
@@ -153,7 +153,7 @@ class FakeData(RNGDataFlow):
             if resume["rng"] is not None:
                 set_rng_state(self.rng, resume["rng"])
             start = resume["pos"]
-        it = iter(range(start, self.size if self.size is not None else sys.maxsize))
+        it = iter(range(start, self._size if self._size is not None else sys.maxsize))
         self._it, self._start = it, start
         return self._produce(it)
 
@@ -169,7 +169,7 @@ class FakeData(RNGDataFlow):
 
     def _own_state(self) -> dict:
         """The random generator's state now and the position in the epoch (datapoints are not replayed)."""
-        end = self.size if self.size is not None else sys.maxsize
+        end = self._size if self._size is not None else sys.maxsize
         pos = self._start + iterator_position(self._it, end - self._start) if epoch_live(self) else 0
-        return {"size": self.size, "rng": rng_state(getattr(self, "rng", None)),
+        return {"size": self._size, "rng": rng_state(getattr(self, "rng", None)),
                 "fixed": self.__dict__.get("_fixed_rng"), "pos": pos}

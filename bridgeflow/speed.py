@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from ._progress import progress_bar
@@ -50,7 +50,7 @@ class TestDataSpeed(ProxyDataFlow):
         self.file = file
         self.rate: float | None = None
 
-    def _stream(self) -> Iterator:
+    def _stream(self) -> Generator[Any, None, None]:
         while True:
             empty = True
             for dp in self.ds:

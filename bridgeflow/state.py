@@ -43,6 +43,7 @@ __all__ = [
     "checksum",
     "child_state",
     "held_then",
+    "read_first",
     "pack_held",
     "rng_from_state",
     "rng_state",
@@ -302,6 +303,16 @@ def unpack_held(text: str) -> list:
     if not isinstance(out, list):
         raise StateMismatchError(f"the state's held datapoints are a {type(out).__name__}, not a list")
     return out
+
+
+def read_first(it: Any) -> Any:
+    """``it`` with its first item read now and given first: a resumed flow that replays a part-used item (the
+    rest of a batch, of a datapoint's repeats) reads it at ``iter()``, so that its child stands after that
+    item as in the saved run even where the epoch is left before a datapoint is asked for (FixedSizeData
+    without keep_state resumed at its size, a join whose shortest child ends)."""
+    end = object()
+    first = next(it, end)
+    return it if first is end else held_then([first], it)
 
 
 def held_then(items: list, it: Any) -> Any:

@@ -90,7 +90,7 @@ def _move(cls: type, public: str, hook: str) -> None:
         fn = getattr(fn, "__wrapped__", None)
 
 
-def moved_caller(flow: Any, hook: str) -> type | None:
+def moved_caller(flow: Any, hook: str) -> type[Any] | None:
     """The class of the moved method that called the public method of ``hook`` now running on ``flow``,
     through ``super()`` or a parent named outright; None for any other caller (a moved ``__iter__`` that calls
     ``self.reset_state()`` means this flow's own). Looks at the frame two levels up: the caller."""

@@ -80,7 +80,7 @@ def check_dataflow(df: DataFlow, *, epochs: int = 2, deterministic: bool | None 
 
     runs = []
     for epoch in range(epochs):
-        out = []
+        out: list = []
         structure = None
         for dp in df:
             assert isinstance(dp, (list, tuple, dict)), f"epoch {epoch}: datapoint is a {type(dp).__name__}"

@@ -29,6 +29,7 @@ from .state import (
     child_state,
     held_then,
     pack_held,
+    read_first,
     rng_state,
     set_rng_state,
     state_or_error,
@@ -87,9 +88,9 @@ def replace_component(dp: Any, index: Hashable, value: Any) -> Any:
         out = dict(dp)
         out[index] = value
         return out
-    out = list(dp)
-    out[index] = value  # type: ignore[index]
-    return tuple(out) if isinstance(dp, tuple) else out
+    items = list(dp)
+    items[index] = value  # type: ignore[call-overload]  # a list's or tuple's component: an int index
+    return tuple(items) if isinstance(dp, tuple) else items
 
 
 def _short(x: Any, limit: int = 60) -> str:
@@ -187,7 +188,7 @@ class SelectComponent(ProxyDataFlow):
         return self._select(iter(self.ds))
 
     def _select(self, source: Iterator) -> Iterator:
-        idxs = self.idxs
+        idxs: list[Any] = self.idxs  # keys of a dict, int indices of a list or tuple
         for dp in source:
             try:
                 if isinstance(dp, dict):
@@ -281,6 +282,8 @@ class RepeatedDataPoint(ProxyDataFlow):
             items = unpack_held(held)
             self._dp = items[0]
             source = held_then(items, source)
+        elif self._rep:  # the datapoint being repeated, read again now
+            source = read_first(source)
         return self._repeat(source, self._rep)
 
     def _repeat(self, source: Iterator, skip: int) -> Iterator:
@@ -346,6 +349,7 @@ class FixedSizeData(ProxyDataFlow):
         return self._fixed()
 
     def _fixed(self) -> Iterator:
+        assert self._itr is not None, "FixedSizeData: _begin_epoch sets the child's iterator"
         try:
             while self._n < self._size:
                 try:
@@ -446,13 +450,14 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
                     self._set_cache(unpack_held(held))
                 else:
                     self._fill_silently(iter(self.ds), None)
-                self._order.check(resume["order"])
-                return self._replay(*self._order.begin(resume["order"]))
+                order = self._cached()[1]
+                order.check(resume["order"])
+                return self._replay(*order.begin(resume["order"]))
             source = iter(self.ds)
             self._buffer = unpack_held(held) if held is not None else self._fill_silently(source, resume["pos"])
             return self._fill(source, self._buffer)
         if self._cache is not None:
-            return self._replay(*self._order.begin())
+            return self._replay(*self._cached()[1].begin())
         self._start = state_or_error(child_state, self.ds) if self._loose is None else None
         self._buffer = []
         return self._fill(iter(self.ds), self._buffer)
@@ -485,22 +490,28 @@ class CacheData(ProxyDataFlow, RNGDataFlow):
             yield dp
         self._set_cache(buffer)
 
+    def _cached(self) -> tuple[list, EpochOrder]:
+        """The filled cache and its order, which :meth:`_set_cache` sets together."""
+        assert self._cache is not None and self._order is not None, "CacheData: the cache is not filled"
+        return self._cache, self._order
+
     def _replay(self, runs: list, pos: int) -> Iterator:
-        cache = self._cache
-        for it, _, _ in self._order.iters(runs, pos):
+        cache, order = self._cached()
+        for it, _, _ in order.iters(runs, pos):
             yield from map(cache.__getitem__, it)
 
     def _own_state(self) -> dict:
         live = epoch_live(self)
         loose = self._loose if live else unordered_stage(self)
         if self._cache is not None:
+            cache, order = self._cached()
             if loose is None:
                 return {"filled": True, "child": unless_error(self._start), "pos": 0, "held": None,
-                        "order": self._order.state(live), "rng": None}
+                        "order": order.state(live), "rng": None}
             if self._held is None:  # the cache does not change once filled: packed once
-                self._held = pack_held(self._cache, loose)
+                self._held = pack_held(cache, loose)
             return {"filled": True, "child": child_state(self.ds), "pos": 0, "held": self._held,
-                    "order": self._order.state(live), "rng": None}
+                    "order": order.state(live), "rng": None}
         rng = rng_state(getattr(self, "rng", None))  # the cache's shuffle will be drawn from it
         if not live:
             return {"filled": False, "child": child_state(self.ds), "pos": 0, "held": None, "order": None, "rng": rng}

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from bridgeflow.errors import WorkerError
-from bridgeflow.parallel import WorkerPool, segments
+from bridgeflow.parallel import WorkerPool
+from bridgeflow.parallel._transport import segments
 from bridgeflow.parallel._transport import shm as shm_mod
 from conftest import shm_entries, wait_for
 

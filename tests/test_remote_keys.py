@@ -278,9 +278,10 @@ import numpy as np
 from bridgeflow import DataFromList
 from bridgeflow.remote import send_dataflow_zmq
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+print("ready", flush=True)  # imported: the handshakes begin now, not after a slow start on a busy machine
 try:
     send_dataflow_zmq(DataFromList([[np.zeros(3)]] * 5), sys.argv[1], keys=sys.argv[2], bind=sys.argv[3] == "bind",
-                      send_timeout=2.5, heartbeat_s=0.2, epochs=1)
+                      send_timeout=6.0, heartbeat_s=0.2, epochs=1)
 except Exception as exc:
     print(type(exc).__name__, exc, file=sys.stderr)
 """
@@ -294,10 +295,12 @@ def test_different_key_folders_are_named_on_both_sides_with_fingerprints(leak_ch
     mine, theirs = generate_keys(tmp_path / "mine"), generate_keys(tmp_path / "theirs")
     addr = free_tcp()
     proc = subprocess.Popen([sys.executable, "-c", MISMATCHED, addr, str(theirs.source),
-                             "bind" if producer_binds else "connect"], stderr=subprocess.PIPE, text=True)
+                             "bind" if producer_binds else "connect"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
+        assert proc.stdout.readline() == "ready\n"
         with caplog.at_level(logging.WARNING, logger="bridgeflow.remote.keys"):
-            with RemoteDataZMQ(addr, keys=mine, bind=not producer_binds, timeout=2.0,
+            with RemoteDataZMQ(addr, keys=mine, bind=not producer_binds, timeout=5.0,
                                producers=None if producer_binds else 1) as df:
                 df.reset_state()
                 with pytest.raises(ProducerLostError) as info:

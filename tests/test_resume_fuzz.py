@@ -39,3 +39,23 @@ def test_a_generated_pipeline_resumes_in_a_fresh_process_as_it_promises(index, f
     assert result["status"] == "ok", result
     assert not result["failures"], result
     assert result["exact"] + result["refused"] == result["points"] >= 6, result
+
+
+def test_a_runner_of_one_thread_compares_with_a_reproducible_run(folder):
+    """Seed 21, pipeline 243: a MultiThreadRunner of one thread over a tagged list, an ordered pipeline. The fuzz
+    built its runners without a seed, so each build reset its copy with a random one: the reference run and
+    every resume point's run drew other tags, and all 9 points counted as wrong resumes."""
+    result = fuzz_resume.check_pipeline(21, 243, folder, timeout=120.0)
+    assert result["spec"].startswith("('trun'") and result["oracle"] == "exact", result
+    assert result["status"] == "ok" and not result["failures"], result
+    assert result["exact"] == result["points"] >= 6, result
+
+
+def test_a_filter_over_an_unordered_stage_promises_no_fixed_epochs():
+    """Seed 12, pipeline 122: a filter over a concat of a stage batching in two unordered workers. The filter
+    keeps a batch by its sum, and which datapoints share a batch is timing's: uninterrupted runs alone gave
+    epochs of 5, 7 and 8 datapoints, so the multiset comparison counted 7 of 10 points as wrong resumes."""
+    spec = ("filter", ("concat", [("fused", ("lmdb", 11, True, 703, True), 2, False, True, False, 2, True),
+                                  ("fake", 7, True, 855, True)], 618), 3, True, 36)
+    assert fuzz_resume.oracle(spec) == "weak"
+    assert fuzz_resume.oracle(spec[1]) == "multiset"  # without the filter, each epoch's datapoints are fixed

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromGenerator, DataFromIterable, DataFromList, FakeData, LengthUnknownError
+from bridgeflow.state import StateMismatchError
 from bridgeflow.testing import check_dataflow
 
 KINDS = ["list", "tuple", "dict"]
@@ -124,6 +125,17 @@ def test_fake_data_endless():
     with pytest.raises(LengthUnknownError, match="never ends"):
         len(df)
     assert len(list(itertools.islice(df, 1000))) == 1000
+
+
+def test_fake_data_size_is_tensorpacks_len():
+    # df.size() is tensorpack's len(df) on every flow; FakeData's size= argument once hid it behind an int
+    df = FakeData([[1]], size=7)
+    assert df.size() == len(df) == 7
+    with pytest.raises(LengthUnknownError, match="never ends"):
+        FakeData([[1]], size=None).size()
+    state = df.state_dict()  # the state still records the size under its name, and checks it on load
+    with pytest.raises(StateMismatchError, match="size=7"):
+        FakeData([[1]], size=8).load_state_dict(state)
 
 
 def test_fake_data_bad_arguments():

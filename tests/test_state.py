@@ -89,6 +89,12 @@ FLOWS = {
     # the inner one is left mid-epoch by the outer: its epoch (and its list's) must end with the outer's
     "FixedSizeData fresh nested": lambda: bf.FixedSizeData(bf.FixedSizeData(src(9), 13, keep_state=False), 6,
                                                            keep_state=False),
+    # left by their parent part-way through an item, over a source whose next epoch continues its generator:
+    # a resume reads that item again at iter(), not at the first next() that the parent never makes
+    "UnbatchData left mid-batch": lambda: bf.FixedSizeData(bf.UnbatchData(bf.BatchData(
+        bf.FakeData([[2]], size=7, seed=3), 3, remainder=True)), 2, keep_state=False),
+    "RepeatedDataPoint left mid-repeats": lambda: bf.FixedSizeData(bf.RepeatedDataPoint(
+        bf.FakeData([[2]], size=5, seed=3), 3), 2, keep_state=False),
     "CacheData shuffled": lambda: bf.CacheData(src(6), shuffle=True, seed=2),
     "CacheData": lambda: bf.CacheData(src(6)),
     "BatchData": lambda: bf.BatchData(src(11), 3),
@@ -121,7 +127,7 @@ def test_every_flow_resumes_exactly(name):
 @pytest.mark.parametrize("name", ["MapData", "BatchData remainder", "UnbatchData", "RandomMixData",
                                   "LocallyShuffleData", "ShardData padded", "CacheData shuffled",
                                   "RepeatedDataPoint", "FixedSizeData fresh", "FixedSizeData fresh nested",
-                                  "a pipeline"])
+                                  "UnbatchData left mid-batch", "RepeatedDataPoint left mid-repeats", "a pipeline"])
 def test_resumes_after_every_position(name):
     n = len(check_resumable(FLOWS[name], positions=[0]))
     check_resumable(FLOWS[name], positions=range(n + 1))

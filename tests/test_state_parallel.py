@@ -19,7 +19,7 @@ import pytest
 import bridgeflow as bf
 from bridgeflow import RNGDataFlow, worker_seed_scope
 from bridgeflow.parallel import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData, MultiThreadRunner
-from bridgeflow.state import NotResumableError, StateMismatchError
+from bridgeflow.state import NotResumableError, StateMismatchError, checksum
 from bridgeflow.testing import check_resumable
 
 STAGES = {"threads": MultiThreadMapData, "processes": MultiProcessMapData}
@@ -250,6 +250,50 @@ def test_stage_mismatches_are_named(leak_check):
     runner_state = MultiThreadRunner(lambda: Tagged(), 4, 2).state_dict()
     with pytest.raises(StateMismatchError, match=r"^MultiThreadRunner: the state is for 2 workers, this stage has 3"):
         MultiThreadRunner(lambda: Tagged(), 4, 3).load_state_dict(runner_state)
+
+
+def test_an_ended_source_is_refused_over_an_ordered_source(leak_check):
+    """'ended' (the source's epoch over, only held datapoints left) is saved only over an unordered stage. Set
+    on a stage over an ordered source, with the checksum made again, it was taken: the first iter() raised an
+    error naming no flow ("resuming replays 28 datapoints ... it ended after 0") and close() then raised
+    AttributeError (the carried stream was a list iterator)."""
+    with bf.BatchData(MultiProcessMapData(src(), 2, times_ten, buffer_size=8), 4) as f:
+        it = iter(f)
+        next(it)
+        state = f.state_dict()
+        it.close()
+    state["child"]["ended"] = True
+    state["check"] = checksum(state)
+    g = bf.BatchData(MultiProcessMapData(src(), 2, times_ten, buffer_size=8), 4)
+    with pytest.raises(StateMismatchError, match=r"^BatchData/MultiProcessMapData: .*ended with datapoints held"):
+        g.load_state_dict(state)
+    g.close()
+
+
+@pytest.mark.parametrize("damage", ["worker_sum", "no_state_field"])
+def test_a_runner_refuses_damaged_worker_positions_at_load(damage, leak_check):
+    """Each worker's state is a tree with its own checksum, inside the runner's: with the runner's sum made
+    again it was checked only in the worker, at iter(), naming the worker's flow and not the runner; a position
+    without its 'state' field was taken and iter() raised KeyError (found by fuzz_states with the checksum
+    recomputed after each mutation)."""
+    with MultiProcessRunner(bf.MapData(src(), times_ten), 4, 2) as f:
+        it = iter(f)
+        for _ in range(7):
+            next(it)
+        state = f.state_dict()
+        it.close()
+    if damage == "worker_sum":
+        worker = next(w for w in state["workers"] if w["state"] is not None)
+        worker["state"]["check"] = "00000000"
+        match = r"^MultiProcessRunner/workers\[\d\]: .*checksum"
+    else:
+        del state["workers"][0]["state"]
+        match = r"^MultiProcessRunner: worker 0's position has the fields \['replay'\]"
+    state["check"] = checksum(state)
+    g = MultiProcessRunner(bf.MapData(src(), times_ten), 4, 2)
+    with pytest.raises(StateMismatchError, match=match):
+        g.load_state_dict(state)
+    g.close()
 
 
 def test_state_dict_with_many_in_flight_is_small(leak_check):

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from ._flow import END, close_iterator, dynamic_batch_for, peek, reset_once, with_first
 from .signature import Signature
-from .source import InputSource, InputSourceError, graph_mode
+from .source import InputSource, InputSourceError, graph_mode, not_autographed
 
 __all__ = ["DummyConstantInput", "FeedInput"]
 
@@ -50,7 +50,7 @@ class FeedInput(InputSource):
         self._it: Iterator | None = None
         self._placeholders: list | None = None
         self._graph: Any = None
-        self._current: list | None = None
+        self._current: list = []  # the arrays of the datapoint of the step in progress
         self._steps = 0
 
     @property
@@ -61,7 +61,7 @@ class FeedInput(InputSource):
                                                  who="FeedInput: first datapoint")
         return self._sig
 
-    @tf.autograph.experimental.do_not_convert
+    @not_autographed
     def dequeue(self) -> tuple | dict:
         """Graph mode: the placeholders (the same ones for every call in one graph)."""
         sig = self.signature
@@ -93,10 +93,12 @@ class FeedInput(InputSource):
         self._sig = sig
 
     def _before_step(self, sess: Any) -> bool:
+        if self._it is None:
+            raise InputSourceError("FeedInput: start() has not run")
         dp = next(self._it, END)
         if dp is END:
             return False
-        self._current = self._sig.flatten(dp, who=f"FeedInput: datapoint {self._steps}")
+        self._current = self.signature.flatten(dp, who=f"FeedInput: datapoint {self._steps}")
         return True
 
     def _after_step(self) -> None:
@@ -109,7 +111,7 @@ class FeedInput(InputSource):
 
     def _call_step(self, step: Any, sess: Any) -> Any:
         if sess is None:
-            batch = self._sig.pack([tf.convert_to_tensor(a) for a in self._current])
+            batch = self.signature.pack([tf.convert_to_tensor(a) for a in self._current])
             return step(batch)
         return super()._call_step(step, sess)
 
@@ -170,8 +172,8 @@ class DummyConstantInput(InputSource):
     def signature(self) -> Signature:
         return self._sig
 
-    @tf.autograph.experimental.do_not_convert
-    def dequeue(self) -> tuple:
+    @not_autographed
+    def dequeue(self) -> tuple | dict:
         if graph_mode():
             g = tf.compat.v1.get_default_graph()
             if g not in self._graph_tensors:

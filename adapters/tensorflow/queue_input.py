@@ -40,7 +40,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -50,7 +50,7 @@ from bridgeflow.parallel._transport.background import Producer
 
 from ._flow import END, close_iterator, dynamic_batch_for, reset_once
 from .signature import Signature
-from .source import InputSource, InputSourceError, graph_mode
+from .source import InputSource, InputSourceError, graph_mode, not_autographed
 
 __all__ = ["QueueInput"]
 
@@ -163,7 +163,7 @@ class QueueInput(InputSource):
             self._mode = "eager"
         self._go.set()  # eager: nothing more to wait for
 
-    @tf.autograph.experimental.do_not_convert
+    @not_autographed
     def dequeue(self) -> tuple | dict:
         """Tensors of the next datapoint, as a tuple or dict like the datapoint.
 
@@ -317,7 +317,7 @@ class QueueInput(InputSource):
 
 # --- the producer thread ------------------------------------------------------------------------
 
-def _epochs(qi: QueueInput) -> Iterator[tuple[Any, float]]:
+def _epochs(qi: QueueInput) -> Generator[tuple[Any, float], None, None]:
     """Datapoints of every epoch with the seconds spent reading each; the first is read before the
     queue exists, to infer the signature."""
     flow = qi.df
@@ -390,7 +390,9 @@ def _chain(first: list, rest: Iterator) -> Iterator:
 
 
 def _enqueue(qi: QueueInput, dp: Any, read_s: float) -> None:
-    arrays = qi._sig.flatten(dp, who=f"{qi.name}: datapoint {qi._enqueued}")
+    sig = qi._sig
+    assert sig is not None  # the producer loop set it (from signature= or the first datapoint) before enqueuing
+    arrays = sig.flatten(dp, who=f"{qi.name}: datapoint {qi._enqueued}")
     try:
         fill, enqueue_s = _enqueue_arrays(qi, arrays)
     except tf.errors.CancelledError as exc:  # the queue was closed under a pending enqueue

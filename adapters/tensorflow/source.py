@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import tensorflow as tf
 
@@ -22,10 +22,18 @@ from .signature import Signature
 __all__ = ["InputSource", "InputSourceError", "graph_mode"]
 
 log = logging.getLogger(__name__)
+_Source = TypeVar("_Source", bound="InputSource")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class InputSourceError(BridgeflowError, RuntimeError):
     """An input used in the wrong mode or order (graph mode without a session, a step before start)."""
+
+
+def not_autographed(method: _F) -> _F:
+    """``tf.autograph.experimental.do_not_convert``, keeping ``method``'s signature for type checkers
+    (TensorFlow ships no types: its decorators turn what they wrap into ``Any``)."""
+    return tf.autograph.experimental.do_not_convert(method)
 
 
 def graph_mode() -> bool:
@@ -129,7 +137,7 @@ class InputSource:
             return sess.run([step, *extra], feed_dict=feed)[0]
         return sess.run(step, feed_dict=feed)
 
-    def __enter__(self) -> InputSource:
+    def __enter__(self: _Source) -> _Source:  # ``with QueueInput(df) as qi``: qi is a QueueInput
         return self
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:

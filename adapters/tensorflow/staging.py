@@ -39,7 +39,7 @@ from bridgeflow.parallel._transport.background import Producer
 
 from ._compat import default_device, staging_area_class
 from .signature import Signature
-from .source import InputSource, InputSourceError, graph_mode
+from .source import InputSource, InputSourceError, graph_mode, not_autographed
 
 __all__ = ["StagingInput"]
 
@@ -153,7 +153,7 @@ class StagingInput(InputSource):
         return sig.pack(sig.set_shapes(flat))
 
     # --- building -------------------------------------------------------------------------------
-    @tf.autograph.experimental.do_not_convert
+    @not_autographed
     def dequeue(self) -> tuple | dict:
         """The staged tensors of this step (on the device).
 

@@ -129,7 +129,7 @@ class ImageAugmentor:
         coords = getattr(self, "_augment_coords", None)
         return TransformFactory(
             name=type(self).__name__,
-            apply_image=lambda im: self._augment(im, params),  # type: ignore[attr-defined]
+            apply_image=lambda im: self._augment(im, params),
             apply_coords=(lambda c: coords(c, params)) if coords is not None else (lambda c: c))
 
     def augment(self, img: np.ndarray) -> np.ndarray:

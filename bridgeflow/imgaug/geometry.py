@@ -100,7 +100,7 @@ class ResizeShortestEdge(ImageAugmentor):
         self.size = int(size)
         self.interp = interp
 
-    def get_transform(self, img: np.ndarray) -> BaseTransform:
+    def get_transform(self, img: np.ndarray) -> ResizeTransform:
         h, w = img.shape[:2]
         scale = self.size / min(h, w)
         if h < w:
@@ -141,11 +141,12 @@ class RandomResize(ImageAugmentor):
 
     def _draw(self, h: int, w: int) -> tuple[int, int]:
         sx = self._rand_range(*self.xrange)
+        yrange = self.yrange if self.yrange is not None else ()  # None: aspect_ratio_thres=0, then unused
         if self._is_scale:
-            sy = sx if self.aspect_ratio_thres == 0 else self._rand_range(*self.yrange)
+            sy = sx if self.aspect_ratio_thres == 0 else self._rand_range(*yrange)
             new_w, new_h = max(sx * w, self.minimum[0]), max(sy * h, self.minimum[1])
         else:
-            sy = sx / w * h if self.aspect_ratio_thres == 0 else self._rand_range(*self.yrange)
+            sy = sx / w * h if self.aspect_ratio_thres == 0 else self._rand_range(*yrange)
             new_w, new_h = max(sx, self.minimum[0]), max(sy, self.minimum[1])
         return int(new_w + 0.5), int(new_h + 0.5)
 

@@ -187,7 +187,8 @@ class GaussianBlur(PhotometricAugmentor):
 
     def _get_augment_params(self, img: np.ndarray) -> Any:
         size = self.rng.randint(self.size_range[0], self.size_range[1], size=(2,)) * 2 + 1
-        sigma = self._rand_range(*self.sigma_range, size=(2,))
+        sigma = self._rand_range(*self.sigma_range, size=(2,))  # type: ignore[misc]  # (low, high): mypy cannot
+        # tell that a tuple of unknown length leaves `size` to the keyword
         if self.symmetric:
             size[1], sigma[1] = size[0], sigma[0]
         return (int(size[0]), int(size[1])), (float(sigma[0]), float(sigma[1]))

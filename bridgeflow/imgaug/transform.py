@@ -70,12 +70,8 @@ def as_coords(coords: Any) -> np.ndarray:
 
 
 class BaseTransform:
-    """What every transform is an instance of (tensorpack's type-check base)."""
-
-
-class Transform(BaseTransform):
-    """A deterministic change of an image. Subclasses implement ``apply_image`` and, when it makes sense,
-    ``apply_coords``; any other ``apply_<x>`` raises ``NotImplementedError`` naming the class."""
+    """What every transform is an instance of (tensorpack's type-check base): it changes an image
+    (``apply_image``) and, when it makes sense, coordinates in it (``apply_coords``)."""
 
     def apply_image(self, img: np.ndarray) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} does not implement apply_image")
@@ -83,6 +79,11 @@ class Transform(BaseTransform):
     def apply_coords(self, coords: np.ndarray) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} does not implement apply_coords, so coordinates "
                                   "cannot follow this augmentation")
+
+
+class Transform(BaseTransform):
+    """A deterministic change of an image. Subclasses implement ``apply_image`` and, when it makes sense,
+    ``apply_coords``; any other ``apply_<x>`` raises ``NotImplementedError`` naming the class."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("apply_"):

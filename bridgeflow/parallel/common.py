@@ -107,6 +107,7 @@ class ParallelStage(ProxyDataFlow):
     timeout: float | None = None
     stall_warning: float | None = 60.0
     _mapping_hooks: Any = None
+    _capacity: int  # items in flight at most (set by each stage's __init__)
 
     def _new_pool(self) -> WorkerPool:
         raise NotImplementedError

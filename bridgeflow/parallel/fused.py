@@ -157,7 +157,7 @@ class _Rows:
 
     def datapoints(self) -> list:
         """The datapoints added so far, their arrays as views of the rows."""
-        out = []
+        out: list = []
         for i in range(self.count):
             values = {k: a[i, ...] for k, a in self.arrays.items()}  # arrays, 0-d ones too
             values.update((k, col[i]) for k, col in self.others.items())

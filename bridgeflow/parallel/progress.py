@@ -44,7 +44,7 @@ class SourceLedger:
         self.pulled = 0
         self.low = 0
         self.done: dict[int, int] = {}
-        self.next_snap = 0
+        self.next_snap: float = 0  # _NEVER (inf) once the source cannot give its state
         self.error: StateError | None = None
 
     def snapshot(self) -> None:

@@ -18,6 +18,7 @@ import pickle
 import sys
 import warnings
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from .._renamed import renamed_keywords
@@ -26,7 +27,7 @@ from ..errors import LengthUnknownError
 from ..pipeline import iter_flows
 from ..rng import worker_seed_scope
 from ..shard import UnshardedWarning
-from ..state import NotResumableError, StateError, StateMismatchError, check_plain
+from ..state import NotResumableError, StateError, StateMismatchError, check_plain, verify_checksum
 from ..state_schema import Count, Same, Value
 from ._transport.pool import EXHAUSTED, WorkerContext, WorkerPool
 from .common import (
@@ -95,6 +96,8 @@ def _check_workers(stage: Any, workers: list) -> None:
     for i, w in enumerate(workers):
         if not isinstance(w, dict):
             raise StateMismatchError(f"damaged worker position {w!r:.80} in the state")
+        if set(w) != {"state", "replay"}:
+            raise StateMismatchError(f"worker {i}'s position has the fields {sorted(w)}, not ['replay', 'state']")
         check_plain(w, f"the state of worker {i}")
         Count("replay", 2 * _RUNNER_SNAPSHOT_EVERY + stage._capacity, "a worker reports its copy's state every "
               f"{_RUNNER_SNAPSHOT_EVERY} datapoints").check(stage, w.get("replay"))
@@ -103,11 +106,12 @@ def _check_workers(stage: Any, workers: list) -> None:
             raise StateMismatchError(f"field 'state' of worker {i}'s position is a {type(saved).__name__}")
         if saved is not None:
             probe = probe if probe is not None else stage._probe()
-            if probe is not None:
-                try:
+            try:
+                if probe is not None:
                     probe.load_state_dict(saved)
-                except StateError as exc:
-                    raise exc.within(f"workers[{i}]") from None
+                verify_checksum(saved)  # a worker's state is a tree of its own (the probe's load is nested)
+            except StateError as exc:
+                raise exc.within(f"workers[{i}]") from None
     if probe is not None:
         probe.close()
 
@@ -167,6 +171,7 @@ class _RunnerStage(ParallelStage):
 
     def _run(self, pool: WorkerPool, size: int | None) -> Iterator:
         workers = self._workers
+        assert workers is not None  # _live_pool() made the ledger of the workers it started
         while size is None or self._n < size:
             while pool.outstanding < self._capacity:
                 pool.put(None)
@@ -230,9 +235,10 @@ def _note_positional(init: Callable[..., None]) -> Callable[..., None]:
 _ORDER_NOTE = "the positional order is tensorpack's, {sig} (earlier bridgeflow versions took {old})"
 
 
-def _check_counts(who: str, sig: str, old: str, num_prefetch: Any, count: Any, name: str, positional: bool,
-                  what: str) -> None:
-    """Make the change of positional order loud: a missing count, or counts that read like the old order."""
+def _check_counts(who: str, sig: str, old: str, num_prefetch: Any, count: int | None, name: str, positional: bool,
+                  what: str) -> int:
+    """Make the change of positional order loud: a missing count, or counts that read like the old order.
+    Returns the count."""
     if count is None:
         raise TypeError(f"{who}{sig} needs {name}, the number of {what}; {_ORDER_NOTE.format(sig=sig, old=old)}: "
                         "pass both counts, or use keywords")
@@ -241,6 +247,7 @@ def _check_counts(who: str, sig: str, old: str, num_prefetch: Any, count: Any, n
         warnings.warn(f"{who}({first}, {num_prefetch}, {count}) starts {count} {what} and prefetches {num_prefetch}: "
                       f"{_ORDER_NOTE.format(sig=sig, old=old)}. Pass the counts by keyword to say which you mean",
                       UserWarning, stacklevel=5)  # the caller, above the two decorators
+    return count
 
 
 def _warn_if_copies_repeat(ds: DataFlow, workers: int, who: str) -> None:
@@ -267,7 +274,8 @@ def _warn_if_copies_repeat(ds: DataFlow, workers: int, who: str) -> None:
 def _outside_bridgeflow() -> int:
     """The ``stacklevel`` that names the first caller outside bridgeflow (the line that made the stage)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(2), 2
+    frame: FrameType | None = sys._getframe(2)
+    level = 2
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
         frame, level = frame.f_back, level + 1
     return level
@@ -299,8 +307,9 @@ class MultiProcessRunner(_RunnerStage):
     def __init__(self, ds: DataFlow, num_prefetch: int = 16, num_proc: int | None = None, *,
                  start_method: str | None = None, seed: int | None = None, timeout: float | None = None,
                  stall_warning: float | None = 60.0) -> None:
-        _check_counts(type(self).__name__, "(ds, num_prefetch, num_proc)", "(ds, num_proc, num_prefetch)",
-                      num_prefetch, num_proc, "num_proc", self.__dict__.pop("_bf_positional", False), "processes")
+        num_proc = _check_counts(type(self).__name__, "(ds, num_prefetch, num_proc)", "(ds, num_proc, num_prefetch)",
+                                 num_prefetch, num_proc, "num_proc", self.__dict__.pop("_bf_positional", False),
+                                 "processes")
         super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed, timeout=timeout,
                          stall_warning=stall_warning)
         _warn_if_copies_repeat(ds, self.num_workers, type(self).__name__)
@@ -324,8 +333,9 @@ class MultiThreadRunner(_RunnerStage):
     def __init__(self, get_df: Callable[[], DataFlow] | DataFlow, num_prefetch: int = 16,
                  num_thread: int | None = None, *, seed: int | None = None, timeout: float | None = None,
                  stall_warning: float | None = 60.0) -> None:
-        _check_counts(type(self).__name__, "(get_df, num_prefetch, num_thread)", "(get_df, num_thread, num_prefetch)",
-                      num_prefetch, num_thread, "num_thread", self.__dict__.pop("_bf_positional", False), "threads")
+        num_thread = _check_counts(type(self).__name__, "(get_df, num_prefetch, num_thread)",
+                                   "(get_df, num_thread, num_prefetch)", num_prefetch, num_thread, "num_thread",
+                                   self.__dict__.pop("_bf_positional", False), "threads")
         if isinstance(get_df, DataFlow):
             proto = get_df
             factory: Callable[[], DataFlow] = lambda: _copy_flow(proto)

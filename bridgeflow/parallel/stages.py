@@ -95,6 +95,13 @@ def _check_pair(flow: Any, partial: list) -> None:
         raise StateMismatchError(f"damaged 'partial' entry {partial!r:.60} in the state")
 
 
+def _close(it: Iterator) -> None:
+    """Close a carried stream: a generator; the held datapoints of an ended epoch are a plain iterator."""
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+
+
 class _MapStage(ParallelStage):
     state_fields = (
         Same("strict", lambda f: f._epoch_size() is None, _say_strict),
@@ -243,7 +250,7 @@ class _MapStage(ParallelStage):
                 if partial is None and self._partial is not None:
                     partial = [self._partial[0] - ledger.low, *self._partial[1:]]
                 carry, self._carry = self._carry, None
-                carry.close()
+                _close(carry)
                 self.ds.load_state_dict(source)
             except StateError:
                 log.debug("%s: the source cannot go back; the dropped work is lost", type(self).__name__,
@@ -277,7 +284,7 @@ class _MapStage(ParallelStage):
         source = self._stream(source)
         if size is not None:
             if self._carry is not None:
-                self._carry.close()
+                _close(self._carry)
             self._carry = source
         ledger = self._new_ledger()
         if self._source_loose() is None:
@@ -311,6 +318,7 @@ class _MapStage(ParallelStage):
     def _pull(self, source: Iterator) -> Any:
         """The next source datapoint, counted (and the source's state noted every so often)."""
         ledger = self._ledger
+        assert ledger is not None  # a stream is pulled only while its ledger counts it (_new_ledger)
         while self._skips and self._skips[0][0] == ledger.pulled:  # received before the state was saved
             _, length = self._skips.popleft()
             for _ in range(length):
@@ -337,15 +345,19 @@ class _MapStage(ParallelStage):
     def _put(self, pool: WorkerPool, source: Iterator) -> None:
         task = pool.put(self._pull(source))
         if not self.ordered:
-            self._index_of[task] = self._ledger.pulled - 1
+            ledger = self._ledger
+            assert ledger is not None  # _pull counted this one in it
+            self._index_of[task] = ledger.pulled - 1
 
     def _took(self, pool: WorkerPool) -> None:
         """Bookkeeping for one result taken from the pool (the consumer receives it, or it was dropped)."""
         self._taken += 1
+        ledger = self._ledger
+        assert ledger is not None  # results are taken only from a stream's epoch, which has a ledger
         if self.ordered:
-            self._ledger.low += 1
+            ledger.low += 1
         else:
-            self._ledger.received(self._index_of.pop(pool.last_task_id), 1)
+            ledger.received(self._index_of.pop(pool.last_task_id), 1)
 
     # --- iteration ----------------------------------------------------------------------------------
 
@@ -406,6 +418,7 @@ class _MapStage(ParallelStage):
 
     def _carried_epoch(self, pool: WorkerPool, size: int) -> Iterator:
         carry = self._carry
+        assert carry is not None  # the carried stream: _carried() made it before this epoch began
         buffer_size = self.buffer_size
         while self._taken < size:
             while pool.outstanding < buffer_size and not pool.saturated:  # bytes bound it too
@@ -480,6 +493,9 @@ class _MapStage(ParallelStage):
                                            "between two snapshots")
         if self.ordered and state["skip"]:
             raise StateMismatchError("an ordered stage's state lists datapoints received out of order")
+        if state.get("ended") and self._source_loose() is None:  # only a stage holding what is in flight ends so
+            raise StateMismatchError("the state says the source's epoch ended with datapoints held, which only a "
+                                     "stage over an unordered stage saves")
         size = self._epoch_size()
         Count("taken", None if size is None else -(-size // per) if batch is not None else size,
               "the epoch's length").check(self, state["taken"])
@@ -498,7 +514,7 @@ class _MapStage(ParallelStage):
         carry = self._carry
         self._batched = self._plan = self._carry = self._ledger = None
         if carry is not None:
-            carry.close()
+            _close(carry)
 
     def close(self) -> None:
         self._drop_iteration()

@@ -197,9 +197,10 @@ class RayMapData(ProxyDataFlow):
         return state
 
     def _own_stats(self) -> dict[str, float]:
-        if getattr(self, "_started", None) is None:
+        started = getattr(self, "_started", None)
+        if started is None:
             return {}
-        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        elapsed = max(time.perf_counter() - started, 1e-9)
         return {
             "datapoints": self._n,
             "workers": self._n_workers,

@@ -227,6 +227,10 @@ class RemoteDataZMQ(DataFlow):
         self._wait = 0.0
         self._started: float | None = None
 
+    def _note(self) -> str:
+        """What the keys say about a silent producer (see Security.note); nothing once closed."""
+        return self._security.note() if self._security is not None else ""
+
     def close(self) -> None:
         producers, self._producers = self._producers, []
         bound, self._bound = getattr(self, "_bound", []), []
@@ -250,9 +254,10 @@ class RemoteDataZMQ(DataFlow):
         return state
 
     def _own_stats(self) -> dict[str, float]:
-        if getattr(self, "_started", None) is None:
+        started = getattr(self, "_started", None)
+        if started is None:
             return {}
-        elapsed = max(time.perf_counter() - self._started, 1e-9)
+        elapsed = max(time.perf_counter() - started, 1e-9)
         return {
             "datapoints": self._n,
             "producers": sum(p.state == _ACTIVE for p in self._producers),
@@ -442,7 +447,7 @@ class RemoteDataZMQ(DataFlow):
                 raise ProducerLostError(
                     f"{type(self).__name__}: no producer sent anything to {', '.join(self.addrs)} for "
                     f"{self.timeout:g} s{waiting} (bind=True: producers connect with "
-                    f"send_dataflow_zmq(..., bind=False)){hint}{self._security.note()}", addr=", ".join(self.addrs),
+                    f"send_dataflow_zmq(..., bind=False)){hint}{self._note()}", addr=", ".join(self.addrs),
                     silent_s=now - heard)
             return
         lost = [p for p in active if now - p.last_seen >= self.timeout]
@@ -593,7 +598,7 @@ class RemoteDataZMQ(DataFlow):
         silent = now - min(p.last_seen for p in lost)
         left = sum(p.state == _ACTIVE for p in self._producers)
         msg = (f"{type(self).__name__}: producer {names} sent nothing for {silent:.1f} s "
-               f"(timeout={self.timeout:g} s); dropped, {left} other producer(s) go on{self._security.note()}")
+               f"(timeout={self.timeout:g} s); dropped, {left} other producer(s) go on{self._note()}")
         if self.on_lost == "raise":
             raise ProducerLostError(msg, addr=lost[0].addr, silent_s=silent)
         log.warning("%s", msg)

@@ -14,16 +14,21 @@ from __future__ import annotations
 import functools
 import logging
 import zlib
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = ["crc32", "crc32_implementation"]
 
 log = logging.getLogger(__name__)
 
 
+class Crc32(Protocol):
+    """``zlib.crc32``'s signature: ``f(buffer, start=0) -> int`` (``start``: the CRC so far, to continue it)."""
+
+    def __call__(self, data: Any, value: int = 0, /) -> int: ...
+
+
 @functools.cache
-def _pick() -> tuple[str, Callable[[Any], int]]:
+def _pick() -> tuple[str, Crc32]:
     try:
         from zlib_ng import zlib_ng
     except ImportError:
@@ -33,8 +38,8 @@ def _pick() -> tuple[str, Callable[[Any], int]]:
     return "zlib-ng", zlib_ng.crc32
 
 
-def crc32() -> Callable[[Any], int]:
-    """The CRC-32 function: ``f(buffer) -> int``, equal to ``zlib.crc32``."""
+def crc32() -> Crc32:
+    """The CRC-32 function: ``f(buffer, start=0) -> int``, equal to ``zlib.crc32``."""
     return _pick()[1]
 
 

@@ -105,7 +105,7 @@ def note_datapoint(exc: BaseException, index: int) -> None:
         exc.add_note(note)
     else:  # Python 3.10: no add_note; the attribute it fills (PEP 678), which describe_error reads
         try:
-            exc.__notes__ = [*notes, note]
+            exc.__notes__ = [*notes, note]  # type: ignore[attr-defined]  # PEP 678's, not in 3.10's stubs
         except AttributeError:
             pass
 

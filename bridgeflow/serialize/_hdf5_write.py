@@ -25,8 +25,8 @@ import io
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -118,8 +118,14 @@ class _Sink(io.RawIOBase):
             self.file.close()
 
 
+class WriteCheck(Protocol):
+    """``check(cause=None)``: raises the error libhdf5 reported while writing, if any (see :func:`hdf5_output`)."""
+
+    def __call__(self, cause: BaseException | None = None, /) -> None: ...
+
+
 @contextlib.contextmanager
-def hdf5_output(h5py: Any, target: str, tmp: str) -> Iterator[tuple[Any, Callable[[], None]]]:
+def hdf5_output(h5py: Any, target: str, tmp: str) -> Iterator[tuple[Any, WriteCheck]]:
     """``(file, check)``: an ``h5py.File`` writing ``tmp`` for ``target``, and ``check()``, which raises
     :class:`DatasetWriteError` naming ``target`` once a write failed (see :class:`_Sink`): call it after
     every call into libhdf5 that may write. The file is always closed, and checked once more after it."""
@@ -162,7 +168,7 @@ def rows_crc(block: np.ndarray) -> np.ndarray:
     if n == 0:
         return np.zeros(0, np.uint32)
     a = np.ascontiguousarray(block, block.dtype.newbyteorder("<"))
-    flat = memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
+    flat = a.reshape(-1).view(np.uint8).data if a.size else memoryview(b"")
     step = a.nbytes // n
     crc = crc32()
     return np.array([crc(flat[j * step:(j + 1) * step], CRC_SEED) for j in range(n)], np.uint32)

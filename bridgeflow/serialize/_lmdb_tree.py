@@ -231,7 +231,7 @@ def _walk(pin: PinnedFile, name: str) -> LMDBTree:
         for k, pgno in enumerate(pgnos):
             if not 2 <= pgno <= last_pg:
                 raise CorruptDataError(f"{name}: page number {pgno} outside the file (pages 2..{last_pg})")
-            got = os.preadv(pin.ensure(), [memoryview(out)[k * psize:(k + 1) * psize]], pgno * psize)
+            got = os.preadv(pin.ensure(), [out.data[k * psize:(k + 1) * psize]], pgno * psize)
             if got != psize:
                 raise CorruptDataError(f"{name}: page {pgno} lies past the end of the file")
         return out

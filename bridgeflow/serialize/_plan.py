@@ -115,7 +115,7 @@ def _array(dt: np.dtype, fortran: bool, ndim: int, i: int, k: int) -> Build:
             if n * item != size:
                 raise bad(size, (n,))
             return frombuffer(base, dt, n, off)
-        build1.vector = (dt, i, k, bad)  # lets [vector, label] lists fuse into one closure
+        build1.vector = (dt, i, k, bad)  # type: ignore[attr-defined]  # a function attribute: lets [vector, label] lists fuse
         return build1
 
     def build(v: tuple, b: list, h: bytes) -> np.ndarray:
@@ -146,7 +146,8 @@ def _sequence(children: list[Build], as_tuple: bool, value_at: list[int | None])
                 if n * item != size:
                     raise bad(size, (n,))
                 return [frombuffer(base, dt, n, off), v[i1]]
-            vector_and_value.pair = (dt, i, i1)  # lets a batch of them be decoded with numpy (codec.decode_many)
+            vector_and_value.pair = (dt, i, i1)  # type: ignore[attr-defined]  # a function attribute: lets a batch of
+            # them be decoded with numpy (codec.decode_many)
             return vector_and_value
         if i1 is not None and i0 is None:  # [array, label]: the most common datapoint
             return lambda v, b, h: [c0(v, b, h), v[i1]]

@@ -178,7 +178,7 @@ def remove_stale_temporaries(target: str | os.PathLike, sidecars: Sequence[str] 
     returns the paths removed. A live writer's file is never touched."""
     folder, name = os.path.split(os.path.abspath(os.fspath(target)))
     pattern = re.compile(rf"\.{re.escape(name)}\.tmp-(\d+)-[0-9a-f]{{8}}")
-    removed = []
+    removed: list[str] = []
     try:
         entries = os.listdir(folder)
     except OSError:

@@ -208,6 +208,7 @@ def _cmd_serialize(args: argparse.Namespace) -> int:
 
 
 def _size(path: str) -> str:
+    total: float
     if os.path.isdir(path):
         total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     else:
@@ -244,7 +245,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from ..transforms import describe_datapoint
 
     path = args.path
-    ds = load_dataset(path, allow_pickle=args.allow_pickle, allow_external=args.allow_external)
+    # a reader (LMDBDataset, HDF5Data or NumpyData): indexable, though load_dataset promises a DataFlow only
+    ds: Any = load_dataset(path, allow_pickle=args.allow_pickle, allow_external=args.allow_external)
     fmt = detect_format(path)
     print(f"path:    {path}")
     layout = getattr(ds, "format", None)

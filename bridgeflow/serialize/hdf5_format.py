@@ -167,7 +167,9 @@ class _Held:
     __slots__ = ("pin", "file", "pid")
 
     def __init__(self, pin: PinnedFile) -> None:
-        self.pin, self.file, self.pid = pin, None, None
+        self.pin = pin
+        self.file: Any = None  # an h5py.File
+        self.pid: int | None = None  # the process that opened it
 
     def release(self) -> None:
         f, self.file = self.file, None
@@ -301,7 +303,7 @@ class HDF5Data(IndexedSource):
         stores the bytes its shape declares (metadata only)."""
         n = self._len
         for c in self.columns:
-            want = {c.name: (n,)}
+            want: dict[str, tuple[int, ...] | None] = {c.name: (n,)}
             if self.version == FORMAT_VERSION:
                 want[f"{CRC}/{c.name}"] = (n,)
                 if c.kind in FLAT:
@@ -490,6 +492,7 @@ class HDF5Data(IndexedSource):
                 for i in it:
                     yield assemble(structure, names, self._row(i))
                 continue
+            assert isinstance(run, range)  # not shuffled: a run is a range of rows
             for start in range(run.start + skip, run.stop, step):
                 columns = self._block(start, min(run.stop, start + step))
                 rows = zip(zip(*columns), it)  # ``it`` counts the rows off (the position), after each row

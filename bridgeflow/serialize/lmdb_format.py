@@ -236,8 +236,11 @@ def _bridgeflow_meta(tree: LMDBTree, pin: PinnedFile, p: str) -> dict[str, Any]:
         raise CorruptDataError(f"{p}: an LMDB file, but not one written by LMDBSerializer "
                                f"(no {(META + b'format').decode()} key)")
     try:
-        codec, version, count = raw[b"codec"].decode(), int(raw[b"version"]), int(raw[b"count"])
-    except (AttributeError, TypeError, ValueError, UnicodeDecodeError) as exc:
+        codec_b, version_b, count_b = raw[b"codec"], raw[b"version"], raw[b"count"]
+        if codec_b is None or version_b is None or count_b is None:
+            raise ValueError("a key is missing or too long")
+        codec, version, count = codec_b.decode(), int(version_b), int(count_b)
+    except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptDataError(f"{p}: damaged metadata {raw!r}") from exc
     if codec not in CODECS:
         raise UnsupportedFormatError(f"{p}: written with codec {codec!r}, unknown to this bridgeflow "
@@ -403,7 +406,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
 
     def _set_index(self, index: _Index) -> None:
         self._index = index
-        self._offsets, self._sizes = memoryview(index.offsets), memoryview(index.sizes)  # fast int lookups
+        self._offsets, self._sizes = index.offsets.data, index.sizes.data  # fast int lookups
         self._watch_at, self._watch = index.watch_at, index.watch
 
     def _written(self) -> Exception:
@@ -435,6 +438,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
         """Datapoint ``i`` of the file: its value read (one ``pread``, into memory the datapoint owns), its
         CRC checked, decoded zero-copy."""
         off, size = self._offsets[i], self._sizes[i]
+        data: bytes | bytearray
         if self.format == "tensorpack":
             data, crc = os.pread(fd, size, off), None
             got = len(data)
@@ -478,7 +482,8 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                     for i in it:
                         yield get(fd, i)
                 continue
-            stop = run.stop  # a range: sequential
+            assert isinstance(run, range)  # not shuffled: a run is a range of datapoints
+            stop = run.stop
             at = end = 0  # datapoints at..end-1 lie in ``block``, read from byte ``base`` of the file
             batch = None  # and decoded together, when they are alike
             for i in it:
@@ -491,6 +496,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                 if batch is not None:
                     yield batch[i - at]
                     continue
+                assert block is not None  # i < end: it lies in the block
                 a, size = self._offsets[i] - base, self._sizes[i]
                 if self.format == "tensorpack":
                     yield self._finish(i, bytes(block[a:a + size]), None)

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -59,9 +60,9 @@ def _column_arrays(k: int, col: Column, values: list) -> dict[str, np.ndarray]:
     if col.kind == "scalar":
         return {key: np.array(values, dtype=np.dtype(col.dtype))}
     if col.kind == "ragged":
-        flat = [np.ascontiguousarray(v).reshape(-1) for v in values]
+        rows = [np.ascontiguousarray(v).reshape(-1) for v in values]
         shapes = np.array([v.shape for v in values], np.int64).reshape(len(values), len(col.shape))
-        return {key: np.concatenate(flat).astype(dtype, copy=False) if flat else np.zeros(0, dtype),
+        return {key: np.concatenate(rows).astype(dtype, copy=False) if rows else np.zeros(0, dtype),
                 f"{key}.shapes": shapes}
     raw = [v.encode("utf-8", "surrogatepass") for v in values] if col.kind == "str" else values
     flat, offsets = _flat_bytes(raw)
@@ -96,7 +97,8 @@ def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive_size: int) -
             raise ValueError(f"member {name!r}: its header declares shape {shape} of {dtype} ({nbytes} bytes) "
                              f"but it holds {info.file_size - fh.tell()} bytes")
         flat = np.empty(count, dtype)
-        view = memoryview(flat.view(np.uint8))
+        view = flat.view(np.uint8).data
+        assert isinstance(fh, io.BufferedIOBase)  # a ZipExtFile (typeshed says IO[bytes], which has no readinto)
         got = 0
         while got < nbytes:
             n = fh.readinto(view[got:])
@@ -163,7 +165,7 @@ class NumpySerializer:
         with atomic_path(target, overwrite=overwrite, sidecars=()) as tmp:
             try:
                 with open(tmp, "wb") as fh:
-                    np.savez(fh, **arrays)
+                    np.savez(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub types **arrays as allow_pickle's bool
             except OSError as exc:
                 raise write_error(target, exc, tmp, needed=sum(a.nbytes for a in arrays.values())) from exc
         return count

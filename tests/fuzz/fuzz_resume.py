@@ -204,7 +204,7 @@ def make(spec: tuple, files: Files) -> Any:
     if kind == "byshape":
         return bf.BatchDataByShape(c, k, 0, remainder=True)
     if kind == "trun":
-        return bf.MultiThreadRunner(lambda: make(child, files), num_prefetch=4, num_thread=min(k, 2))
+        return bf.MultiThreadRunner(lambda: make(child, files), num_prefetch=4, num_thread=min(k, 2), seed=seed)
     raise ValueError(kind)
 
 
@@ -237,9 +237,10 @@ def has_len(spec: tuple) -> bool:
 
 
 def _boundary(spec: tuple) -> bool:
-    """Whether this node's epoch boundary, over an unordered child, falls where timing puts it."""
+    """Whether this node's epoch boundary, over an unordered child, falls where timing puts it (or what it
+    keeps: a filter over batches that timing composed keeps other batches each run)."""
     kind = spec[0]
-    if kind in ("fixed", "join", "choose", "trun"):
+    if kind in ("fixed", "join", "choose", "trun", "filter"):
         return True
     if kind == "batch":
         return not spec[3]  # drops the epoch's remainder

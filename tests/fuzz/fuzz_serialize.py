@@ -106,13 +106,16 @@ def mutate(data: bytes, rng: random.Random, lmdb: bool = False) -> tuple[str, by
 def alias_pointers(b: bytearray, rng: random.Random, psize: int = 4096) -> None:
     """Aim every node pointer of a random LMDB tree page at its first node, and give the page as many
     pointers as fit before that node: pages that claim hundreds of keys sharing one key's bytes."""
-    pages = [p for p in range(2, len(b) // psize) if b[p * psize + 10] & 0x03]  # branch or leaf pages
+    def bounds(at: int) -> tuple[int, int]:
+        return int.from_bytes(b[at + 12:at + 14], "little"), int.from_bytes(b[at + 14:at + 16], "little")
+
+    # branch or leaf pages: not an overflow value's bytes, whose 'upper' may lie below its 'lower'
+    pages = [p for p in range(2, len(b) // psize)
+             if b[p * psize + 10] & 0x03 and 16 < bounds(p * psize)[0] <= bounds(p * psize)[1] < psize]
     if not pages:
         return
     at = rng.choice(pages) * psize
-    lower, upper = int.from_bytes(b[at + 12:at + 14], "little"), int.from_bytes(b[at + 14:at + 16], "little")
-    if lower <= 16 or upper >= psize:
-        return
+    lower, upper = bounds(at)
     first = b[at + 16:at + 18]
     count = (upper - 16) // 2
     b[at + 12:at + 14] = (16 + 2 * count).to_bytes(2, "little")

@@ -36,10 +36,10 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
-from ...errors import BridgeflowError
+from ...errors import BridgeflowError, LengthUnknownError
 
 __all__ = ["BackgroundIterator", "Producer"]
 
@@ -242,6 +242,9 @@ class BackgroundIterator:
         return self._producer.get()
 
     def __len__(self) -> int:
+        if not isinstance(self._source, Sized):
+            raise LengthUnknownError(f"{type(self).__name__}: its source, a {type(self._source).__name__}, "
+                                     "has no length")
         return len(self._source)
 
     @property

@@ -169,7 +169,7 @@ class SharedMapping:
         when every view of it is gone.
         """
         count = self.nbytes - offset if nbytes is None else nbytes
-        return np.frombuffer(memoryview(np.asarray(self)), np.uint8, count=count, offset=offset)
+        return np.frombuffer(np.asarray(self).data, np.uint8, count=count, offset=offset)
 
 
 def map_fd(fd: int, nbytes: int, name: str, hooks: MappingHookSet | None = None) -> SharedMapping:

@@ -24,7 +24,7 @@ def dumps_as_launched(obj: Any) -> bytes:
     Value or Event) pickle only while a process is being launched, so the check pretends to be one."""
     from multiprocessing import context, reduction
 
-    context.set_spawning_popen(_LaunchCheck())
+    context.set_spawning_popen(_LaunchCheck())  # type: ignore[arg-type]  # duck-types Popen: pickling calls DupFd only
     try:
         return bytes(reduction.ForkingPickler.dumps(obj))
     finally:

@@ -52,7 +52,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from ...errors import BridgeflowError, DataFlowTerminated, WorkerError, WorkerTimeoutError
 from . import forensics
@@ -516,7 +516,7 @@ class WorkerPool:
             f"({os.getpid()}) is a fork of it: a forked child cannot use its parent's workers. Build the pipeline "
             "in the child (or fork before reset_state() starts the workers)")
 
-    def _raise_dead(self, worker: int) -> None:
+    def _raise_dead(self, worker: int) -> NoReturn:
         if self._closed:
             raise DataFlowTerminated(f"{self.name} was closed while a consumer was waiting for a result")
         text, code = self._channel.death(worker)

@@ -164,7 +164,7 @@ class ControlSegment:
 
     def __init__(self, name: str, fd: int, mapping: SharedMapping) -> None:
         self.name, self.fd, self.mapping = name, fd, mapping
-        self.view = memoryview(mapping.array())
+        self.view = mapping.array().data
 
     @classmethod
     def create(cls, name: str, size: int) -> ControlSegment:

@@ -103,7 +103,8 @@ class SlabWriter:
 
     def __init__(self, prefix: str, flags: memoryview | None, max_slabs: int, num_workers: int = 1) -> None:
         self.prefix = prefix
-        self.flags = flags
+        # no flags: a writer that makes no slab (max_slabs 0), so never reads them; empty, not None, for the types
+        self.flags = flags if flags is not None else memoryview(b"")
         self.max_slabs = max_slabs if flags is not None else 0
         self.slabs: list[tuple[str, int, SharedMapping | None]] = []
         self._views: list[memoryview | None] = []  # a byte view of each slab, to copy into at once
@@ -195,10 +196,10 @@ class SlabWriter:
             return -1
         if index == len(self.slabs):
             self.slabs.append((name, size, m))
-            self._views.append(memoryview(m.array()))
+            self._views.append(m.array().data)
         else:
             self.slabs[index] = (name, size, m)
-            self._views[index] = memoryview(m.array())
+            self._views[index] = m.array().data
         return index
 
     def reserve(self, nbytes: int) -> None:
@@ -228,10 +229,11 @@ class SlabWriter:
         arena = self._arena
         if arena is not None:
             index, used = arena
-            size = self.slabs[index][1]
+            size, view = self.slabs[index][1], self._views[index]
             if used + nbytes <= size:
+                assert view is not None  # the arena's slab is a live one
                 arena[1] = used + -(-nbytes // ALIGN) * ALIGN
-                return np.frombuffer(self._views[index], dtype, nbytes // dtype.itemsize, used).reshape(shape)
+                return np.frombuffer(view, dtype, nbytes // dtype.itemsize, used).reshape(shape)
         return np.empty(shape, dtype)
 
     def _reduce_array(self, a: np.ndarray) -> Any:
@@ -338,7 +340,9 @@ class SlabWriter:
         do not fit."""
         index, used = arena
         _, size, m = self.slabs[index]
-        base, view = m.address, self._views[index]
+        view = self._views[index]
+        assert m is not None and view is not None  # _acquire and the arena hand out live slabs only
+        base = m.address
         offsets = []
         for r in raws:
             off = np.frombuffer(r, np.uint8).__array_interface__["data"][0] - base
@@ -377,7 +381,8 @@ class SlabReader:
     """
 
     def __init__(self, flags: memoryview | None, hooks: MappingHookSet | None = None) -> None:
-        self.flags = flags
+        # no flags: a reader of a writer that makes no slab (see SlabWriter), so it never releases one
+        self.flags = flags if flags is not None else memoryview(b"")
         self.hooks = hooks
         self._pid = os.getpid()
         self._maps: dict[int, tuple[str, memoryview]] = {}  # slab index -> (name, byte view of its mapping)
@@ -396,7 +401,7 @@ class SlabReader:
         self.last_bytes += sum(n for _, n in offsets)
         known = self._maps.get(index)
         if known is None or known[0] != name:  # a new slab, or the worker replaced this one
-            known = self._maps[index] = (name, memoryview(open_segment(name, self.hooks).array()))
+            known = self._maps[index] = (name, open_segment(name, self.hooks).array().data)
         # A new array on the mapping's view: views of it point to it, so it goes only when they all have.
         lease = np.frombuffer(known[1], np.uint8, max(off + n for off, n in offsets))
         weakref.finalize(lease, _release, self.flags, index, self._pid)
