@@ -1,22 +1,50 @@
 """Benchmark: bridgeflow's torch DataLoader against torch.utils.data.DataLoader (the anchor), same run.
 
-Cases (map-style datasets, batch 64, num_workers=2, fork, one epoch timed from iter() to exhaustion,
-worker start-up included as it is in every non-persistent epoch):
+Every case runs a map-style dataset through both loaders with ``num_workers=2`` and ``fork``, one epoch
+timed from ``iter()`` to exhaustion (worker start-up included, as in every non-persistent epoch),
+repetitions interleaved (torch, bridgeflow, torch, ...) after a warm-up epoch each. Each line is one JSON
+object: per loader the median seconds per epoch, samples/s, and CPU per sample of the **workers** and of the
+**main process**; then the ratio torch_median / bridgeflow_median (and the median of the per-repetition
+ratios) with the target, and the workers' CPU per sample of bridgeflow over torch's.
 
-- ``numpy``: samples are 3x224x224 uint8 numpy arrays + an int label;
+How CPU is read: the workers' from ``getrusage(RUSAGE_CHILDREN)`` across the epoch (both loaders join their
+workers when an epoch ends, so they have been reaped; the script checks that no child is left), the main
+process's from ``time.process_time()`` (all its threads). Persistent-worker cases keep one loader per side
+for the whole run, so their workers' CPU is read once both loaders are closed and covers all their epochs
+(start-up included once).
+
+The shapes users bring (sizes as torch's, Hugging Face's and torchrec's examples use them):
+
+- ``numpy``: 3x224x224 uint8 numpy arrays + an int label, batch 64 (ImageNet-sized, as torch's examples);
 - ``tensor``: the same samples as torch tensors;
 - ``transform_2ms``: numpy samples through a ~2 ms CPU-bound per-sample transform;
 - ``pil_folder``: a folder of JPEGs (3,000 of 300-500 px, generated once into ``--data``) decoded with
   PIL (``Image.open().convert("RGB")``), RandomResizedCrop(224) and a random flip written as torchvision
   writes them (torchvision itself is not needed), and a CHW uint8 tensor made as torchvision's
-  ``pil_to_tensor`` makes it (a permuted view of the HWC array); CPU-seconds per image are printed too
-  (this process and its reaped workers, from ``getrusage``);
+  ``pil_to_tensor`` makes it (a permuted view of the HWC array), batch 64, shuffled;
 - ``flow_decode``: the same JPEGs as bytes in an LMDB file, read as the README shows,
   ``DataLoader(MapData(LMDBSerializer.load(path), decode), batch_size=64)``, with ``num_workers=2`` against
   ``num_workers=0`` of the same loader (the anchor here), and torch's DataLoader over a ``Dataset`` that
   reads the same file's datapoints by index (``num_workers=2``) for reference;
-- ``pin_memory`` (GPU machines only): the numpy case with ``pin_memory=True``, pinned by each loader's
-  background thread;
+- ``scalar_int``: an int per sample (an id, a click label), batch 4,096 (torchrec's DLRM examples train
+  at 2,048-8,192 per rank), shuffled;
+- ``dict_rows``: tabular rows as dicts, ``{"dense": float32[13], "label": int}`` (Criteo's 13 dense
+  features, as in torchrec's DLRM example), batch 1,024, shuffled;
+- ``nested``: nested dicts and lists of small arrays, ``{"image": uint8[3,32,32], "target": {"boxes":
+  float32[4,4], "labels": int64[4]}, "views": [float32[8], float32[8]], "meta": {"id": int, "scale":
+  float}}`` (CIFAR-sized images with detection-style targets), batch 128, shuffled;
+- ``var_tokens``: ``{"input_ids": list of 16-128 ints, "label": int}`` (a tokenized text dataset, lengths up
+  to run_glue's default max_seq_length=128), padded by a user ``collate_fn`` as Hugging Face's
+  ``DataCollatorWithPadding`` pads (``input_ids``, ``attention_mask``, ``labels``), batch 256, shuffled;
+- ``strings_bytes``: ``(text str of 40-200 chars, raw bytes of 0.5-4 KB, int label)``, batch 256, shuffled
+  (strings and bytes are collated into lists);
+- ``no_collate``: ``batch_size=None`` (no auto-collation: ``default_convert`` per sample, one task per
+  sample), the ``dict_rows`` samples;
+- ``*_persistent``: ``numpy`` and ``dict_rows`` with ``persistent_workers=True`` (one loader per side,
+  epochs on the same workers);
+- ``*_pin``: ``numpy`` and ``dict_rows`` with ``pin_memory=True``, pinned by each loader's background
+  thread. On a machine without an accelerator both loaders skip pinning (torch warns and pins nothing), so
+  there the variant only shows the option costs nothing else;
 - ``lmdb_dataset``: bridgeflow's ``LMDBDataset`` (150 KB arrays) against a raw-lmdb ``Dataset`` in the same
   loader (:func:`bench_lmdb_dataset`), with CPU seconds per item;
 - ``cuda`` (GPU machines only; one "skipped" line elsewhere): CUDAPrefetcher's host-to-device throughput
@@ -24,21 +52,25 @@ worker start-up included as it is in every non-persistent epoch):
   shared-memory input and bridgeflow's DataLoader output, against a raw pinned ``copy_`` of the same
   bytes; and a loop with a GPU step of known length (the copy should hide behind it).
 
-Repetitions are interleaved (torch, bridgeflow, torch, ...); each line is one JSON object: per loader
-the median seconds per epoch and samples/s, then the ratio torch_median / bridgeflow_median.
-
-Run: python benchmarks/bench_torch.py [--reps 5] [--batches 100] [--cases pil_folder,flow_decode]
+Run: python benchmarks/bench_torch.py [--reps 5] [--scale 1] [--cases scalar_int,dict_rows]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import multiprocessing
 import os
 import platform
+import resource
 import statistics
 import tempfile
 import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +80,11 @@ from bridgeflow.adapters.torch import DataLoader as BFDataLoader
 
 BATCH = 64
 SHAPE = (3, 224, 224)
-TARGETS = {"numpy": 2.5, "tensor": 2.5, "transform_2ms": 1.0, "pil_folder": 1.1, "flow_decode": 1.6}
+# ratio of torch's median epoch to bridgeflow's: at least this much (every case: never slower than torch)
+TARGETS = {"numpy": 2.5, "tensor": 2.5, "pil_folder": 1.1, "flow_decode": 1.6}
+DEFAULT_TARGET = 1.0
 JPEGS = 3000
+WORKERS = 2
 
 
 class ImageDataset(tud.Dataset):
@@ -192,72 +227,275 @@ class IndexedLMDB(tud.Dataset):
         return decode(self.ds[i])
 
 
-def cpu_seconds() -> float:
-    """CPU time of this process and of its children that have been waited for (the workers of an epoch
-    that ended)."""
-    import resource
+# --- the shapes users bring ---------------------------------------------------------------------------
 
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+class Scalars(tud.Dataset):
+    """An int per sample."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return i
 
 
-def timed_epoch(make_loader) -> tuple[float, float, float, int]:
-    """Seconds for one epoch from ``iter()`` to exhaustion (worker start-up included), seconds to the first
-    batch, CPU-seconds (workers included, once the loader is gone) and items."""
-    import gc
+class DictRows(tud.Dataset):
+    """Tabular rows: ``{"dense": float32[13], "label": int}``, each row an array of its own."""
 
-    cpu0 = cpu_seconds()
+    def __init__(self, n: int) -> None:
+        rng = np.random.default_rng(0)
+        self.dense = list(rng.standard_normal((n, 13)).astype(np.float32))
+        self.labels = rng.integers(0, 2, n).tolist()
+
+    def __len__(self) -> int:
+        return len(self.dense)
+
+    def __getitem__(self, i: int):
+        return {"dense": self.dense[i], "label": self.labels[i]}
+
+
+class Nested(tud.Dataset):
+    """Nested dicts and lists of small arrays (256 distinct samples, cycled)."""
+
+    def __init__(self, n: int) -> None:
+        rng = np.random.default_rng(0)
+        self.n = n
+        self.pool = [{"image": rng.integers(0, 256, (3, 32, 32), dtype=np.uint8),
+                      "target": {"boxes": rng.random((4, 4), dtype=np.float32),
+                                 "labels": rng.integers(0, 80, 4)},
+                      "views": [rng.random(8, dtype=np.float32), rng.random(8, dtype=np.float32)]}
+                     for _ in range(256)]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        s = self.pool[i % 256]
+        return {"image": s["image"], "target": s["target"], "views": s["views"],
+                "meta": {"id": i, "scale": 1.0 + (i % 7) / 10}}
+
+
+class Tokens(tud.Dataset):
+    """Tokenized text: ``{"input_ids": list of 16-128 ints, "label": int}`` (lists, as datasets give them)."""
+
+    def __init__(self, n: int) -> None:
+        rng = np.random.default_rng(0)
+        lengths = rng.integers(16, 129, n)
+        self.ids = [rng.integers(1, 30522, k).tolist() for k in lengths]
+        self.labels = rng.integers(0, 2, n).tolist()
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int):
+        return {"input_ids": self.ids[i], "label": self.labels[i]}
+
+
+def pad_collate(samples: list) -> dict:
+    """A user's padding ``collate_fn``, as Hugging Face's ``DataCollatorWithPadding`` pads: to the longest."""
+    longest = max(len(s["input_ids"]) for s in samples)
+    ids = torch.zeros(len(samples), longest, dtype=torch.long)
+    mask = torch.zeros(len(samples), longest, dtype=torch.long)
+    for row, s in enumerate(samples):
+        n = len(s["input_ids"])
+        ids[row, :n] = torch.tensor(s["input_ids"])
+        mask[row, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([s["label"] for s in samples])}
+
+
+class StringsBytes(tud.Dataset):
+    """``(text, raw bytes, label)`` (512 distinct samples, cycled)."""
+
+    def __init__(self, n: int) -> None:
+        rng = np.random.default_rng(0)
+        words = ["data", "loader", "worker", "tensor", "batch", "sample", "epoch", "shared", "memory", "token"]
+        self.n = n
+        self.pool = []
+        for _ in range(512):
+            text = " ".join(words[int(k)] for k in rng.integers(0, len(words), 40))[:int(rng.integers(40, 201))]
+            self.pool.append((text, rng.integers(0, 256, int(rng.integers(512, 4097)), dtype=np.uint8).tobytes()))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        text, raw = self.pool[i % 512]
+        return text, raw, i % 10
+
+
+@dataclass
+class Case:
+    """A dataset (made once per case), how many samples, and the loader's arguments (both loaders')."""
+
+    dataset: Callable[[int], Any]
+    samples: int
+    options: dict = field(default_factory=dict)
+    persistent: bool = False
+
+
+def _images(n: int) -> Any:
+    return ImageDataset(n)
+
+
+def _tensors(n: int) -> Any:
+    return ImageDataset(n, as_tensor=True)
+
+
+def _transformed(n: int) -> Any:
+    return ImageDataset(n, transform_ms=2.0)
+
+
+CASES = {
+    "numpy": Case(_images, 100 * BATCH, {"batch_size": BATCH}),
+    "tensor": Case(_tensors, 100 * BATCH, {"batch_size": BATCH}),
+    "transform_2ms": Case(_transformed, 25 * BATCH, {"batch_size": BATCH}),
+    "scalar_int": Case(Scalars, 150 * 4096, {"batch_size": 4096, "shuffle": True}),
+    "dict_rows": Case(DictRows, 100 * 1024, {"batch_size": 1024, "shuffle": True}),
+    "nested": Case(Nested, 100 * 128, {"batch_size": 128, "shuffle": True}),
+    "var_tokens": Case(Tokens, 60 * 256, {"batch_size": 256, "shuffle": True, "collate_fn": pad_collate}),
+    "strings_bytes": Case(StringsBytes, 60 * 256, {"batch_size": 256, "shuffle": True}),
+    "no_collate": Case(DictRows, 10_000, {"batch_size": None, "shuffle": True}),
+    "numpy_persistent": Case(_images, 100 * BATCH, {"batch_size": BATCH, "persistent_workers": True},
+                             persistent=True),
+    "dict_rows_persistent": Case(DictRows, 100 * 1024, {"batch_size": 1024, "shuffle": True,
+                                                         "persistent_workers": True}, persistent=True),
+    "numpy_pin": Case(_images, 100 * BATCH, {"batch_size": BATCH, "pin_memory": True}),
+    "dict_rows_pin": Case(DictRows, 100 * 1024, {"batch_size": 1024, "shuffle": True, "pin_memory": True}),
+}
+
+
+# --- timing ---------------------------------------------------------------------------------------------
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have been waited for (the workers of ended epochs)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
+
+
+def reap(persistent: bool = False) -> None:
+    """Collect what an epoch left and wait for its workers: their CPU time is then counted (persistent
+    workers stay: only the garbage is collected)."""
+    gc.collect()
+    if persistent:
+        return
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:  # also reaps the ended ones
+        time.sleep(0.01)
+    left = multiprocessing.active_children()
+    if left:
+        raise RuntimeError(f"workers still alive after the epoch: {left}")
+
+
+@dataclass
+class Epoch:
+    seconds: float
+    first_s: float
+    batches: int
+    main_cpu: float  # this process, all threads
+    worker_cpu: float | None  # None: read once for the whole run (persistent workers)
+
+
+def timed_epoch(loader_or_make: Any, persistent: bool = False) -> Epoch:
+    """One epoch from ``iter()`` to exhaustion (a fresh loader from ``loader_or_make()`` unless persistent)."""
+    reap(persistent)
+    kids0, main0 = children_cpu(), time.process_time()
     start = time.perf_counter()
-    loader = make_loader()
-    first, n = None, 0
-    for batch in loader:
+    loader = loader_or_make if persistent else loader_or_make()
+    first, batches = None, 0
+    for _ in loader:  # the batch is dropped at once, as a training step would drop it
         if first is None:
             first = time.perf_counter() - start
-        n += int(batch[0].shape[0])
+        batches += 1
     elapsed = time.perf_counter() - start
-    del loader, batch
-    gc.collect()
-    return elapsed, first, cpu_seconds() - cpu0, n
+    main = time.process_time() - main0
+    if persistent:
+        return Epoch(elapsed, first, batches, main, None)
+    del loader, _
+    reap()
+    return Epoch(elapsed, first, batches, main, children_cpu() - kids0)
 
 
-def compare(case: str, loaders: dict, reps: int, machine: dict, anchor: str, target: float | None,
-            extra: dict | None = None) -> None:
+def compare(case: str, loaders: dict[str, Callable[[], Any]], reps: int, machine: dict, anchor: str,
+            target: float | None, samples: int, persistent: bool = False, extra: dict | None = None) -> None:
     """Time ``loaders`` (name -> a function making a fresh loader) interleaved ``reps`` times after a
-    warm-up epoch each; print one line per loader and the ratio of every other loader to ``anchor``."""
-    for make in loaders.values():
-        timed_epoch(make)
-    runs: dict[str, list] = {name: [] for name in loaders}
-    for _ in range(reps):
-        for name, make in loaders.items():
-            runs[name].append(timed_epoch(make))
-    med = {}
+    warm-up epoch each; print one line per loader and the ratio of every other loader to ``anchor``.
+    ``persistent``: each function is called once, its loader runs every epoch and is closed at the end."""
+    made = {name: make() for name, make in loaders.items()} if persistent else loaders
+    whole_run_cpu: dict[str, float] = {}
+    runs: dict[str, list[Epoch]] = {name: [] for name in loaders}
+    try:
+        for name in loaders:
+            timed_epoch(made[name], persistent)
+        for _ in range(reps):
+            for name in loaders:
+                runs[name].append(timed_epoch(made[name], persistent))
+    finally:
+        if persistent:  # one loader at a time, so each one's reaped workers are told apart
+            for name in list(made):
+                loader = made.pop(name)
+                workers = list(getattr(loader._iterator, "_workers", None) or ())
+                before = children_cpu()
+                close = getattr(loader, "close", None)
+                if callable(close):
+                    close()
+                del loader
+                gc.collect()
+                for proc in workers:
+                    proc.join(10)
+                whole_run_cpu[name] = children_cpu() - before
+            reap()
+    med: dict[str, float] = {}
+    worker_cpu: dict[str, float] = {}
     for name, rs in runs.items():
-        n = rs[0][3]
-        med[name] = statistics.median(r[0] for r in rs)
-        cpu = statistics.median(r[2] / r[3] for r in rs)
-        print(json.dumps({"bench": "torch_dataloader", "case": case, "loader": name, "reps": reps, "items": n,
-                          "median_s": round(med[name], 4), "items_per_s": round(n / med[name], 1),
-                          "cpu_s_per_item": round(cpu, 6), "items_per_cpu_s": round(1 / cpu, 1),
-                          "first_batch_median_s": round(statistics.median(r[1] for r in rs), 4),
-                          "all_s": [round(r[0], 3) for r in rs], **(extra or {}), **machine}), flush=True)
+        med[name] = statistics.median(r.seconds for r in rs)
+        if persistent:
+            worker_cpu[name] = whole_run_cpu[name] / (samples * (reps + 1))
+        else:
+            worker_cpu[name] = statistics.median(r.worker_cpu for r in rs) / samples
+        print(json.dumps({
+            "bench": "torch_dataloader", "case": case, "loader": name, "reps": reps, "samples": samples,
+            "batches": rs[0].batches, "num_workers": WORKERS, "median_s": round(med[name], 4),
+            "samples_per_s": round(samples / med[name], 1),
+            "worker_cpu_us_per_sample": round(worker_cpu[name] * 1e6, 3),
+            "main_cpu_us_per_sample": round(statistics.median(r.main_cpu for r in rs) / samples * 1e6, 3),
+            "first_batch_median_s": round(statistics.median(r.first_s for r in rs), 4),
+            "all_s": [round(r.seconds, 3) for r in rs], **(extra or {}), **machine}), flush=True)
     for name in loaders:
         if name != anchor:
             ratio = med[anchor] / med[name]
             # each repetition's pair ran back to back: its ratio sees the same load on the machine
-            paired = statistics.median(a[0] / b[0] for a, b in zip(runs[anchor], runs[name]))
+            paired = statistics.median(a.seconds / b.seconds for a, b in zip(runs[anchor], runs[name]))
             print(json.dumps({"bench": "torch_dataloader", "case": case, "loader": name, "anchor": anchor,
                               "ratio": round(ratio, 3), "paired_ratio": round(paired, 3), "target": target,
-                              "meets_target": None if target is None else ratio >= target}), flush=True)
+                              "meets_target": None if target is None else ratio >= target,
+                              "worker_cpu_ratio": round(worker_cpu[name] / max(worker_cpu[anchor], 1e-12), 3),
+                              "worker_cpu_target_max": 1.0 if target is not None else None}), flush=True)
+
+
+def bench_case(name: str, case: Case, reps: int, scale: float, machine: dict) -> None:
+    samples = max(1, int(case.samples * scale))
+    dataset = case.dataset(samples)
+
+    def make(cls):
+        return lambda: cls(dataset, num_workers=WORKERS, multiprocessing_context="fork", **case.options)
+
+    options = {k: v.__name__ if callable(v) else v for k, v in case.options.items()}
+    compare(name, {"torch": make(tud.DataLoader), "bridgeflow": make(BFDataLoader)}, reps, machine, "torch",
+            TARGETS.get(name, DEFAULT_TARGET), samples, case.persistent, {"options": options})
 
 
 def bench_pil_folder(reps: int, machine: dict, data: str) -> None:
     dataset = ImageFolder(make_jpegs(os.path.join(data, "jpegs")))
 
     def make(cls):
-        return lambda: cls(dataset, batch_size=BATCH, shuffle=True, num_workers=2, multiprocessing_context="fork")
+        return lambda: cls(dataset, batch_size=BATCH, shuffle=True, num_workers=WORKERS,
+                           multiprocessing_context="fork")
 
     compare("pil_folder", {"torch": make(tud.DataLoader), "bridgeflow": make(BFDataLoader)}, reps, machine,
-            "torch", TARGETS["pil_folder"], {"batch": BATCH, "num_workers": 2})
+            "torch", TARGETS["pil_folder"], len(dataset), extra={"batch": BATCH})
 
 
 def bench_flow_decode(reps: int, machine: dict, data: str) -> None:
@@ -271,30 +509,14 @@ def bench_flow_decode(reps: int, machine: dict, data: str) -> None:
                                     num_workers=workers, multiprocessing_context=context)
 
     def torch_loader():
-        return tud.DataLoader(IndexedLMDB(path), batch_size=BATCH, shuffle=True, num_workers=2,
+        return tud.DataLoader(IndexedLMDB(path), batch_size=BATCH, shuffle=True, num_workers=WORKERS,
                               multiprocessing_context="fork")
 
     compare("flow_decode", {"bridgeflow_workers_0": flow(0), "bridgeflow_workers_2": flow(2),
                             "torch_indexed_workers_2": torch_loader}, reps, machine, "bridgeflow_workers_0",
-            None, {"batch": BATCH})
+            None, JPEGS, extra={"batch": BATCH})
     print(json.dumps({"bench": "torch_dataloader", "case": "flow_decode", "target": TARGETS["flow_decode"],
                       "note": "the target is bridgeflow_workers_2's ratio to bridgeflow_workers_0"}), flush=True)
-
-
-def run_epoch(loader_cls, dataset, **kwargs) -> tuple[float, float]:
-    """Seconds for one epoch (worker start-up included) and seconds until the first batch."""
-    loader = loader_cls(dataset, batch_size=BATCH, num_workers=2, multiprocessing_context="fork", **kwargs)
-    start = time.perf_counter()
-    first = None
-    n = 0
-    for images, labels in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        n += int(labels.shape[0])
-        assert images.shape == (labels.shape[0], *SHAPE)
-    elapsed = time.perf_counter() - start
-    assert n == len(dataset), (n, len(dataset))
-    return elapsed, first
 
 
 def _median_time(fn, reps: int) -> list[float]:
@@ -505,9 +727,7 @@ def bench_lmdb_dataset(reps: int, batches: int, machine: dict) -> None:
     it is (a DataFlow: the loader decides how to read it), the same reader seen as a map-style Dataset
     (its per-item reads in the workers), and the anchor; ratios of anchor time to case time and CPU
     seconds (all processes) per datapoint."""
-    import resource
     import shutil
-    import tempfile
 
     from bridgeflow.serialize import LMDBDataset, LMDBSerializer
 
@@ -565,58 +785,29 @@ def bench_lmdb_dataset(reps: int, batches: int, machine: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--batches", type=int, default=100, help="batches per epoch (transform case: 1/4)")
-    parser.add_argument("--cases", default="numpy,tensor,transform_2ms,pil_folder,flow_decode,pin_memory,cuda,"
-                        "lmdb_dataset")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies every case's samples per epoch")
+    parser.add_argument("--batches", type=int, default=100, help="lmdb_dataset and cuda: batches per epoch")
+    parser.add_argument("--cases", default=",".join([*CASES, "pil_folder", "flow_decode", "cuda", "lmdb_dataset"]))
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "bf-bench-torch"),
                         help="where the generated JPEGs and LMDB file are kept between runs")
     args = parser.parse_args()
+    # no accelerator: both loaders say once per iterator that they pin nothing (the *_pin cases say so too)
+    warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true")
     machine = {"machine": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
                "numpy": np.__version__}
     for case in args.cases.split(","):
         if case == "cuda":
             bench_cuda(args.reps, args.batches, machine)
-            continue
-        if case == "lmdb_dataset":
+        elif case == "lmdb_dataset":
             bench_lmdb_dataset(args.reps, args.batches, machine)
-            continue
-        if case == "pil_folder":
+        elif case == "pil_folder":
             bench_pil_folder(args.reps, machine, args.data)
-            continue
-        if case == "flow_decode":
+        elif case == "flow_decode":
             bench_flow_decode(args.reps, machine, args.data)
-            continue
-        options = {}
-        if case == "pin_memory":  # numpy samples, batches pinned by each loader's pin thread
-            if not torch.cuda.is_available():
-                print(json.dumps({"bench": "torch_dataloader", "case": case,
-                                  "skipped": "no CUDA device: nothing to pin for", **machine}))
-                continue
-            options = {"pin_memory": True}
-        batches = args.batches if case != "transform_2ms" else max(2, args.batches // 4)
-        dataset = ImageDataset(batches * BATCH, as_tensor=case == "tensor",
-                               transform_ms=2.0 if case == "transform_2ms" else 0.0)
-        loaders = {"torch": tud.DataLoader, "bridgeflow": BFDataLoader}
-        times: dict[str, list[float]] = {name: [] for name in loaders}
-        firsts: dict[str, list[float]] = {name: [] for name in loaders}
-        run_epoch(tud.DataLoader, dataset, **options)  # warm-up (imports, page cache)
-        run_epoch(BFDataLoader, dataset, **options)
-        for _ in range(args.reps):
-            for name, cls in loaders.items():
-                elapsed, first = run_epoch(cls, dataset, **options)
-                times[name].append(elapsed)
-                firsts[name].append(first)
-        medians = {name: statistics.median(t) for name, t in times.items()}
-        for name, med in medians.items():
-            print(json.dumps({"bench": "torch_dataloader", "case": case, "loader": name, "reps": args.reps,
-                              "batch": BATCH, "batches": batches, "num_workers": 2,
-                              "median_s": round(med, 4), "samples_per_s": round(len(dataset) / med, 1),
-                              "first_batch_median_s": round(statistics.median(firsts[name]), 4),
-                              "all_s": [round(t, 4) for t in times[name]], **machine}), flush=True)
-        ratio = medians["torch"] / medians["bridgeflow"]
-        print(json.dumps({"bench": "torch_dataloader", "case": case, "ratio_vs_torch": round(ratio, 3),
-                          "target": TARGETS.get(case), "meets_target": ratio >= TARGETS.get(case, 0)}),
-              flush=True)
+        elif case in CASES:
+            bench_case(case, CASES[case], args.reps, args.scale, machine)
+        else:
+            parser.error(f"--cases: unknown case {case!r}")
 
 
 if __name__ == "__main__":

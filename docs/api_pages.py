@@ -118,7 +118,8 @@ bridgeflow's workers and a CUDA-stream prefetcher. How: :doc:`../torch`.
         "Errors and warnings": ["bridgeflow.adapters.torch.LoaderStateError",
                                 "bridgeflow.adapters.torch.ResumeStateError",
                                 "bridgeflow.adapters.torch.DeviceUnavailableError",
-                                "bridgeflow.adapters.torch.UnsplitFlowWarning"],
+                                "bridgeflow.adapters.torch.UnsplitFlowWarning",
+                                "bridgeflow.adapters.torch.DoubleShuffleWarning"],
     }),
     "tensorflow": ("TensorFlow", """
 ``bridgeflow.adapters.tensorflow`` (importing it imports TensorFlow): queue, staging and ``tf.data`` inputs

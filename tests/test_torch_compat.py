@@ -54,6 +54,37 @@ def test_loader_internals_the_adapter_subclasses_or_reads_exist():
     assert stream_loader._index_sampler is stream_loader.batch_sampler and stream_loader._auto_collation
 
 
+def test_loader_attributes_read_through_compat_are_torchs():
+    """The private attributes of torch's DataLoader the adapter reads (and two it sets), through _compat only:
+    the index sampler, whether it collates, the length len() reported for an iterable, the dataset kind, and
+    the iterator held for persistent workers."""
+    loader = tud.DataLoader(list(range(6)), batch_size=4)
+    assert _compat.index_sampler(loader) is loader.batch_sampler and _compat.auto_collation(loader)
+    unbatched = tud.DataLoader(list(range(6)), batch_size=None)
+    assert _compat.index_sampler(unbatched) is unbatched.sampler and not _compat.auto_collation(unbatched)
+    assert not _compat.read_as_iterable(loader) and _compat.iterable_length_seen(loader) is None
+
+    class Stream(tud.IterableDataset):
+        def __iter__(self):
+            return iter([1, 2])
+
+        def __len__(self):
+            return 2
+
+    stream_loader = tud.DataLoader(Stream())
+    assert _compat.read_as_iterable(stream_loader)
+    assert len(stream_loader) == 2 and _compat.iterable_length_seen(stream_loader) == 2
+    _compat.read_as_iterable(loader, True)  # what the adapter does for a DataFlow read as a stream
+    assert loader._dataset_kind == _compat.DatasetKind.Iterable
+    persistent = tud.DataLoader(list(range(4)), num_workers=1, persistent_workers=True)
+    assert _compat.held_iterator(persistent) is None
+    it = iter(persistent)
+    assert _compat.held_iterator(persistent) is it
+    _compat.set_held_iterator(persistent, None)
+    assert persistent._iterator is None
+    it._shutdown_workers()
+
+
 def test_datapipe_settings_functions_shard_and_seed():
     from torch.utils.data.datapipes.iter import IterableWrapper
 
@@ -156,3 +187,17 @@ def test_fast_default_collate_respects_a_users_handler(monkeypatch):
     table = _compat.COLLATE_MODULE.default_collate_fn_map
     monkeypatch.setitem(table, np.ndarray, lambda batch, *, collate_fn_map=None: "mine")
     assert _compat.fast_default_collate([np.zeros(2), np.ones(2)]) == "mine"
+
+
+def test_no_module_but_compat_touches_torchs_private_names():
+    """Every private name of torch's data loading is reached through _compat (these canaries cover them)."""
+    import pathlib
+    import re
+
+    private = re.compile(r"\._(index_sampler|auto_collation|IterableDataset_len_called|dataset_kind|iterator|utils|"
+                         r"worker_info|DatasetKind|BaseDataLoaderIter|InfiniteConstantSampler|get_iterator\(|"
+                         r"generate_state|share_dist_seed)\b")
+    package = pathlib.Path(_compat.__file__).parent
+    found = [f"{path.name}:{n}: {line.strip()}" for path in sorted(package.glob("*.py")) if path.name != "_compat.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
+    assert not found, "\n".join(found)

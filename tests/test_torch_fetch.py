@@ -18,7 +18,6 @@ import torch
 import torch.utils.data as tud
 
 from bridgeflow.adapters.torch import DataLoader
-from bridgeflow.adapters.torch.convert import TensorBox, unpack
 from bridgeflow.adapters.torch.fetch import MAP, WorkerSpec, WorkerTask
 
 
@@ -50,14 +49,16 @@ def test_a_batch_is_collated_in_the_slab_it_is_sent_in(leak_check):
     writer = shm.SlabWriter(f"bf{os.getpid()}_f_", flags, 8)
     reader = shm.SlabReader(flags)
     try:
-        images, labels = _task(Views(), writer)([0, 1, 2, 3])
-        assert isinstance(images, TensorBox) and _slab_of(writer, images.array)  # stacked in place
-        message = writer.dumps([images, labels])
-        assert len(message) < 2048  # offsets, no pixel
-        got, ids = unpack(reader.loads(message))
-        want = torch.stack([Views()[i][0] for i in range(4)])
-        assert torch.equal(got, want) and got.is_contiguous() and ids.tolist() == [0, 1, 2, 3]
-        del got
+        task = _task(Views(), writer)
+        for first in (0, 4):  # the first batch starts a slab of its own size; the next one is sized alike
+            images, labels = task([first, first + 1, first + 2, first + 3]).value
+            assert _slab_of(writer, images.numpy())  # stacked in place
+            message = writer.dumps([images, labels])
+            assert len(message) < 2048  # offsets, no pixel
+            got, ids = reader.loads(message)
+            want = torch.stack([Views()[i][0] for i in range(first, first + 4)])
+            assert torch.equal(got, want) and got.is_contiguous() and ids.tolist() == list(range(first, first + 4))
+            del got, images
     finally:
         reader.close()
         writer.close()

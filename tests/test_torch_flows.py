@@ -19,7 +19,7 @@ need("torch")
 import torch
 import torch.utils.data as tud
 
-from bridgeflow.adapters.torch import DataLoader, UnsplitFlowWarning
+from bridgeflow.adapters.torch import DataLoader, DoubleShuffleWarning, UnsplitFlowWarning
 
 N = 11
 
@@ -35,6 +35,10 @@ def _times_ten(dp):
 def _where(dp):
     """The datapoint with the pid of the process that mapped it."""
     return [dp[1], os.getpid()]
+
+
+def _add_one(dp):
+    return [dp[0], dp[1] + 1]
 
 
 def _drop_fives(dp):
@@ -95,10 +99,35 @@ def test_a_flow_that_shuffles_itself_is_read_in_a_random_order_from_the_loaders_
             orders.append([int(dp[1]) for dp in loader])
         flow.close()
     assert orders[0] == orders[1] and sorted(orders[0]) == list(range(N)) and orders[0] != list(range(N))
-    with pytest.raises(ValueError, match=r"shuffles itself \(MapData/DataFromList has shuffle=True\).*"
-                                         r"LMDBSerializer.load\(path, shuffle=False\)"):
-        DataLoader(_mapped(shuffle=True, seed=1), shuffle=True)
     DataLoader(_mapped(shuffle=True, seed=1), shuffle=False)  # an explicit order: fine
+
+
+def test_shuffle_true_on_a_flow_that_shuffles_itself_runs_as_torchs_loader_saying_what_to_pass(leak_check, tmp_path):
+    """What torch's loader does with the same code: the order its shuffle=True draws (the flow's own is not used),
+    said once with what to pass; the README's LMDB case too."""
+    flow = _mapped(shuffle=True, seed=1)
+    with pytest.warns(DoubleShuffleWarning, match=r"shuffles itself \(MapData/DataFromList has shuffle=True\).*"
+                                                  r"LMDBSerializer.load\(path, shuffle=False\)") as seen:
+        loader = DataLoader(flow, batch_size=None, shuffle=True, generator=torch.Generator().manual_seed(7))
+    assert len(seen) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DoubleShuffleWarning)  # said at construction, not again per epoch
+        got = [[int(dp[1]) for dp in loader] for _ in range(2)]
+    torch_order = [int(dp[1]) for dp in tud.DataLoader(Listed(), batch_size=None, shuffle=True,
+                                                       generator=torch.Generator().manual_seed(7))]
+    assert got[0] == torch_order and sorted(got[1]) == list(range(N)) and got[0] != got[1]
+    loader.close()
+    flow.close()
+
+    path = str(tmp_path / "d.lmdb")
+    bridgeflow.LMDBSerializer.save([[np.full(3, i, np.uint8), i] for i in range(10)], path, progress=False)
+    with pytest.warns(DoubleShuffleWarning):
+        lmdb_loader = DataLoader(bridgeflow.MapData(bridgeflow.LMDBSerializer.load(path), _add_one), batch_size=4,
+                                 shuffle=True, num_workers=2)
+    with lmdb_loader:
+        labels = sorted(int(x) for b in lmdb_loader for x in b[1])
+    assert labels == list(range(1, 11))
+    lmdb_loader.dataset.close()
 
 
 @pytest.mark.parametrize("workers", [dict(num_workers=0), dict(num_workers=2),

@@ -24,7 +24,6 @@ import torch
 import torch.utils.data as tud
 
 from bridgeflow.adapters.torch import DataLoader
-from bridgeflow.adapters.torch.convert import TensorBox, pack, unpack
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -561,26 +560,44 @@ def test_a_stream_dataflow_rejects_shuffle_saying_how_to_shuffle_it():
         DataLoader(shuffled, shuffle=True)
 
 
-# --- transport packing -----------------------------------------------------------------------------
+# --- tensors through the transport ----------------------------------------------------------------
+
+def _through_slabs(value):
+    """``value`` sent as a worker sends its result (its writer set up by the loader's worker task) and
+    received as the loader receives it; also whether the received tensors lie in shared memory."""
+    from bridgeflow.adapters.torch import convert
+    from bridgeflow.parallel._transport import shm
+
+    flags = memoryview(bytearray(8))
+    writer, reader = shm.SlabWriter(f"bf{os.getpid()}_c_", flags, 8), shm.SlabReader(flags)
+    convert.install(writer)
+    try:
+        message = writer.dumps(value)
+        return reader.loads(message), len(message)
+    finally:
+        reader.close()
+        writer.close()
+
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.complex32, torch.float8_e4m3fn, torch.bool,
                                    torch.uint16, torch.float16, torch.int64])
-def test_pack_unpack_keeps_dtype_and_values(dtype):
+def test_tensors_keep_dtype_and_values_through_the_transport(dtype, leak_check):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # complex32 is "experimental"
-        t = (torch.arange(12).reshape(3, 4) % 5).to(dtype)
-        back = unpack(pack({"t": t, "nested": [Point(t[0], "x")]}))
+        t = (torch.arange(40_000).reshape(200, 200) % 5).to(dtype)
+        back, size = _through_slabs({"t": t, "nested": [Point(t[0], "x")]})
     assert back["t"].dtype == dtype and torch.equal(back["t"].view(torch.uint8), t.view(torch.uint8))
     assert isinstance(back["nested"][0], Point) and back["nested"][0].y == "x"
+    assert torch.equal(back["nested"][0].x.view(torch.uint8), t[0].view(torch.uint8))
+    assert size < t.numel() * t.element_size()  # the big tensor travelled out of band
 
 
-def test_pack_is_zero_copy_and_leaves_other_values_alone():
-    t = torch.arange(6)
-    boxed = pack([t, "s"])
-    assert isinstance(boxed[0], TensorBox) and np.shares_memory(boxed[0].array, t.numpy())
+def test_tensors_travel_out_of_band_and_other_values_as_they_are(leak_check):
+    t = torch.arange(50_000)
     plain = {"a": [1, "x"], "b": np.zeros(2)}
-    assert pack(plain) is plain
-    grad = unpack(pack(torch.ones(2, requires_grad=True)))
+    (got, same, grad), size = _through_slabs([t, plain, torch.ones(2, requires_grad=True)])
+    assert size < 4096 and torch.equal(got, t) and not np.shares_memory(got.numpy(), t.numpy())
+    assert same["a"] == [1, "x"] and np.array_equal(same["b"], np.zeros(2))
     assert grad.requires_grad and grad.is_leaf
 
 
@@ -671,3 +688,24 @@ def test_stats_in_the_shape_of_a_pipelines(leak_check):
         assert stats["DataLoader"]["batches"] == 3 and "workers_busy" not in stats["DataLoader"]
         assert stats["DataLoader/MultiProcessMapData"]["datapoints"] == 12
     flow.close()
+
+
+def test_stats_keep_the_last_epochs_figures_after_a_break(leak_check):
+    """A loop that breaks out of the epoch (the iterator is dropped, its workers stop): stats() still says what
+    that epoch did, until the next epoch starts."""
+    loader = DataLoader(NapDataset(), batch_size=4, num_workers=2)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    stats = loader.stats()["DataLoader"]
+    assert stats["batches"] == 3 and stats["workers"] == 2 and 0 < stats["consumer_wait_frac"] <= 1
+    assert 0 <= stats["buffer_fill"] <= 1 and 0 <= stats["workers_busy"] <= 1
+    first = dict(stats)
+    time.sleep(0.05)
+    assert loader.stats()["DataLoader"] == first  # frozen: the epoch is over
+    with DataLoader(NapDataset(), batch_size=4, num_workers=2, persistent_workers=True) as persistent:
+        it = iter(persistent)
+        next(it)
+        del it
+        assert persistent.stats()["DataLoader"]["batches"] == 1
+        assert len(list(persistent)) == 6 and persistent.stats()["DataLoader"]["batches"] == 6

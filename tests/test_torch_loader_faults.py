@@ -142,7 +142,7 @@ def test_a_worker_found_dead_when_its_next_task_is_sent_says_so_in_torchs_words(
     from torch_backends import FakePinnedMemory
 
     loader = DataLoader(list(range(40)), batch_size=1, num_workers=2, pin_memory=pinned)
-    loader._bf_pin_backend = FakePinnedMemory() if pinned else None
+    loader._bf.pin_backend = FakePinnedMemory() if pinned else None
     it = iter(loader)
     assert int(next(it)) == 0
     time.sleep(0.5)  # every task sent so far is done: its result waits in a pipe

@@ -1,7 +1,7 @@
 """DataLoader(pin_memory=True) with workers: a background thread reads ahead and pins (torch's pin thread),
 while ``state_dict()`` counts only the batches handed to the user.
 
-Pinned memory is stood for by ``FakePinnedMemory`` (``loader._bf_pin_backend``), which also makes pinning
+Pinned memory is stood for by ``FakePinnedMemory`` (``loader._bf.pin_backend``), which also makes pinning
 active on this CPU-only machine; what a pin thread changes (who reads the pool, when the record moves, how
 the iterator stops) is all real: real worker processes, real DataFlows, real resumes.
 """
@@ -34,7 +34,7 @@ PIN_THREAD = "bf-pin-memory"
 
 def pinned_loader(dataset, backend=None, **kwargs):
     loader = DataLoader(dataset, pin_memory=True, **kwargs)
-    loader._bf_pin_backend = backend if backend is not None else FakePinnedMemory()
+    loader._bf.pin_backend = backend if backend is not None else FakePinnedMemory()
     return loader
 
 

@@ -118,7 +118,7 @@ def test_a_pickled_loader_leaves_its_hooks_behind():
     loader = DataLoader(Images(), batch_size=4, num_workers=2)
     loader.set_mapping_hooks(SlabPinner(FakeRegistrar()))  # holds a lock: could not be pickled
     copy = pickle.loads(pickle.dumps(loader))
-    assert copy._bf_mapping_hooks is None and [b["y"].tolist() for b in copy][0] == [0, 1, 2, 3]
+    assert copy._bf.mapping_hooks is None and [b["y"].tolist() for b in copy][0] == [0, 1, 2, 3]
 
 
 # --- CUDAPrefetcher over the DataLoader ---------------------------------------------------------------
@@ -134,7 +134,7 @@ def test_prefetched_batches_are_read_in_place_from_the_loaders_slabs(pin_memory,
     loader = DataLoader(Images(), batch_size=4, num_workers=2, persistent_workers=persistent, pin_memory=pin_memory)
     pinned_memory = FakePinnedMemory(registrar=backend.reg)
     if pin_memory:
-        loader._bf_pin_backend = pinned_memory
+        loader._bf.pin_backend = pinned_memory
         backend.is_pinned = pinned_memory.is_pinned  # what the loader pinned is pinned for the "device" too
     prefetcher = CUDAPrefetcher(loader, num_stages=2, _backend=backend)
     for _epoch in range(2):
@@ -161,7 +161,7 @@ def test_prefetching_from_a_loader_ends_clean(how, pin_memory, leak_check):
     backend = _checked(DmaBackend())
     loader = DataLoader(Images(die_at=21 if how == "worker_death" else None), batch_size=4, num_workers=2,
                         pin_memory=pin_memory)
-    loader._bf_pin_backend = FakePinnedMemory(registrar=backend.reg) if pin_memory else None
+    loader._bf.pin_backend = FakePinnedMemory(registrar=backend.reg) if pin_memory else None
     prefetcher = CUDAPrefetcher(loader, num_stages=2, _backend=backend)
     expected = {"worker_death": WorkerError, "ctrl_c": KeyboardInterrupt, "break": None}[how]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -321,15 +322,84 @@ def test_a_batch_that_raised_counts_as_consumed(num_workers, leak_check):
     again.close()
 
 
-def test_unordered_workers_refuse_a_mid_epoch_state(leak_check):
-    with DataLoader(Tagged(), batch_size=2, num_workers=2, in_order=False) as loader:
-        it = iter(loader)
-        next(it)
-        with pytest.raises(NotImplementedError, match="in_order=False"):
-            loader.state_dict()
-        list(it)
-        assert loader.state_dict()["finished"] is True
-        del it
+class SlowIndices(Tagged):
+    """Tagged, with the given indices slow to read: their batches are handed out after later ones."""
+
+    def __init__(self, n: int = 10, slow: tuple = (0,), fail: tuple = ()) -> None:
+        super().__init__(n)
+        self.slow, self.fail = slow, fail
+
+    def __getitem__(self, i: int):
+        if i in self.slow:
+            time.sleep(0.6)
+        if i in self.fail:
+            raise KeyError(f"sample {i} is corrupt")
+        return super().__getitem__(i)
+
+
+def _indices_of(batches) -> list[int]:
+    return [s[0] for b in batches for s in _samples(b)]
+
+
+def _take(it, n) -> list:
+    out = []
+    for _ in range(n):
+        try:
+            out.append(plain(next(it)))
+        except KeyError:
+            out.append("error")
+    return out
+
+
+@pytest.mark.parametrize("batch_size", [None, 1, 2])
+@pytest.mark.parametrize("resumed_in_order", [False, True])
+def test_in_order_false_resumes_exactly_the_batches_not_handed_out(batch_size, resumed_in_order, leak_check):
+    """torchdata's test_out_of_order_index_ds and more: the slow batch is not handed out before the state is
+    taken; the resumed loader (in order or not) hands out every other batch of the epoch once, then full epochs."""
+    def make(in_order=False):
+        return DataLoader(SlowIndices(), batch_size=batch_size, num_workers=2, in_order=in_order)
+
+    loader = make()
+    it = iter(loader)
+    first = _take(it, 3 if batch_size == 2 else 4)
+    assert 0 not in _indices_of(first)  # handed out as they were ready: the slow one is still in flight
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["ahead"] and state["started"]
+    del it
+    loader.close()
+    again = make(in_order=resumed_in_order)
+    again.load_state_dict(state)
+    it = iter(again)
+    rest = _take(it, 1)
+    mid = json.loads(json.dumps(again.state_dict()))  # a state of the resumed epoch resumes it too
+    rest += [plain(b) for b in it]
+    del it
+    assert sorted(_indices_of(first + rest)) == list(range(10))
+    third = make()
+    third.load_state_dict(mid)
+    assert sorted(_indices_of(first + rest[:1] + [plain(b) for b in third])) == list(range(10))
+    assert sorted(_indices_of(plain(b) for b in again)) == list(range(10))  # the next epoch: all of it
+    again.close()
+    third.close()
+
+
+def test_in_order_false_a_batch_that_raised_counts_as_consumed(leak_check):
+    def make():
+        return DataLoader(SlowIndices(slow=(0,), fail=(3,)), batch_size=1, num_workers=2, in_order=False)
+
+    loader = make()
+    it = iter(loader)
+    first = _take(it, 5)
+    assert "error" in first and 0 not in _indices_of(x for x in first if x != "error")
+    state = loader.state_dict()
+    del it
+    loader.close()
+    again = make()
+    again.load_state_dict(state)
+    rest = _take(iter(again), 5)
+    got = _indices_of(x for x in first + rest if x != "error")
+    assert sorted(got) == [i for i in range(10) if i != 3] and (first + rest).count("error") == 1
+    again.close()
 
 
 # --- iterable datasets -----------------------------------------------------------------------------------
@@ -543,8 +613,8 @@ def test_state_of_another_dataset_length_is_refused():
 
 def test_newer_format_and_foreign_states_are_refused():
     state = _state_after_one(batch_size=3)
-    with pytest.raises(ValueError, match="format version 3, newer than this bridgeflow reads"):
-        DataLoader(Tagged(), batch_size=3).load_state_dict({**state, "version": 3})
+    with pytest.raises(ValueError, match="format version 4, newer than this bridgeflow reads"):
+        DataLoader(Tagged(), batch_size=3).load_state_dict({**state, "version": 4})
     with pytest.raises(ValueError, match="not a state of bridgeflow's DataLoader"):
         DataLoader(Tagged(), batch_size=3).load_state_dict({"_num_yielded": 1, "_sampler_iter_yielded": 1})
 

@@ -237,7 +237,7 @@ def zero_copy_setup(n):
 
 class FakePinnedMemory:
     """Stands for torch's pinned allocator on a machine without an accelerator, as a DataLoader's
-    ``_bf_pin_backend``: remembers the tensors it gave out (while they live) and the threads that asked;
+    ``_bf.pin_backend``: remembers the tensors it gave out (while they live) and the threads that asked;
     ``is_pinned`` is true for those, and for ranges a registrar registered (slabs page-locked by a
     ``SlabPinner``)."""
 

@@ -9,11 +9,11 @@ Example:
 """
 
 from .epoch import LoaderStateError
-from .flows import UnsplitFlowWarning
+from .flows import DoubleShuffleWarning, UnsplitFlowWarning
 from .loader import DataLoader
 from .prefetcher import CUDAPrefetcher, DeviceUnavailableError
 from .ranks import AllRanksState
 from .state import ResumeStateError
 
-__all__ = ["AllRanksState", "CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "LoaderStateError",
-           "ResumeStateError", "UnsplitFlowWarning"]
+__all__ = ["AllRanksState", "CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "DoubleShuffleWarning",
+           "LoaderStateError", "ResumeStateError", "UnsplitFlowWarning"]

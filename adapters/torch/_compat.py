@@ -46,6 +46,12 @@ __all__ = [
     "seed_group",
     "share_seed",
     "TorchIteratorNames",
+    "auto_collation",
+    "held_iterator",
+    "index_sampler",
+    "iterable_length_seen",
+    "read_as_iterable",
+    "set_held_iterator",
     "torch_generate_state",
     "worker_info_suspended",
 ]
@@ -63,6 +69,39 @@ BaseLoaderIter = tud.dataloader._BaseDataLoaderIter
 InfiniteConstantSampler = tud.dataloader._InfiniteConstantSampler
 DatasetKind = tud.dataloader._DatasetKind
 
+
+# Private: what torch's DataLoader keeps about itself, read (and two of them set) by the adapter.
+
+def index_sampler(loader: Any) -> Any:
+    """What the loader draws each task from: the batch sampler with auto-batching, else the sampler."""
+    return loader._index_sampler
+
+
+def auto_collation(loader: Any) -> bool:
+    """Whether samples are batched and collated (``batch_size`` or ``batch_sampler`` given)."""
+    return loader._auto_collation
+
+
+def iterable_length_seen(loader: Any) -> int | None:
+    """The length ``len(loader)`` reported for an iterable dataset (torch warns when more batches come)."""
+    return loader._IterableDataset_len_called
+
+
+def read_as_iterable(loader: Any, iterable: bool | None = None) -> bool:
+    """Whether torch's loader reads its dataset as an iterable one; ``iterable=True`` makes it (a DataFlow
+    read as a stream: ``len(loader)`` then works as for an IterableDataset)."""
+    if iterable:
+        loader._dataset_kind = DatasetKind.Iterable
+    return loader._dataset_kind == DatasetKind.Iterable
+
+
+def held_iterator(loader: Any) -> Any:
+    """The iterator torch's loader holds for its persistent workers (None when it holds none)."""
+    return loader.__dict__.get("_iterator")
+
+
+def set_held_iterator(loader: Any, it: Any) -> None:
+    loader._iterator = it
 
 
 class TorchIteratorNames(BaseLoaderIter):

@@ -1,20 +1,26 @@
-"""Tensors <-> numpy for the trip from a worker process to the consumer.
+"""Tensors through the worker's shared-memory transport, and the diagnosis of what cannot be sent.
 
-bridgeflow's transport moves numpy arrays through shared memory out of band (pickle protocol 5, one copy)
-but would pickle a torch tensor in band. So a worker wraps each CPU tensor of its result as a
-:class:`TensorBox` holding a zero-copy numpy view, and the consumer turns the box back into a tensor with
-``torch.from_numpy`` over the received shared-memory view: same dtype, shape and values, no extra copy.
-dtypes numpy lacks (bfloat16, complex32, float8) travel as same-width integers and are viewed back.
+bridgeflow's transport (:mod:`bridgeflow.parallel._transport.shm`) moves numpy arrays through shared memory out of band
+(pickle protocol 5, one copy) but would pickle a torch tensor's bytes into the message. So each worker's
+result writer gets one more entry in its pickler's dispatch table (:func:`install`): a plain CPU tensor is
+pickled as a zero-copy numpy view of its data plus its real dtype, and rebuilt in the consumer by
+:func:`rebuild_tensor` with ``torch.from_numpy`` over the received shared-memory view: same dtype, shape and
+values, no extra copy. dtypes numpy lacks (bfloat16, complex32, float8) travel as same-width integers and are
+viewed back. The pickler meets each tensor once, wherever it is in the result: nothing walks the result in
+Python, in the worker or in the consumer.
 
-Containers are rebuilt only where a tensor was found inside; everything else passes through untouched.
+What cannot be pickled (an open file, a lock) is found only when sending fails: :func:`unsendable` then walks
+the value for the first leaf that does not pickle, so the error can name it.
 
 Example:
+    >>> import io, pickle
     >>> import torch
-    >>> from bridgeflow.adapters.torch.convert import pack, unpack
-    >>> batch = {"x": torch.arange(3, dtype=torch.bfloat16), "name": ["a", "b", "c"]}
-    >>> out = unpack(pack(batch))
-    >>> out["x"].dtype, out["x"].tolist(), out["name"]
-    (torch.bfloat16, [0.0, 1.0, 2.0], ['a', 'b', 'c'])
+    >>> from bridgeflow.adapters.torch.convert import reduce_tensor
+    >>> out = io.BytesIO(); p = pickle.Pickler(out, protocol=5)
+    >>> p.dispatch_table = {torch.Tensor: reduce_tensor}
+    >>> p.dump({"x": torch.arange(3, dtype=torch.bfloat16)})
+    >>> pickle.loads(out.getvalue())["x"].tolist()
+    [0.0, 1.0, 2.0]
 """
 
 from __future__ import annotations
@@ -28,57 +34,43 @@ import numpy as np
 
 from ._compat import torch
 
-__all__ = ["TensorBox", "map_structure", "pack", "slab_bytes", "unpack", "unsendable"]
+__all__ = ["install", "map_structure", "rebuild_tensor", "reduce_tensor", "unsendable"]
 
 # Integer dtypes of each width, used to carry dtypes numpy has no type for.
 _CARRIER = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
 _LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), np.ndarray, np.generic)
 
 
-class TensorBox:
-    """A CPU tensor in transit: a numpy view of its data, the real dtype, and its ``requires_grad`` flag."""
-
-    __slots__ = ("array", "dtype", "requires_grad")
-
-    def __init__(self, array: np.ndarray, dtype: Any, requires_grad: bool = False) -> None:
-        self.array = array
-        self.dtype = dtype  # None when the numpy dtype is the tensor's own
-        self.requires_grad = requires_grad
-
-    def __reduce__(self):
-        return (TensorBox, (self.array, self.dtype, self.requires_grad))
-
-    def __repr__(self) -> str:
-        return f"TensorBox({self.array.dtype}{list(self.array.shape)}, dtype={self.dtype})"
+def rebuild_tensor(array: np.ndarray, dtype: Any, requires_grad: bool) -> Any:
+    """Consumer side: the tensor over ``array`` (received in shared memory), viewed as ``dtype`` when it
+    travelled as a same-width integer."""
+    t = torch.from_numpy(array)
+    if dtype is not None:
+        t = t.view(dtype)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
 
 
-def _boxable(t: Any) -> bool:
-    # A nested tensor has no single shape for numpy: it travels pickled, as torch sends it.
-    return (type(t) is torch.Tensor and not t.is_nested and t.device.type == "cpu"
-            and t.layout == torch.strided and not t.is_conj() and not t.is_neg() and not t.is_quantized)
-
-
-def box_tensor(t: Any) -> Any:
-    """A :class:`TensorBox` for a plain strided CPU tensor; any other tensor is returned as is."""
-    if not _boxable(t):
-        return t
+def reduce_tensor(t: Any) -> Any:
+    """Worker side, a pickler's reduction of a ``torch.Tensor``: a plain strided CPU tensor becomes a numpy
+    view of its data (sent out of band) for :func:`rebuild_tensor`; any other (nested, sparse, quantized,
+    conjugated or negated views, another device) is pickled as torch pickles it."""
+    if (t.device.type != "cpu" or t.layout != torch.strided or t.is_nested or t.is_quantized or t.is_conj()
+            or t.is_neg()):
+        return t.__reduce_ex__(5)
     requires_grad = t.requires_grad
     if requires_grad:
         t = t.detach()
     try:
-        return TensorBox(t.numpy(), None, requires_grad)
+        return rebuild_tensor, (t.numpy(), None, requires_grad)
     except TypeError:  # a dtype numpy has no type for: carry it as a same-width integer
-        carrier = _CARRIER[t.element_size()]
-        return TensorBox(t.view(carrier).numpy(), t.dtype, requires_grad)
+        return rebuild_tensor, (t.view(_CARRIER[t.element_size()]).numpy(), t.dtype, requires_grad)
 
 
-def unbox_tensor(box: TensorBox) -> Any:
-    t = torch.from_numpy(box.array)
-    if box.dtype is not None:
-        t = t.view(box.dtype)
-    if box.requires_grad:
-        t.requires_grad_(True)
-    return t
+def install(writer: Any) -> None:
+    """Make ``writer`` (a worker's :class:`~bridgeflow.parallel._transport.shm.SlabWriter`) send tensors out of band."""
+    writer.reducers[torch.Tensor] = reduce_tensor
 
 
 def _rebuild(obj: Any, items: Any) -> Any:
@@ -137,50 +129,27 @@ def map_structure(obj: Any, leaf: Callable[[Any], Any], match: tuple[type, ...])
     return obj
 
 
-def pack(obj: Any) -> Any:
-    """Worker side: replace CPU tensors inside ``obj`` by :class:`TensorBox` es (zero copy)."""
-    return map_structure(obj, box_tensor, (torch.Tensor,))
-
-
-def unpack(obj: Any) -> Any:
-    """Consumer side: turn every :class:`TensorBox` inside ``obj`` back into a tensor (zero copy)."""
-    return map_structure(obj, unbox_tensor, (TensorBox,))
-
-
-_ALIGN = 64  # as the slab writer aligns each array
-_SENDABLE = (TensorBox, torch.Tensor, str, bytes, bytearray, int, float, complex, bool, type(None), np.generic)
-
-
-def _leaves(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        for v in obj.values():
-            yield from _leaves(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _leaves(v)
-    else:
-        yield obj
-
-
-def slab_bytes(obj: Any) -> int:
-    """Bytes the arrays and tensors inside ``obj`` take in a slab, each aligned: room for its batch."""
-    total = 0
-    for leaf in _leaves(obj):
-        if isinstance(leaf, np.ndarray):
-            total += leaf.nbytes + _ALIGN
-        elif isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu":
-            total += leaf.numel() * leaf.element_size() + _ALIGN
-    return total
+_SENDABLE = (torch.Tensor, str, bytes, bytearray, int, float, complex, bool, type(None), np.generic)
 
 
 def unsendable(obj: Any) -> tuple[Any, Exception] | None:
-    """The first value inside ``obj`` that cannot be pickled, with the reason (values of the usual types
-    are taken as sendable without trying), or None."""
-    for leaf in _leaves(obj):
-        if isinstance(leaf, _SENDABLE) or (isinstance(leaf, np.ndarray) and not leaf.dtype.hasobject):
-            continue
+    """The first value inside ``obj`` (through dicts, lists and tuples) that cannot be pickled, with the
+    reason, or None. Values of the usual types are taken as sendable without trying. For diagnosis, once
+    sending failed: it walks every leaf."""
+    if isinstance(obj, Mapping):
+        values: Any = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        values = obj
+    else:
+        if isinstance(obj, _SENDABLE) or (isinstance(obj, np.ndarray) and not obj.dtype.hasobject):
+            return None
         try:
-            pickle.dumps(leaf, protocol=5)
+            pickle.dumps(obj, protocol=5)
         except Exception as exc:
-            return leaf, exc
+            return obj, exc
+        return None
+    for v in values:
+        found = unsendable(v)
+        if found is not None:
+            return found
     return None

@@ -10,8 +10,8 @@ A fetcher reads one task's samples from the dataset and collates them, with torc
   only collation runs in the workers).
 
 A dataset (or the iterator ``iter(dataset)`` returns) with ``state_dict()``/``load_state_dict()`` has its
-state read after each batch (:meth:`Fetcher.state`) and sent along with it (:class:`WithState`), and
-restored when a fetcher is made from a saved state: torchdata's convention.
+state read after each batch (:meth:`Fetcher.state`) and sent along with it (:class:`~.result.Result`'s
+``state``), and restored when a fetcher is made from a saved state: torchdata's convention.
 
 :func:`init_worker` is the pool's ``init_fn``: it seeds ``random``, ``torch`` and ``numpy`` and sets
 ``torch.utils.data.get_worker_info()`` as torch's worker loop does, runs ``worker_init_fn``, and returns the
@@ -28,11 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from bridgeflow.parallel._transport.shm import INBAND_LIMIT
-
-from . import _compat
+from . import _compat, convert
 from ._compat import torch
-from .convert import pack, slab_bytes, unsendable
+from .result import BATCH, ENDED, STARTED, STOPPED, Result
 from .state import is_stateful
 
 __all__ = [
@@ -42,9 +40,6 @@ __all__ = [
     "Fetcher",
     "FastCollate",
     "Reset",
-    "StopFromDataset",
-    "StreamEnded",
-    "WithState",
     "WorkerSpec",
     "WorkerTask",
     "close_source",
@@ -156,7 +151,7 @@ class WorkerSpec:
 
 class Reset:
     """Task that restarts a persistent worker's fetcher for a new epoch (a fresh ``iter(dataset)``); its
-    result is the worker's dataset state at the start of that epoch (None without one)."""
+    result (``STARTED``) holds the worker's dataset state at the start of that epoch."""
 
     __slots__ = ("shared_seed",)
 
@@ -165,42 +160,6 @@ class Reset:
 
     def __reduce__(self):
         return (Reset, (self.shared_seed,))
-
-
-class WithState:
-    """A worker's result plus its dataset's state right after producing it (an exception if reading the
-    state failed: the batch still arrives, a later ``state_dict()`` says why it cannot)."""
-
-    __slots__ = ("data", "state")
-
-    def __init__(self, data: Any, state: Any) -> None:
-        self.data = data
-        self.state = state
-
-    def __reduce__(self):
-        return (WithState, (self.data, self.state))
-
-
-class StreamEnded:
-    """Result standing for a worker's iterable running out, with its dataset's state at that moment (a
-    stream that rewinds itself at its end has already done so: a resume must start from there)."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, state: Any) -> None:
-        self.state = state
-
-    def __reduce__(self):
-        return (StreamEnded, (self.state,))
-
-
-class StopFromDataset:
-    """Result standing for a ``StopIteration`` raised by a map-style dataset (torch re-raises it)."""
-
-    __slots__ = ()
-
-    def __reduce__(self):
-        return (StopFromDataset, ())
 
 
 class FastCollate:
@@ -227,17 +186,11 @@ def resolve_collate(fn: Callable, in_worker: bool, alloc: Callable | None = None
     return FastCollate(in_worker, alloc) if fn is _compat.default_collate else fn
 
 
-def _state_of(fetcher: Fetcher) -> Any:
-    try:
-        return fetcher.state()
-    except Exception as exc:
-        return exc
-
-
 class WorkerTask:
     """The task function of one worker (``in_worker``), or of the in-process reader of ``num_workers=0``
     (no ``worker_init_fn``, collation as outside workers, batches returned as they are): holds its fetcher
-    and a pending start-up error."""
+    and a pending start-up error. In a worker, ``writer`` is its result writer: batches are collated into
+    the shared memory they are sent in, and tensors are sent out of band (:func:`.convert.install`)."""
 
     def __init__(self, spec: WorkerSpec, worker_id: int, dataset: Any, in_worker: bool = True,
                  writer: Any = None) -> None:
@@ -245,13 +198,14 @@ class WorkerTask:
         self.worker_id = worker_id
         self.dataset = dataset
         self.in_worker = in_worker
-        self.writer = writer  # the worker's result writer: batches are built in the slab they are sent in
         self.error: BaseException | None = None
         self.fetcher: Fetcher | None = None
         self.failed: BaseException | None = None  # the start-up error, once reported
+        if writer is not None:
+            convert.install(writer)
         self.collate_fn = resolve_collate(spec.collate_fn, in_worker, None if writer is None else writer.alloc)
-        # default collation: each sample is checked for what cannot be sent (and named by its index)
-        self._check_samples = spec.kind == MAP and (isinstance(self.collate_fn, FastCollate)
+        # torch's own collation of map-style samples: a value it cannot take is named by its sample's index
+        self._names_samples = spec.kind == MAP and (isinstance(self.collate_fn, FastCollate)
                                                     or not spec.auto_collation)
         try:
             if isinstance(dataset, (_compat.IterDataPipe, _compat.MapDataPipe)):
@@ -268,7 +222,7 @@ class WorkerTask:
         s = self.spec
         return make_fetcher(s.kind, self.dataset, s.auto_collation, self.collate_fn, s.drop_last, saved)
 
-    def __call__(self, task: Any) -> Any:
+    def __call__(self, task: Any) -> Result:
         if isinstance(task, Reset):  # a new epoch of persistent workers: a fresh iter(dataset), as torch
             if task.shared_seed is not None and isinstance(self.dataset, _compat.IterDataPipe):
                 self.dataset = _compat.apply_random_seed(self.dataset, _generator(task.shared_seed))
@@ -277,57 +231,69 @@ class WorkerTask:
             except Exception as exc:  # reported by this worker's first batch, as at start-up
                 self.fetcher = None
                 self.error = self.error or exc
-                return None
-            return _state_of(self.fetcher) if self.fetcher.stateful else None
+                return Result(STARTED)
+            return Result(STARTED, state=self._state())
         if self.error is not None:
             error, self.error = self.error, None
             self.failed = error
             raise error
         if self.fetcher is None:
             if self.spec.kind == ITERABLE:  # its stream ended with that error: the worker is exhausted
-                raise StopIteration
+                return Result(ENDED)
             raise RuntimeError(
                 f"DataLoader worker {self.worker_id} cannot load data: its start-up failed earlier with "
                 f"{self.failed!r} (raised with its first batch)") from self.failed
         try:
-            data = self._fetch(task) if self.in_worker else self.fetcher.fetch(task)
+            data = self._fetch(task)
         except StopIteration:
-            if self.spec.kind == ITERABLE:
-                if self.fetcher.stateful:
-                    return StreamEnded(_state_of(self.fetcher))
-                raise
-            return StopFromDataset()
-        if self.fetcher.stateful:
-            return WithState(data, _state_of(self.fetcher))
-        return data
+            return Result(ENDED if self.spec.kind == ITERABLE else STOPPED, state=self._state())
+        return Result(BATCH, data, self._state())
+
+    def _state(self) -> Any:
+        """The dataset's state now (None without one; the exception if reading it failed)."""
+        if not self.fetcher.stateful:
+            return None
+        try:
+            return self.fetcher.state()
+        except Exception as exc:
+            return exc
 
     def _fetch(self, task: Any) -> Any:
-        """In a worker: read the samples, reserve a slab for their bytes, collate into it, box the tensors."""
+        """Read the task's samples and collate them: nothing more per sample than torch does. When torch's
+        collation fails on a value that could not be sent either, the error names that value's sample."""
         fetcher = self.fetcher
         samples = fetcher.read(task)
-        if self._check_samples:
-            for i, sample in zip(task, samples) if self.spec.auto_collation else [(task, samples)]:
-                _check_sendable(sample, self.worker_id, f"the sample at index {i!r}")
-        if self.writer is not None:
-            nbytes = slab_bytes(samples)
-            if nbytes >= INBAND_LIMIT:  # smaller ones travel inside the message
-                self.writer.reserve(nbytes)
-        data = pack(fetcher.collate_fn(samples))
-        if not self._check_samples:
-            what = f"the batch of indices {task!r}" if self.spec.kind == MAP else "a batch of its stream"
-            _check_sendable(data, self.worker_id, what)
-        return data
+        try:
+            return fetcher.collate_fn(samples)
+        except Exception as exc:
+            if self.in_worker and self._names_samples and self.spec.auto_collation:
+                for i, sample in zip(task, samples):
+                    error = self._unsendable_error(sample, f"the sample at index {i!r}")
+                    if error is not None:
+                        raise error from exc
+            raise
 
+    def explain_unsendable(self, task: Any, result: Any, exc: BaseException) -> BaseException | None:
+        """The worker loop could not send ``result`` (``exc``): a ``TypeError`` naming the value that cannot
+        be sent, its type, and the sample (by index) or batch it came from; None when none is found."""
+        if isinstance(task, Reset):
+            return None
+        if self._names_samples and not self.spec.auto_collation:
+            what = f"the sample at index {task!r}"
+        elif self.spec.kind == MAP:
+            what = f"the batch of indices {task!r}"
+        else:
+            what = "a batch of its stream"
+        return self._unsendable_error(result.value, what)
 
-def _check_sendable(obj: Any, worker_id: int, what: str) -> None:
-    """A clear error, naming the value's type and where it came from, for what cannot leave the worker
-    (an open file, a lock): without it the pickling of the whole result would fail, nameless."""
-    found = unsendable(obj)
-    if found is not None:
-        value, exc = found
-        raise TypeError(f"DataLoader worker {worker_id}: {what} holds a {type(value).__module__}."
-                        f"{type(value).__qualname__} ({exc}), which cannot be sent to the main process; return "
-                        "tensors, arrays, numbers, strings or containers of them from the dataset")
+    def _unsendable_error(self, value: Any, what: str) -> TypeError | None:
+        found = convert.unsendable(value)
+        if found is None:
+            return None
+        leaf, exc = found
+        return TypeError(f"DataLoader worker {self.worker_id}: {what} holds a {type(leaf).__module__}."
+                         f"{type(leaf).__qualname__} ({exc}), which cannot be sent to the main process; return "
+                         "tensors, arrays, numbers, strings or containers of them from the dataset")
 
 
 def _generator(seed: int) -> Any:

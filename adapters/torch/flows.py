@@ -6,7 +6,8 @@
   ``DistributedSampler``, ``generator`` and ``state_dict()`` work as with any ``Dataset``, and each worker
   reads and maps its own indices. The flow's own order (its ``shuffle``, ``seed``, ``set_epoch``) is not used:
   a flow that shuffles itself is read in a random order drawn from the loader's ``generator``
-  (``RandomSampler``), and ``shuffle=True`` on it is refused with what to pass instead. A ``MapData``
+  (``RandomSampler``), with its ``shuffle`` unset or ``True`` (then said once, :class:`DoubleShuffleWarning`,
+  as torch's loader would run it too). A ``MapData``
   function that drops a datapoint (returns None) makes its batch one shorter.
 - **Split across the workers** (:class:`FlowShards`): a length-free flow whose structure allows it, datapoint
   transforms (``MapData``, ``MapDataComponent``, ``FilterData``, ``SelectComponent``, the ``AugmentImage*``
@@ -14,8 +15,8 @@
   the whole flow over its own piece of the source's epoch (:meth:`~bridgeflow.order.IndexedSource.split`),
   so the workers read every datapoint of an epoch once between them, in their own order. The flow's
   position is saved per worker (``state_dict()`` resumes it), and the epochs follow the flow's own.
-- **As one stream** (any other length-free flow): read in this process, one batch of samples per task,
-  and only collation runs in the workers. With ``num_workers > 0`` the loader says so once
+- **As one stream** (any other length-free flow): read in this process, one batch of samples per task
+  (:class:`StreamReads`), and only collation runs in the workers. With ``num_workers > 0`` the loader says so once
   (:class:`UnsplitFlowWarning`, naming the flow), unless the flow is parallel already (it has a parallel
   stage) or is fed from outside (``RemoteDataZMQ``, ``DataFromQueue``).
 
@@ -40,9 +41,13 @@ from bridgeflow.rng import worker_seed_scope
 from bridgeflow.transforms import FilterData, MapData, MapDataComponent, SelectComponent
 
 from ._compat import get_worker_info, torch
+from .fetch import ITERABLE, close_source, make_fetcher
+from .state import EpochRecord, flow_state
 
-__all__ = ["FlowItems", "FlowShards", "UnsplitFlowWarning", "indexable", "refuse_double_shuffle", "split_source",
-           "warn_unsplit"]
+__all__ = ["DoubleShuffleWarning", "FlowItems", "FlowShards", "StreamReads", "UnsplitFlowWarning", "indexable",
+           "split_source", "warn_double_shuffle", "warn_unsplit"]
+
+_NOT_PULLED = object()
 
 _MAPS = (MapData, MapDataComponent)
 _PER_DATAPOINT = (MapData, MapDataComponent, FilterData, SelectComponent, AugmentImageComponent,
@@ -90,15 +95,20 @@ def shuffles_itself(flow: DataFlow) -> bool:
     return bool(_shuffling_flows(flow))
 
 
-def refuse_double_shuffle(flow: DataFlow) -> None:
-    """``shuffle=True`` on a random-access flow that shuffles itself: say so, and what to pass."""
+class DoubleShuffleWarning(UserWarning):
+    """``shuffle=True`` on a random-access DataFlow that shuffles itself: its own order is not used."""
+
+
+def warn_double_shuffle(flow: DataFlow) -> None:
+    """``shuffle=True`` on a random-access flow that shuffles itself: runs as torch's loader does (the order
+    is the loader's), saying so once, and what to pass."""
     where = ", ".join(_shuffling_flows(flow))
-    raise ValueError(
-        f"DataLoader: the dataset shuffles itself ({where} has shuffle=True), and the DataLoader reads it by "
-        "index, so shuffle=True would shuffle it twice; either pass shuffle=False to the flow's source "
-        "(e.g. LMDBSerializer.load(path, shuffle=False)) and keep the DataLoader's shuffle=True (or a sampler), "
-        "or leave the DataLoader's shuffle unset: it then reads the flow in a random order drawn from its "
-        "generator")
+    warnings.warn(
+        f"DataLoader: the dataset shuffles itself ({where} has shuffle=True), but the DataLoader reads it by "
+        "index, so its own order is not used: the batches come in the order shuffle=True draws from the "
+        "loader's generator. Pass shuffle=False to the flow's source (e.g. LMDBSerializer.load(path, "
+        "shuffle=False)) to say so, or leave the DataLoader's shuffle unset (it then shuffles as well)",
+        DoubleShuffleWarning, stacklevel=4)
 
 
 def warn_unsplit(flow: DataFlow, num_workers: int) -> bool:
@@ -212,3 +222,53 @@ class FlowShards(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch = state["epoch"]
+
+
+def _keep_samples(samples: Any) -> Any:
+    return samples
+
+
+class StreamReads:
+    """A DataFlow read as one stream in this process, one batch of samples per task, with the flow's position
+    before each batch: a state resumes at the first batch not yet delivered. Positions are read only while
+    the epoch's ``record`` can still be exported (a flow without a working ``state_dict()`` stops that)."""
+
+    def __init__(self, flow: DataFlow, auto_collation: bool, drop_last: bool, record: EpochRecord,
+                 first_task: int, resumed: bool) -> None:
+        self.flow = flow
+        if not resumed:
+            record.flow, record.problem = flow_state(flow)  # where this epoch starts
+        self._fetcher = make_fetcher(ITERABLE, flow, auto_collation, _keep_samples, drop_last)
+        self._fetcher.ended = record.flow_ended
+        self._pulled = first_task
+        self._before: dict[int, Any] = {first_task: record.flow}  # the flow's position before task n
+
+    def pull(self, indices: Any, record: EpochRecord) -> Any:
+        """The next batch of samples (``indices``: placeholders, one per sample)."""
+        if record.problem is None and self._pulled not in self._before:
+            self._before[self._pulled], record.problem = flow_state(self.flow)
+        samples = self._fetcher.fetch(indices)
+        self._pulled += 1
+        return samples
+
+    def delivered(self, record: EpochRecord) -> None:
+        """A batch was handed out (``record.yielded`` counts it): the position to resume from is the flow's
+        before it gave the next batch's samples."""
+        record.flow_ended = self._fetcher.ended and record.yielded == self._pulled
+        if record.problem is None:
+            before_next = self._before.pop(record.yielded, _NOT_PULLED)
+            for n in [n for n in self._before if n < record.yielded]:
+                del self._before[n]
+            if before_next is _NOT_PULLED:  # nothing pulled since: the flow is there now
+                before_next, record.problem = flow_state(self.flow)
+            record.flow = before_next
+
+    def end(self, record: EpochRecord) -> None:
+        """The epoch ran out: the flow's position now."""
+        record.flow_ended = self._fetcher.ended
+        if record.problem is None:
+            record.flow, record.problem = flow_state(self.flow)
+
+    def close(self) -> None:
+        """Let the flow go (its generator releases it for its next reader)."""
+        close_source(self._fetcher)

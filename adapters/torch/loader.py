@@ -17,13 +17,15 @@ Differences, on purpose:
 
 - a bridgeflow :class:`~bridgeflow.DataFlow` is accepted as ``dataset`` (see :mod:`.flows`): a random-access
   one (``len()`` and ``flow[i]``) is read as a map-style dataset, each worker reading and mapping its own
-  indices; a length-free one made of datapoint transforms over a random-access source is split across the
-  workers, each reading its piece of every epoch; any other is iterated once per epoch in this process, and
+  indices (a flow that shuffles itself is read in the order the loader draws); a length-free one made of
+  datapoint transforms over a random-access source is split across the workers, each reading its piece of
+  every epoch; any other is iterated once per epoch in this process, and
   with ``num_workers > 0`` only ``collate_fn`` runs in the workers (said once,
   :class:`~.flows.UnsplitFlowWarning`). A length-free flow has one reader at a time: a new ``iter(loader)``
   ends the previous iterator's epoch (persistent workers restart it, as torch's do);
-- ``in_order=False`` hands out map-style batches as they are ready, as torch does; iterable datasets and
-  DataFlows keep their order (torch allows, never promises, reordering);
+- ``in_order=False`` hands out map-style batches as they are ready, as torch does, and ``state_dict()``
+  resumes such an epoch with exactly the batches not yet handed out; iterable datasets and DataFlows keep
+  their order (torch allows, never promises, reordering);
 - a tensor that a worker returns without collation (``batch_size=None``, a custom ``collate_fn``) arrives
   with the same dtype, shape and values but compact: a view keeps neither its strides nor its sharing of
   storage with other returned tensors (torch ships the whole storage of every view, which costs a copy of
@@ -44,9 +46,11 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import multiprocessing as python_multiprocessing
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from bridgeflow.base import DataFlow
@@ -55,18 +59,11 @@ from bridgeflow.shard import warn_if_unsharded
 
 from . import _compat
 from ._compat import torch
-from .epoch import EpochIterator
+from .epoch import EpochIterator, EpochStats
 from .fetch import COLLATE, ITERABLE, MAP
-from .flows import (
-    FlowItems,
-    FlowShards,
-    indexable,
-    refuse_double_shuffle,
-    shuffles_itself,
-    split_source,
-    warn_unsplit,
-)
-from .state import EpochRecord, apply_generators, chain_from, check_state, export_state
+from .flows import FlowItems, FlowShards, indexable, shuffles_itself, split_source, warn_double_shuffle, warn_unsplit
+from .resume import ResumePlan, take_up
+from .state import EpochRecord, check_state, export_state
 
 __all__ = ["DataLoader"]
 
@@ -94,6 +91,48 @@ def _check_flow_args(flow: DataFlow, shuffle: Any, sampler: Any, batch_sampler: 
                          f"batch_sampler={batch_sampler}")
 
 
+@dataclass(eq=False)
+class Internals:
+    """What bridgeflow keeps on a :class:`DataLoader` beside torch's attributes, as one object
+    (``loader._bf``): how the dataset is read, and the loader's iterators and states."""
+
+    kind: str  # MAP, ITERABLE or COLLATE (a DataFlow read as a stream here, only collation in the workers)
+    items: Any  # the dataset as the iterators read it (a random-access DataFlow: by index)
+    view: FlowItems | FlowShards | None = None  # how a DataFlow dataset is read (see .flows)
+    stream: bool = False  # a DataFlow with one reader at a time: a new iter() ends the previous epoch
+    shard_checked: bool = False  # a DataFlow read by one of several ranks: warned if unsharded
+    pin_backend: Any = None  # tests: ``alloc(shape, dtype)``/``is_pinned(t)`` standing for pinned memory
+    mapping_hooks: Any = None  # told about the slabs of every pool this loader's iterators start
+    # --- set as the loader runs -----------------------------------------------------------------------
+    record: EpochRecord | None = None  # the progress of the latest iterator's epoch
+    stats: EpochStats | None = None  # the latest epoch's figures (kept after its iterator is gone)
+    pending: dict | None = None  # a loaded state, taken up by the next iter() (see .resume)
+    kept: dict | None = None  # a state between two epochs of persistent workers: their seeds and states
+    rng_chain: str | None = None  # see state.loader_draws
+    latest: Any = None  # weak reference to the latest iterator
+    reader: Any = None  # weak reference to a read-ahead answering state_dict() (attach_read_ahead)
+    iters: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # iterators that may still run
+
+    def latest_iterator(self) -> Any:
+        return self.latest() if self.latest is not None else None
+
+    def __getstate__(self) -> dict:
+        """Pickled with the loader (for another process): not this process's iterators, record, figures or
+        read-ahead, nor its mapping hooks (they act on this process's mappings); a loaded state travels."""
+        state = dict(self.__dict__)
+        for name in _LOCAL:
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for name in _LOCAL:
+            setattr(self, name, weakref.WeakSet() if name == "iters" else None)
+
+
+_LOCAL = ("record", "stats", "latest", "reader", "mapping_hooks", "iters")
+
+
 class DataLoader(_tud.DataLoader[T_co]):
     """Drop-in replacement for ``torch.utils.data.DataLoader`` running on bridgeflow's worker pool.
 
@@ -117,9 +156,6 @@ class DataLoader(_tud.DataLoader[T_co]):
         True
     """
 
-    _bf_mapping_hooks: Any = None
-    _bf_pin_backend: Any = None  # tests: ``alloc(shape, dtype)``/``is_pinned(t)`` standing for pinned memory
-
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
                  sampler: Any = None, batch_sampler: Any = None, num_workers: int = 0,
                  collate_fn: Callable | None = None, pin_memory: bool = False, drop_last: bool = False,
@@ -131,8 +167,8 @@ class DataLoader(_tud.DataLoader[T_co]):
         is_flow = isinstance(dataset, DataFlow)
         by_index = is_flow and indexable(dataset)  # read as a map-style dataset (see .flows)
         if by_index and sampler is None and batch_sampler is None and shuffles_itself(dataset):
-            if shuffle:
-                refuse_double_shuffle(dataset)
+            if shuffle:  # as torch's loader: the loader's order; the flow's own is not used (said once)
+                warn_double_shuffle(dataset)
             if shuffle is None:  # the flow's own shuffle, drawn from the loader's generator
                 shuffle = True
         elif is_flow and not by_index:
@@ -154,19 +190,13 @@ class DataLoader(_tud.DataLoader[T_co]):
                          persistent_workers=persistent_workers, pin_memory_device=pin_memory_device,
                          in_order=in_order)
         self.snapshot_every_n_steps = snapshot_every_n_steps  # accepted, changes nothing (see the class doc)
-        self._bf_view = FlowItems(dataset) if by_index else FlowShards(dataset) if split else None
-        self._bf_stream = is_flow and not by_index  # a flow with one reader at a time
+        view = FlowItems(dataset) if by_index else FlowShards(dataset) if split else None
         if is_flow and not by_index:
-            self._bf_kind = ITERABLE if split else COLLATE
-            self._dataset_kind = _compat.DatasetKind.Iterable
+            kind = ITERABLE if split else COLLATE
+            _compat.read_as_iterable(self, True)
         else:
-            self._bf_kind = ITERABLE if self._dataset_kind == _compat.DatasetKind.Iterable else MAP
-        self._bf_record: EpochRecord | None = None  # the progress of the latest iterator's epoch
-        self._bf_pending: dict | None = None  # a loaded state, applied by the next iter()
-        self._bf_latest: Any = None  # weak reference to the latest iterator
-        self._bf_mapping_hooks: Any = None  # told about the slabs of every pool this loader's iterators start
-        self._bf_iters: weakref.WeakSet | None = weakref.WeakSet()  # iterators that may still run
-        self._bf_shard_checked = False  # a DataFlow read by one of several ranks: warned if unsharded
+            kind = ITERABLE if _compat.read_as_iterable(self) else MAP
+        self._bf = Internals(kind, dataset if view is None else view, view, stream=is_flow and not by_index)
 
     @property
     def start_method(self) -> str:
@@ -179,72 +209,48 @@ class DataLoader(_tud.DataLoader[T_co]):
 
     # --- iteration ----------------------------------------------------------------------------------
 
-    def _bf_items(self) -> Any:
-        """The dataset as the epoch iterator reads it (a random-access DataFlow: by index)."""
-        view = self.__dict__.get("_bf_view")
-        return self.dataset if view is None else view
-
-    def _bf_new_iterator(self, record: EpochRecord, resume: dict | None) -> Any:
+    def _new_iterator(self, record: EpochRecord, plan: ResumePlan | None) -> EpochIterator:
         if self.num_workers > 0:
             self.check_worker_number_rationality()
-        it = EpochIterator(self, record, resume)
-        if self.__dict__.get("_bf_iters") is None:  # unpickled
-            self._bf_iters = weakref.WeakSet()
-        self._bf_iters.add(it)
+        it = EpochIterator(self, record, plan)
+        self._bf.iters.add(it)
         return it
 
     def _get_iterator(self) -> Any:
-        """A fresh epoch iterator (torch's hook; ``iter(loader)`` is what applies a loaded state)."""
-        return self._bf_new_iterator(EpochRecord(self), None)
-
-    def _bf_apply_pending(self) -> dict | None:
-        """Apply a loaded state's parts that come before an iterator: the dataset's and flow's states and,
-        at an epoch boundary, the generators. Returns the state when it resumes an epoch in progress."""
-        state, self._bf_pending = self._bf_pending, None
-        if state is None:
-            return None
-        if state.get("dataset") is not None:
-            self._bf_items().load_state_dict(state["dataset"])
-        if state.get("flow") is not None:
-            self.dataset.load_state_dict(state["flow"])
-        chain_from(self, state)
-        if state["started"] and not state["finished"]:
-            return state
-        apply_generators(self, state.get("rng_now"))
-        if state.get("base_seed") is not None and self.persistent_workers and self.num_workers > 0:
-            # the next epoch runs on the same workers: their seeds, and their datasets' states at the end
-            # of the saved epoch (restored in each worker before its next iter(dataset))
-            self._bf_kept = {"base_seed": state["base_seed"], "workers": state.get("workers")}
-        return None
+        """A fresh epoch iterator (torch's hook; ``iter(loader)`` is what takes up a loaded state)."""
+        return self._new_iterator(EpochRecord(self), None)
 
     def __iter__(self) -> Any:
-        self.__dict__.pop("_bf_reader", None)  # a new reader: the last one's view of the position is over
-        latest = self._bf_latest() if self._bf_latest is not None else None
-        if self._bf_stream and latest is not None and latest is not self._iterator:
+        bf = self._bf
+        bf.reader = None  # a new reader: the last one's view of the position is over
+        latest, held = bf.latest_iterator(), _compat.held_iterator(self)
+        if bf.stream and latest is not None and latest is not held:
             latest.shutdown()  # a flow has one reader: the previous iterator's epoch ends here
-        if isinstance(self.dataset, DataFlow) and not self._bf_shard_checked:
-            self._bf_shard_checked = True  # once per loader: every epoch would repeat them
+        if isinstance(self.dataset, DataFlow) and not bf.shard_checked:
+            bf.shard_checked = True  # once per loader: every epoch would repeat them
             samplers = (self.sampler, getattr(self.batch_sampler, "sampler", None))
             if not any(isinstance(s, _tud.distributed.DistributedSampler) for s in samplers):
                 warn_if_unsharded(self.dataset, "DataLoader")
-            if self._bf_kind == COLLATE:
+            if bf.kind == COLLATE:
                 warn_unsplit(self.dataset, self.num_workers)
-        resume = self._bf_apply_pending()
-        if isinstance(self._bf_view, FlowShards) and self.num_workers > 0:
-            self._bf_view.start(resumed=resume is not None)  # before the workers start
+        pending, bf.pending = bf.pending, None
+        plan = take_up(self, pending)
+        if isinstance(bf.view, FlowShards) and self.num_workers > 0:
+            bf.view.start(resumed=plan is not None)  # before the workers start
         record = EpochRecord(self)
         if self.persistent_workers and self.num_workers > 0:
-            it = self._iterator
-            if it is None or it.closed or resume is not None:
+            it = held
+            if it is None or it.closed or plan is not None:
                 if it is not None:
                     it.shutdown()
-                it = self._iterator = self._bf_new_iterator(record, resume)
+                it = self._new_iterator(record, plan)
+                _compat.set_held_iterator(self, it)
             else:
                 it.reset(self, record)
         else:
-            it = self._bf_new_iterator(record, resume)
-        self._bf_record = record
-        self._bf_latest = weakref.ref(it)
+            it = self._new_iterator(record, plan)
+        bf.record = record
+        bf.latest = weakref.ref(it)
         return it
 
     # --- state --------------------------------------------------------------------------------------
@@ -252,7 +258,7 @@ class DataLoader(_tud.DataLoader[T_co]):
     def attach_read_ahead(self, reader: Any) -> None:
         """Let ``reader`` (a :class:`bridgeflow.base.ReadAhead`, e.g. a CUDA prefetcher) answer ``state_dict()``
         until the next ``iter()`` or ``load_state_dict()``."""
-        self._bf_reader = weakref.ref(reader)
+        self._bf.reader = weakref.ref(reader)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest iterator is in its epoch, as plain data (torchdata's ``StatefulDataLoader``
@@ -260,17 +266,15 @@ class DataLoader(_tud.DataLoader[T_co]):
 
         Read by a :class:`~bridgeflow.adapters.torch.CUDAPrefetcher`, which fetches batches ahead of your
         loop, it is the state as of the last batch the prefetcher handed to you."""
-        ref = self.__dict__.get("_bf_reader")
-        reader = ref() if ref is not None else None
+        bf = self._bf
+        reader = bf.reader() if bf.reader is not None else None
         if reader is not None:
             delivered = reader.delivered_state(self)
             if delivered is not None:
                 return delivered
-        if self._bf_pending is not None:
-            import copy
-
-            return copy.deepcopy(self._bf_pending)
-        return export_state(self, self._bf_record)
+        if bf.pending is not None:
+            return copy.deepcopy(bf.pending)
+        return export_state(self, bf.record)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume from ``state_dict`` at the next ``iter()``; a state that does not fit this loader raises
@@ -278,22 +282,24 @@ class DataLoader(_tud.DataLoader[T_co]):
         if state_dict == {}:
             return
         checked = check_state(self, state_dict)
-        self.__dict__.pop("_bf_reader", None)
-        it = self._iterator
+        bf = self._bf
+        bf.reader = None
+        it = _compat.held_iterator(self)
         if it is not None and hasattr(it, "shutdown"):
             it.shutdown()
-        self._iterator = None
-        self._bf_pending = checked
+        _compat.set_held_iterator(self, None)
+        bf.pending = checked
 
     # --- statistics ---------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, dict[str, float]]:
         """The loader's figures in the shape of a DataFlow's ``df.stats()``, so that
-        :func:`bridgeflow.pipeline.bottleneck` reads them: under ``"DataLoader"`` the latest iterator's
-        (``batches``, ``workers``, ``consumer_wait_s`` and ``consumer_wait_frac``: your loop's time spent
-        waiting for batches; with workers ``buffer_fill``: how full the ``prefetch_factor * num_workers``
-        batches in flight were when asked, and ``workers_busy``: the share of the workers' time spent
-        reading and collating), and a DataFlow dataset's stages under ``"DataLoader/<their path>"``.
+        :func:`bridgeflow.pipeline.bottleneck` reads them: under ``"DataLoader"`` the latest epoch's, also
+        after it ended or was left (``batches``, ``workers``, ``consumer_wait_s`` and ``consumer_wait_frac``:
+        your loop's time spent waiting for batches; with workers ``buffer_fill``: how full the
+        ``prefetch_factor * num_workers`` batches in flight were when asked, and ``workers_busy``: the share of
+        the workers' time spent reading and collating), and a DataFlow dataset's stages under
+        ``"DataLoader/<their path>"``.
 
         Example:
             >>> from bridgeflow.pipeline import bottleneck
@@ -305,9 +311,7 @@ class DataLoader(_tud.DataLoader[T_co]):
             True
         """
         out: dict[str, dict[str, float]] = {}
-        latest = self._bf_latest() if self.__dict__.get("_bf_latest") is not None else None
-        own = latest.stats() if latest is not None and not latest.closed else {}
-        own = own or self.__dict__.get("_bf_last_stats") or {}
+        own = self._bf.stats.figures() if self._bf.stats is not None else {}
         if own:
             out["DataLoader"] = own
         if isinstance(self.dataset, DataFlow):
@@ -329,8 +333,8 @@ class DataLoader(_tud.DataLoader[T_co]):
             >>> from bridgeflow.adapters.torch.pinning import CudaHostRegistrar, SlabPinner  # doctest: +SKIP
             >>> loader.set_mapping_hooks(SlabPinner(CudaHostRegistrar("cuda")))            # doctest: +SKIP
         """
-        self._bf_mapping_hooks = hooks
-        for it in list(self.__dict__.get("_bf_iters") or ()):
+        self._bf.mapping_hooks = hooks
+        for it in list(self._bf.iters):
             it.set_mapping_hooks(hooks)
         if isinstance(self.dataset, DataFlow):
             for _, flow in iter_flows(self.dataset):
@@ -342,7 +346,7 @@ class DataLoader(_tud.DataLoader[T_co]):
 
     def close(self) -> None:
         """Stop the workers now: persistent ones, and those of the latest iterator if it is still running."""
-        for it in (self.__dict__.get("_iterator"), self._bf_latest() if self.__dict__.get("_bf_latest") else None):
+        for it in (_compat.held_iterator(self), self._bf.latest_iterator()):
             if it is not None and hasattr(it, "shutdown"):
                 it.shutdown()
 
@@ -356,7 +360,5 @@ class DataLoader(_tud.DataLoader[T_co]):
         """Picklable as torch's loader is (Lightning's ddp_spawn sends loaders to its processes): the running
         iterator and its record stay behind; a loaded, not yet applied state travels."""
         state = self.__dict__.copy()
-        # mapping hooks act on this process's mappings (a copy elsewhere maps its own slabs)
-        state.update(_iterator=None, _bf_record=None, _bf_latest=None, _bf_iters=None, _bf_mapping_hooks=None)
-        state.pop("_bf_reader", None)
+        state["_iterator"] = None
         return state

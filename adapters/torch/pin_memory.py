@@ -8,7 +8,7 @@ drop them at once; torch tracks such copies only for memory its own allocator ga
 go back to its worker while the copy still reads it. So they are copied as well, unless ``zero_copy=True``
 says the consumer keeps each batch until its copies are done (as :class:`~.prefetcher.CUDAPrefetcher` does).
 
-:class:`PinThread` is a batch source (see :mod:`.epoch`) wrapped around the worker pool's when a loader
+:class:`PinThread` is a batch source (see :mod:`.sources`) wrapped around the worker pool's when a loader
 with workers pins (``pin_memory=True``), as torch's loader pins in a background thread: the thread sends
 the tasks the epoch iterator queues, receives the batches and pins them, while the iterator (in the
 user's thread) draws every task and keeps the epoch's record, so the loader's state counts exactly the
@@ -29,13 +29,11 @@ from collections.abc import Callable
 from typing import Any
 
 from bridgeflow.parallel._transport.background import Producer
-from bridgeflow.parallel._transport.pool import EXHAUSTED
 
 from . import _compat
 from ._compat import torch
 from .convert import map_structure
-from .fetch import StopFromDataset, StreamEnded, WithState
-from .sources import Failed
+from .result import BATCH, FAILED, Result
 from .staging import ParallelCopier
 
 __all__ = ["BatchPinner", "PinThread", "loader_pinner", "pins", "update_pinner"]
@@ -97,21 +95,21 @@ class BatchPinner:
 
 def pins(loader: Any) -> bool:
     """Whether the loader's batches are pinned: ``pin_memory=True`` and an accelerator to pin for (not MPS,
-    as torch), or a test backend standing for pinned memory (``loader._bf_pin_backend``)."""
+    as torch), or a test backend standing for pinned memory (``loader._bf.pin_backend``)."""
     if not loader.pin_memory:
         return False
-    if getattr(loader, "_bf_pin_backend", None) is not None:
+    if loader._bf.pin_backend is not None:
         return True
     return _compat.accelerator_available() and _compat.current_accelerator_type() != "mps"
 
 
 def loader_pinner(loader: Any, *, threads: int | None = None) -> BatchPinner:
     """The :class:`BatchPinner` a loader's iterator pins with: torch's pinned allocator (or the loader's
-    test backend, ``loader._bf_pin_backend``), aware of the slabs registered by the loader's mapping hooks."""
-    backend = getattr(loader, "_bf_pin_backend", None)
+    test backend, ``loader._bf.pin_backend``), aware of the slabs registered by the loader's mapping hooks."""
+    backend = loader._bf.pin_backend
     extra = {} if backend is None else {"_alloc": backend.alloc, "_is_pinned": backend.is_pinned}
     pinner = BatchPinner(ParallelCopier(threads), **extra)
-    update_pinner(pinner, getattr(loader, "_bf_mapping_hooks", None))
+    update_pinner(pinner, loader._bf.mapping_hooks)
     return pinner
 
 
@@ -127,19 +125,14 @@ class _Stopped(BaseException):
     """The pin thread was asked to stop while it waited (no ``except Exception`` may take it for an error)."""
 
 
-_NOT_BATCHES = (Failed, StreamEnded, StopFromDataset)
-
-
-def _pinned(value: Any, pinner: BatchPinner) -> Any:
+def _pinned(result: Result, pinner: BatchPinner) -> Result:
     """A result with its batch pinned; a pinning error is that batch's error (it counts as delivered)."""
+    if result.tag != BATCH:
+        return result
     try:
-        if type(value) is WithState:
-            return WithState(pinner(value.data), value.state)
-        if value is EXHAUSTED or type(value) in _NOT_BATCHES:
-            return value
-        return pinner(value)
+        return Result(BATCH, pinner(result.value), result.state)
     except Exception as exc:
-        return Failed(exc)
+        return Result(FAILED, exc, result.state)
 
 
 class _Inbox:
@@ -174,11 +167,11 @@ def _read(source: Any, inbox: _Inbox, pinner: BatchPinner, device: int | None, h
                 inbox.wake.wait(0.1)
                 inbox.wake.clear()
                 continue
-            worker, value = source.get(between=send)
+            worker, seq, result = source.get(between=send)
             outstanding -= 1
-            if not handle.put((worker, _pinned(value, pinner))):
+            if not handle.put((worker, seq, _pinned(result, pinner))):
                 return
-            del value  # hold nothing of a batch once it is queued (it may pin a shared-memory slab)
+            del result  # hold nothing of a batch once it is queued (it may pin a shared-memory slab)
     except _Stopped:
         return
     finally:
@@ -206,11 +199,11 @@ class PinThread:
     def workers(self) -> list:
         return self._source.workers
 
-    def put(self, task: Any, worker: int | None) -> None:
-        self._inbox.tasks.append((task, worker))
+    def put(self, task: Any, worker: int | None, seq: int) -> None:
+        self._inbox.tasks.append((task, worker, seq))
         self._inbox.wake.set()
 
-    def get(self, between: Callable[[], None] | None = None) -> tuple[int, Any]:
+    def get(self, between: Callable[[], None] | None = None) -> tuple[int, int, Result]:
         return self._thread.get()
 
     def reset(self, shared_seed: int | None) -> list[tuple[int, Any]]:

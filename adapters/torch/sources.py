@@ -1,11 +1,21 @@
-"""Batch sources: what turns the epoch iterator's tasks into batches (the protocol is in :mod:`.epoch`).
+"""Batch sources: what turns the epoch iterator's tasks into batches.
+
+The protocol, which :class:`~.pin_memory.PinThread` also follows:
+
+- ``put(task, worker, seq)`` queues a task for a worker (``None``: the least busy one, for ``in_order=False``);
+  ``seq`` is the task's number in the epoch;
+- ``get()`` returns ``(worker, seq, result)`` for the oldest task (or, unordered, the first ready), ``result`` a
+  :class:`~.result.Result`; an error of the source itself (a dead worker, a timeout) is raised;
+- ``reset(shared_seed)`` starts another epoch on the same workers; ``close()`` ends them;
+- ``reads_ahead``: whether tasks are sent ahead of ``next()`` (workers) or one at a time (in-process).
 
 - :class:`LocalSource` (``num_workers=0``) runs the workers' task function in this process, one task at a
   time, so both sources give the same values and markers;
 - :class:`PoolSource` sends tasks to a bridgeflow :class:`~bridgeflow.parallel.WorkerPool` of processes
-  and receives their batches through shared memory, tensors rebuilt without a copy (:mod:`.convert`). A dead
-  worker or the loader's ``timeout`` ends it with torch's words; a wait in a reading thread is cut into
-  short slices (``between`` runs between them) so that stopping never waits for a slow worker.
+  and receives their batches through shared memory, tensors rebuilt without a copy as they are unpickled
+  (:mod:`.convert`). A dead worker or the loader's ``timeout`` ends it with torch's words; a wait in a
+  reading thread is cut into short slices (``between`` runs between them) so that stopping never waits for
+  a slow worker.
 """
 
 from __future__ import annotations
@@ -21,24 +31,15 @@ from typing import Any
 from bridgeflow.errors import WorkerError, WorkerTimeoutError
 from bridgeflow.parallel._transport.pool import EXHAUSTED, WorkerPool
 
-from .convert import unpack
-from .fetch import Reset, WithState, WorkerSpec, WorkerTask, close_source, init_worker
+from .fetch import Reset, WorkerSpec, WorkerTask, close_source, init_worker
+from .result import ENDED, FAILED, Result
 
-__all__ = ["Failed", "LocalSource", "PoolSource"]
+__all__ = ["LocalSource", "PoolSource"]
 
 log = logging.getLogger(__name__)
 
 SLICE_S = 0.1  # a reading thread waits for a result in slices this long, checking whether to stop
 SHORT_SLICE_S = 0.005  # ... and this long while the consumer has nothing waiting (a task may come any moment)
-
-
-class Failed:
-    """A task's result when the dataset (or collation) raised: ``error`` is raised to the user in its place."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
 
 
 class LocalSource:
@@ -59,16 +60,15 @@ class LocalSource:
         fetcher = self._task.fetcher
         return fetcher.state() if fetcher is not None and fetcher.stateful else None
 
-    def put(self, task: Any, worker: int | None) -> None:
-        self._tasks.append(task)
+    def put(self, task: Any, worker: int | None, seq: int) -> None:
+        self._tasks.append((task, seq))
 
-    def get(self, between: Callable[[], None] | None = None) -> tuple[int, Any]:
+    def get(self, between: Callable[[], None] | None = None) -> tuple[int, int, Result]:
+        task, seq = self._tasks.popleft()
         try:
-            return 0, self._task(self._tasks.popleft())
-        except StopIteration:  # its stream ran out
-            return 0, EXHAUSTED
+            return 0, seq, self._task(task)
         except Exception as exc:
-            return 0, Failed(exc)
+            return 0, seq, Result(FAILED, exc)
 
     def set_mapping_hooks(self, hooks: Any) -> None:
         pass
@@ -95,12 +95,6 @@ def with_torch_wording(err: WorkerError) -> WorkerError:
     return new
 
 
-def _unpacked(value: Any) -> Any:
-    if type(value) is WithState:
-        return WithState(unpack(value.data), value.state)
-    return unpack(value)
-
-
 class PoolSource:
     """Batches made by ``spec.num_workers`` worker processes (see the module doc)."""
 
@@ -111,10 +105,11 @@ class PoolSource:
         self._closed = False
         self._busy_before: float | None = None  # the workers' busy seconds when the first batch was asked for
         self._put_error: BaseException | None = None
+        self._seqs: dict[int, int] = {}  # the pool's task id -> the task's number in the epoch
         options = {"ordered": False} if unordered else {}
         self._pool = WorkerPool(functools.partial(init_worker, spec), spec.num_workers, processes=True,
                                 start_method=loader.start_method, name="DataLoader", base_seed=spec.base_seed,
-                                mapping_hooks=loader._bf_mapping_hooks, **options)
+                                mapping_hooks=loader._bf.mapping_hooks, **options)
         self._pool.start()
 
     @property
@@ -122,18 +117,18 @@ class PoolSource:
         """The worker processes' ``multiprocessing.Process`` handles."""
         return self._pool.worker_processes
 
-    def put(self, task: Any, worker: int | None) -> None:
+    def put(self, task: Any, worker: int | None, seq: int) -> None:
         if self._put_error is not None or self._closed:
             return
         try:
-            self._pool.put(task, worker=worker)
+            self._seqs[self._pool.put(task, worker=worker)] = seq
         except WorkerError as exc:
             # The worker died with its results sent: the batch just received is handed out first, then
             # this error (the next get()), as when a get finds the death.
             self.close()
             self._put_error = with_torch_wording(exc)
 
-    def get(self, between: Callable[[], None] | None = None) -> tuple[int, Any]:
+    def get(self, between: Callable[[], None] | None = None) -> tuple[int, int, Result]:
         """The next result; ``between()`` runs between short waits (it may raise to stop waiting)."""
         if self._put_error is not None:
             error, self._put_error = self._put_error, None
@@ -150,8 +145,9 @@ class PoolSource:
             self.close()
             raise with_torch_wording(exc) from exc.__cause__
         except Exception as exc:  # the dataset's error
-            return None, Failed(exc)  # type: ignore[return-value]
-        return worker, _unpacked(value)
+            return None, self._seqs.pop(self._pool.last_task_id, -1), Result(FAILED, exc)  # type: ignore[return-value]
+        seq = self._seqs.pop(self._pool.last_task_id, -1)
+        return worker, seq, Result(ENDED) if value is EXHAUSTED else value
 
     def _timed_out(self, exc: WorkerTimeoutError) -> RuntimeError:
         """torch's words, then the worker waited on, its pid and what it is doing; the workers are stopped
@@ -197,7 +193,12 @@ class PoolSource:
             self.get()
         for worker in range(pool.num_workers):
             pool.put(Reset(shared_seed), worker=worker)
-        return [self.get() for _ in range(pool.num_workers)]
+        started = []
+        for _ in range(pool.num_workers):
+            worker, _, result = self.get()
+            started.append((worker, result.state))
+        self._seqs.clear()
+        return started
 
     def counters(self, since: float | None) -> dict[str, float]:
         """The pool's figures for :meth:`~bridgeflow.adapters.torch.DataLoader.stats`: the average number

@@ -13,6 +13,9 @@ How each part resumes:
   epoch's first index is drawn; on resume they are set back (the global RNG only for the replay, then
   restored), ``set_epoch`` is re-applied, and the first ``k`` batches of indices are skipped. This is exact
   for every sampler whose randomness comes from torch generators (all of torch's and torchdata's);
+- **in_order=False**: batches are handed out as they are ready; the state also lists the tasks delivered
+  before an earlier one still in flight (``ahead``), and a resume reads every other task of the epoch: the
+  same batches as the uninterrupted run, in the order they are ready;
 - **workers**: the epoch's base seed is saved, so every worker gets the seeds (and ``get_worker_info()``)
   of the uninterrupted run, and batch ``k`` goes to the worker it went to. As in torchdata, the workers'
   random streams restart from those seeds: augmentations drawn after a resume are not the ones the
@@ -38,6 +41,7 @@ from typing import Any
 
 from bridgeflow.state import StateMismatchError
 
+from . import _compat
 from ._compat import InfiniteConstantSampler, torch
 from .state_fields import LoaderFacts, check_fields, fields_checksum
 
@@ -60,7 +64,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FORMAT = "bridgeflow.adapters.torch.DataLoader"
-VERSION = 2  # 2: rng_next/rng_saved (where the next epoch draws from)
+VERSION = 3  # 2: rng_next/rng_saved (where the next epoch draws from); 3: ahead (in_order=False)
 GLOBAL_RNG = "torch"  # key of torch's default CPU generator among the RNG snapshots
 
 _tud = torch.utils.data
@@ -103,7 +107,8 @@ def _decode(text: str) -> Any:
 def _sampler_chain(loader: Any) -> list[tuple[str, Any]]:
     """``(path, sampler)`` from the index sampler down its ``.sampler`` attributes."""
     chain, seen = [], set()
-    obj, path = loader._index_sampler, "batch_sampler" if loader._auto_collation else "sampler"
+    obj = _compat.index_sampler(loader)
+    path = "batch_sampler" if _compat.auto_collation(loader) else "sampler"
     while obj is not None and id(obj) not in seen and len(chain) < 6:
         seen.add(id(obj))
         chain.append((path, obj))
@@ -147,7 +152,7 @@ def _config(loader: Any) -> dict:
     except Exception:
         length = None
     config = {
-        "dataset": type(loader.dataset).__qualname__, "kind": loader._bf_kind, "length": length,
+        "dataset": type(loader.dataset).__qualname__, "kind": loader._bf.kind, "length": length,
         "batch_size": loader.batch_size, "drop_last": loader.drop_last, "num_workers": loader.num_workers,
         "samplers": [f"{type(s).__module__}.{type(s).__qualname__}" for _, s in _sampler_chain(loader)],
     }
@@ -161,8 +166,8 @@ def _config(loader: Any) -> dict:
 def _epoch_length(loader: Any) -> int | None:
     """Batches in an epoch when known (without torch's ``len(loader)``, which records the length it saw)."""
     try:
-        if loader._bf_kind != "collate":
-            return len(loader._index_sampler)
+        if loader._bf.kind != "collate":
+            return len(_compat.index_sampler(loader))
         n, size = len(loader.dataset), loader.batch_size
     except Exception:
         return None
@@ -189,6 +194,25 @@ class EpochRecord:
         self.problem: str | None = None  # why this epoch's position cannot be exported
         self.length = _epoch_length(loader)
         self.rng_next: str | None = None  # torch's global RNG after this epoch's draws (see loader_draws)
+        # with in_order=False, the numbers of the tasks delivered before an earlier one still in flight
+        self.ahead: set[int] | None = None
+
+    def deliver(self, seq: int, worker: int | None) -> None:
+        """Task ``seq`` of the epoch (its ``seq``-th batch of indices) was handed out, by ``worker``."""
+        self.yielded += 1
+        if worker is not None:
+            self.last_worker = worker
+        ahead = self.ahead
+        if ahead is None:
+            return
+        low = self.yielded - 1 - len(ahead)  # the first task not delivered before this one
+        if seq != low:
+            ahead.add(seq)
+            return
+        low += 1
+        while low in ahead:
+            ahead.discard(low)
+            low += 1
 
     def at_flow_end(self) -> bool:
         """A DataFlow epoch whose position is unknown but whose batches (by length) were all delivered:
@@ -207,7 +231,7 @@ class EpochRecord:
     def note_epoch_end(self, loader: Any) -> None:
         """The epoch ran out: the next one's draws start from torch's global RNG as it is now (what this
         process drew since the epoch's start, a dataset read here, counts too), unless drawn from a chain."""
-        if self.rng_next is not None and loader.__dict__.get("_bf_rng_chain") is None:
+        if self.rng_next is not None and loader._bf.rng_chain is None:
             self.rng_next = _encode(torch.get_rng_state())
 
     def note_worker_state(self, worker: int, num_workers: int, state: Any) -> None:
@@ -233,26 +257,27 @@ def export_state(loader: Any, record: EpochRecord | None) -> dict:
 
 def _export_state(loader: Any, record: EpochRecord | None) -> dict:
     state: dict[str, Any] = {
-        "format": FORMAT, "version": VERSION, "config": _config(loader), "started": False, "finished": False,
+        "format": FORMAT, "version": 2, "config": _config(loader), "started": False, "finished": False,
         "yielded": 0, "rng_now": {path: _encode(g.get_state()) for path, g in _generators(loader).items()},
         "dataset": None, "flow": None,
     }
-    is_flow = loader._bf_kind == "collate"
-    own_view = loader.__dict__.get("_bf_view") is not None  # a DataFlow's view: its position lives here
-    if not is_flow and (loader.num_workers == 0 or own_view) and is_stateful(loader._bf_items()):
+    bf = loader._bf
+    is_flow = bf.kind == "collate"
+    own_view = bf.view is not None  # a DataFlow's view: its position lives here
+    if not is_flow and (loader.num_workers == 0 or own_view) and is_stateful(bf.items):
         # with workers, a dataset's copies that are read are the workers' (their states come with their
         # batches): this process's copy may have no state at all (torchdata asks the workers only, too)
-        state["dataset"] = loader._bf_items().state_dict()
+        state["dataset"] = bf.items.state_dict()
     rng_next = record.rng_next if record is not None else None
     if record is None and draws_global(loader):  # never iterated: its first draws start from here
-        rng_next = loader.__dict__.get("_bf_rng_chain") or _encode(torch.get_rng_state())
+        rng_next = bf.rng_chain or _encode(torch.get_rng_state())
     if rng_next is not None:
         state["rng_next"] = rng_next
         state["rng_saved"] = _encode(torch.get_rng_state())
     boundary = record is None or record.finished or (is_flow and record.at_flow_end())
     if boundary:
         state["finished"] = record is not None
-        it = getattr(loader, "_iterator", None)
+        it = _compat.held_iterator(loader)
         if record is not None and loader.persistent_workers and it is not None and not it.closed:
             state["base_seed"] = record.base_seed  # the workers' seeds: kept into the next epoch, not drawn
             # the workers' dataset copies live on into the next epoch: their states at this epoch's end
@@ -272,6 +297,9 @@ def _export_state(loader: Any, record: EpochRecord | None) -> dict:
         last_worker=record.last_worker, exhausted=copy.deepcopy(record.exhausted),
         workers=copy.deepcopy(workers), flow=copy.deepcopy(record.flow),
         flow_ended=record.flow_ended)
+    if record.ahead is not None:  # batches delivered before an earlier one (in_order=False)
+        state["ahead"] = sorted(record.ahead)
+        state["version"] = 3  # the only change of version 3: a loader of version 2 reads the others
     return state
 
 
@@ -305,8 +333,8 @@ def check_state(loader: Any, state: Any) -> dict:
     sizes[GLOBAL_RNG] = torch.get_rng_state().numel()
     gens = set(_generators(loader))
     check_fields(state, LoaderFacts(
-        kind=loader._bf_kind, num_workers=loader.num_workers, epoch_length=_epoch_length(loader),
-        dataset_stateful=is_stateful(loader._bf_items()), rng_sizes=sizes, generators=gens,
+        kind=loader._bf.kind, num_workers=loader.num_workers, epoch_length=_epoch_length(loader),
+        dataset_stateful=is_stateful(loader._bf.items), rng_sizes=sizes, generators=gens,
         epoch_rngs=gens | ({GLOBAL_RNG} if _uses_global_rng(loader) else set()),
         draws_global=draws_global(loader), error=ResumeStateError, rng_valid=_valid_rng))
     gens = _generators(loader)
@@ -317,10 +345,10 @@ def check_state(loader: Any, state: Any) -> dict:
     if state.get("flow") is not None and not callable(getattr(loader.dataset, "load_state_dict", None)):
         raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a DataFlow position but the dataset, "
                                f"a {type(loader.dataset).__name__}, has no load_state_dict()")
-    for key, target in (("dataset", loader._bf_items()),):
-        if state.get(key) is not None and not is_stateful(target):
-            raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a dataset state but the dataset, "
-                                   f"a {type(target).__name__}, has no load_state_dict()")
+    target = loader._bf.items
+    if state.get("dataset") is not None and not is_stateful(target):
+        raise ResumeStateError(f"DataLoader.load_state_dict: the state holds a dataset state but the dataset, "
+                               f"a {type(target).__name__}, has no load_state_dict()")
     saved = state.get("check")
     if saved is not None and saved != fields_checksum(state):  # a state without one (by hand) is taken as is
         raise ResumeStateError(f"DataLoader.load_state_dict: state[check] = {saved!r:.40}: the state's fields do "
@@ -373,13 +401,13 @@ def loader_draws(loader: Any, record: EpochRecord) -> Iterator[None]:
     Uninterrupted, they come from torch's global RNG, as torch's loader draws them, and the record notes
     the global RNG after them: where the next epoch's draws start when nothing else draws in between. A
     loader resumed from such a state in a process whose global RNG was not restored (Lightning restores
-    none) draws from that saved RNG instead, kept as ``loader._bf_rng_chain`` from epoch to epoch, so every
+    none) draws from that saved RNG instead, kept as ``loader._bf.rng_chain`` from epoch to epoch, so every
     later epoch is the uninterrupted run's without a ``generator``; the process's global RNG is untouched.
     """
     if not draws_global(loader):
         yield
         return
-    chain = loader.__dict__.get("_bf_rng_chain")
+    chain = loader._bf.rng_chain
     if chain is None:
         yield
         record.rng_next = _encode(torch.get_rng_state())
@@ -389,7 +417,7 @@ def loader_draws(loader: Any, record: EpochRecord) -> Iterator[None]:
     try:
         yield
     finally:
-        loader._bf_rng_chain = record.rng_next = _encode(torch.get_rng_state())
+        loader._bf.rng_chain = record.rng_next = _encode(torch.get_rng_state())
         torch.set_rng_state(saved)
 
 
@@ -400,7 +428,7 @@ def chain_from(loader: Any, state: dict) -> None:
     rng_next = state.get("rng_next")
     restored = state.get("rng_saved") is not None and torch.equal(torch.get_rng_state(),
                                                                    _decode(state["rng_saved"]))
-    loader._bf_rng_chain = None if rng_next is None or restored else rng_next
+    loader._bf.rng_chain = None if rng_next is None or restored else rng_next
 
 
 def replayed_indices(loader: Any, state: dict, skip: int) -> Iterator[Any]:
@@ -413,9 +441,9 @@ def replayed_indices(loader: Any, state: dict, skip: int) -> Iterator[Any]:
     rng = state.get("rng_first")
     if rng is None:  # the state was taken before the first index was drawn
         apply_generators(loader, state.get("rng_now"))
-        return iter(loader._index_sampler)
+        return iter(_compat.index_sampler(loader))
     with _rngs_of_epoch_start(loader, rng):
-        it = iter(loader._index_sampler)
+        it = iter(_compat.index_sampler(loader))
         for done in range(skip):
             try:
                 next(it)

@@ -23,7 +23,7 @@ __all__ = ["LoaderFacts", "check_fields", "fields_checksum"]
 INT64 = (-(1 << 63), 1 << 63)
 _KNOWN = {"format", "version", "config", "started", "finished", "yielded", "rng_now", "dataset", "flow",
           "base_seed", "shared_seed", "rng_first", "sampler_epoch", "last_worker", "exhausted", "workers",
-          "flow_ended", "rng_next", "rng_saved", "check"}
+          "flow_ended", "rng_next", "rng_saved", "ahead", "check"}
 # the fields that hold the dataset's or the flow's own states (theirs to check), outside the checksum
 _THEIRS = ("dataset", "workers", "flow", "check")
 
@@ -146,9 +146,11 @@ def check_fields(state: dict, facts: LoaderFacts) -> None:
     workers = c.per_worker("workers", state.get("workers"))
     if not started and not finished and workers is not None:
         c.fail("workers", workers, "workers' states in a state taken before any epoch")
+    ahead = _check_ahead(c, state.get("ahead"), started, yielded, facts)
     for i, entry in enumerate(workers or ()):
         _check_worker_entry(c, f"workers[{i}]", entry, facts)
-        if entry is None and i < min(yielded, max(1, facts.num_workers)):  # the list: the dataset has states
+        # in turn, the first batches come from each worker (not so as they are ready: in_order=False)
+        if entry is None and ahead is None and i < min(yielded, max(1, facts.num_workers)):
             c.fail(f"workers[{i}]", None, "this worker delivered a batch of a dataset with a state, but "
                    "its state is missing")
     if not started and not finished and state.get("base_seed") is not None:
@@ -184,9 +186,26 @@ def check_fields(state: dict, facts: LoaderFacts) -> None:
         for i, flag in enumerate(exhausted):
             c.boolean(f"exhausted[{i}]", flag)
     last, turn = state.get("last_worker"), (yielded - 1) % max(1, facts.num_workers)
-    if last is not None and yielded and not any(exhausted or ()) and last != turn:
+    if last is not None and yielded and not any(exhausted or ()) and ahead is None and last != turn:
         # batches go to the workers in turn from worker 0 while none has run out
         c.fail("last_worker", last, f"batch {yielded} of an epoch goes to worker {turn}")
+
+
+def _check_ahead(c: _Checker, ahead: Any, started: bool, yielded: int, facts: LoaderFacts) -> list | None:
+    """``ahead`` (in_order=False): the numbers of the tasks delivered before an earlier one, ascending, each
+    after the first task not delivered (``yielded - len(ahead)``) and within the epoch."""
+    if ahead is None:
+        return None
+    if not started or facts.kind != "map":
+        c.fail("ahead", ahead, "only a map-style epoch in progress has batches delivered out of order")
+    if not isinstance(ahead, list) or len(ahead) > yielded:
+        c.fail("ahead", ahead, f"expected a list of at most {yielded} task numbers (the batches delivered)")
+    low, length = yielded - len(ahead), facts.epoch_length
+    for i, seq in enumerate(ahead):
+        c.integer(f"ahead[{i}]", seq, low + 1, length if length is not None else None)
+        if i and seq <= ahead[i - 1]:
+            c.fail(f"ahead[{i}]", seq, "task numbers must be distinct and ascending")
+    return ahead
 
 
 def _check_worker_entry(c: _Checker, field: str, entry: Any, facts: LoaderFacts) -> None:

@@ -5,8 +5,8 @@ their memory out of band (an array of any other layout than C or Fortran order i
 so a transposed view never travels inside the pickle, whatever numpy's version); the :class:`SlabWriter`
 copies those buffers into a *slab*, a shared-memory file under ``/dev/shm`` that the worker owns and
 reuses, and sends only the small pickle plus offsets. A result built in a slab to begin with
-(:meth:`SlabWriter.reserve` then :meth:`SlabWriter.alloc`: a batch stacked straight into shared memory) is
-not copied at all.
+(:meth:`SlabWriter.alloc`: a batch stacked straight into shared memory) is not copied at all; the slab it is
+built in is sized from the bytes the writer's recent messages carried, or from :meth:`SlabWriter.reserve`.
 The :class:`SlabReader` in the consumer maps each slab once and rebuilds the arrays as views of it: the
 single copy is the worker's write into the slab. Mappings keep no file descriptor open
 (:mod:`bridgeflow.parallel._transport.mapping`), so holding many results never runs into ``ulimit -n``.
@@ -119,6 +119,9 @@ class SlabWriter:
         window = max(MIN_TRIM_WINDOW, -(-TRIM_WINDOW // max(1, num_workers)))
         self._needed: collections.deque[int] = collections.deque(maxlen=window)  # slabs needed, per message
         self._retired: list[str] = []  # slabs unlinked since the last message: the reader unmaps them
+        self._sent: collections.deque[int] = collections.deque(maxlen=window)  # slab bytes of recent messages
+        self._opens_arena = True  # alloc() may start a message's slab (not while pickling one for the pipe)
+        self.reducers: dict[type, Any] = {}  # type -> reduce function, for the pickles of every message
 
     def _acquire(self, nbytes: int) -> int:
         """Index of a free slab of at least ``nbytes``, or -1 when none can be had."""
@@ -203,6 +206,8 @@ class SlabWriter:
         """Start the next message in a slab of at least ``nbytes``; :meth:`alloc` carves arrays from it.
 
         Arrays built in place (a batch stacked straight into shared memory) then cost no copy at all.
+        Optional: without it, the first :meth:`alloc` of a message starts its slab, sized as the recent
+        messages needed.
         """
         if self.max_slabs == 0 or self._arena is not None:  # one arena per message: keep the open one
             return
@@ -212,11 +217,17 @@ class SlabWriter:
             self._arena = [index, 0]
 
     def alloc(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-        """An uninitialized array inside the reserved slab, or in ordinary memory if it does not fit."""
+        """An uninitialized array inside the message's slab, or in ordinary memory if it does not fit (or
+        is smaller than ``INBAND_LIMIT``). The first array of a message starts the slab: big enough for it
+        and for the most the writer's recent messages placed in shared memory (see :meth:`reserve`)."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes < INBAND_LIMIT:
+            return np.empty(shape, dtype)
+        if self._arena is None and self._opens_arena:
+            self.reserve(max(_align(nbytes), max(self._sent, default=0)))
         arena = self._arena
-        if arena is not None and nbytes >= INBAND_LIMIT:
+        if arena is not None:
             index, used = arena
             size, view = self.slabs[index][1], self._views[index]
             if used + nbytes <= size:
@@ -239,7 +250,7 @@ class SlabWriter:
     def _pickle(self, obj: Any, buffer_callback: Any = None) -> bytes:
         out = io.BytesIO()
         pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffer_callback)
-        pickler.dispatch_table = {**copyreg.dispatch_table, np.ndarray: self._reduce_array}
+        pickler.dispatch_table = {**copyreg.dispatch_table, **self.reducers, np.ndarray: self._reduce_array}
         pickler.dump(obj)
         return out.getvalue()
 
@@ -261,7 +272,11 @@ class SlabWriter:
             raws.append(pb.raw())
             return False
 
-        data = self._pickle(obj, keep)
+        self._opens_arena = False
+        try:
+            data = self._pickle(obj, keep)
+        finally:
+            self._opens_arena = True
         if not raws:
             return self._message(None, data)
         offsets, at = [], 0
@@ -292,44 +307,53 @@ class SlabWriter:
             buffers.append(pb)
             return False
 
-        arena = self._arena  # kept while pickling: arrays copied to be contiguous go into it
-        try:
+        try:  # arrays made contiguous while pickling go into the message's slab (started then if need be)
             data = self._pickle(obj, keep)
         except BaseException:
-            if arena is not None:  # the message will not be sent: its reserved slab is free again
-                self.flags[arena[0]] = FREE
+            if self._arena is not None:  # the message will not be sent: its reserved slab is free again
+                self.flags[self._arena[0]] = FREE
             raise
         finally:
-            self._arena = None
+            arena, self._arena = self._arena, None
         if not buffers:
             if arena is not None:
                 self.flags[arena[0]] = FREE
             return self._message(None, data)
         raws = [pb.raw() for pb in buffers]
-        if arena is not None:
-            index, used = arena
-        else:
-            total = sum(-(-r.nbytes // ALIGN) * ALIGN for r in raws)
-            index, used = self._acquire(total), 0
+        total = sum(_align(r.nbytes) for r in raws)
+        self._sent.append(total)
+        placed = self._place(raws, arena) if arena is not None else None
+        if placed is None:  # no arena, or it cannot take the buffers not built in it: a slab for them all
+            index = self._acquire(total)
+            if arena is not None:
+                self.flags[arena[0]] = FREE  # after the acquire: the new slab is another one
             if index < 0:  # no shared memory to be had: pickle the bytes in-band
                 return self._inband(obj)
-        name, size, m = self.slabs[index]
+            placed = self._place(raws, [index, 0], in_place=False)
+        index, offsets = placed
+        self.flags[index] = IN_USE
+        return self._message((self.slabs[index][0], index, offsets), data, sum(n for _, n in offsets))
+
+    def _place(self, raws: list[memoryview], arena: list[int], in_place: bool = True) -> Any:
+        """``(slab index, offsets)`` of ``raws`` in the ``arena`` slab (``[index, bytes used]``): those built
+        in it stay where they are (``in_place``), the others are copied after its used bytes; None when they
+        do not fit."""
+        index, used = arena
+        _, size, m = self.slabs[index]
         view = self._views[index]
         assert m is not None and view is not None  # _acquire and the arena hand out live slabs only
         base = m.address
         offsets = []
         for r in raws:
             off = np.frombuffer(r, np.uint8).__array_interface__["data"][0] - base
-            if not 0 <= off <= size - r.nbytes:  # not built in place: copy it in
+            if not in_place or not 0 <= off <= size - r.nbytes:  # not built in place: copy it in
                 off = used
                 if off + r.nbytes > size:
-                    self.flags[index] = FREE
-                    return self._inband(obj)
+                    return None
                 view[off:off + r.nbytes] = r
-                used += -(-r.nbytes // ALIGN) * ALIGN
+                used += _align(r.nbytes)
             offsets.append((off, r.nbytes))
-        self.flags[index] = IN_USE
-        return self._message((name, index, offsets), data, sum(n for _, n in offsets))
+        return index, offsets
 
     def close(self) -> None:
         with self._lock:

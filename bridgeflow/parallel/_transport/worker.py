@@ -143,8 +143,26 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
         except (BrokenPipeError, EOFError, ConnectionError):
             return  # the consumer is gone
         except Exception as exc:  # a result cannot be sent, e.g. not picklable: say which
+            send(_unsent(task_fn, chunk, out, exc, by_pickle), busy)
+
+
+def _unsent(task_fn: Callable, chunk: list, out: list, exc: Exception, by_pickle: bool) -> list:
+    """The error results of a chunk whose results could not be sent (``exc``). A task function with an
+    ``explain_unsendable(payload, result, exc)`` method names what could not be sent in each result (it
+    returns an exception, or None when it finds nothing): the check is made only once sending failed."""
+    explain = getattr(task_fn, "explain_unsendable", None)
+    errors = []
+    for (task_id, payload), (kind, _, value) in zip(chunk, out):
+        err = None
+        if kind == OK and callable(explain):
+            try:
+                err = explain(payload, value, exc)
+            except Exception:  # the diagnosis failed: the plain error below still says what happened
+                err = None
+        if err is None:
             err = TypeError(f"a result cannot be sent to the consumer: {exc!r}")
-            send([(ERROR, task_id, pack_exception(err, by_pickle)) for _, task_id, _ in out], busy)
+        errors.append((ERROR, task_id, pack_exception(err, by_pickle)))
+    return errors
 
 
 # --- process workers ------------------------------------------------------------------------------
