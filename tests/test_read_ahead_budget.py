@@ -15,7 +15,7 @@ import pytest
 import bridgeflow as bf
 from bridgeflow.parallel import MultiProcessMapData, WorkerPool
 from bridgeflow.parallel._transport import pool as pool_mod
-from conftest import SHM_DIR
+from conftest import SHM_DIR, need
 
 MIB = 1 << 20
 
@@ -123,7 +123,7 @@ def test_small_datapoints_still_travel_in_chunks(leak_check):
 
 def test_the_torch_loader_inherits_the_budget(leak_check, monkeypatch):
     """The torch DataLoader's prefetch (prefetch_factor * num_workers batches) runs on the same pool."""
-    import torch
+    torch = need("torch")
 
     from bridgeflow.adapters.torch import DataLoader
 

@@ -16,6 +16,7 @@ import bridgeflow as bf
 from bridgeflow import DataFlow
 from bridgeflow.state import RESERVED, NotResumableError, StateError, StateMismatchError, checksum
 from bridgeflow.state_schema import Child, Count, Same
+from conftest import need
 
 
 def _levels(state, path=()):
@@ -126,6 +127,7 @@ def test_the_checksum_survives_json_and_torch_save():
 
 
 def test_one_error_family_for_damaged_states():
+    need("torch")
     from bridgeflow.adapters.torch import ResumeStateError
     from bridgeflow.adapters.torch.state import ResumeStateError as same
 

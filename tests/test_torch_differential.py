@@ -23,6 +23,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from conftest import need
+
+need("torch")
+
 import torch
 import torch.utils.data as tud
 from hypothesis import HealthCheck, given, settings
