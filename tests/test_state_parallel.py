@@ -25,6 +25,19 @@ from bridgeflow.testing import check_resumable
 STAGES = {"threads": MultiThreadMapData, "processes": MultiProcessMapData}
 
 
+def _saved_after(make, k, epochs=0):
+    """The first ``k`` datapoints of epoch ``epochs`` (after reading that many whole) of a new ``make()``
+    pipeline, and its state then, through JSON as a checkpoint keeps it."""
+    with make() as f:
+        for _ in range(epochs):
+            list(f)
+        it = iter(f)
+        before = [next(it) for _ in range(k)]
+        state = json.loads(json.dumps(f.state_dict()))
+        it.close()
+    return before, state
+
+
 def src(n=40, seed=3):
     return bf.DataFromList([[i] for i in range(n)], shuffle=True, seed=seed)
 
@@ -125,11 +138,7 @@ def test_unordered_map_stage_gives_every_datapoint_not_received_exactly_once(kin
         return bf.BatchData(stage, 2) if fused else stage
 
     for k in (0, 3, 9, 18):
-        with make() as f:
-            it = iter(f)
-            before = [next(it) for _ in range(k)]
-            state = json.loads(json.dumps(f.state_dict()))
-            it.close()
+        before, state = _saved_after(make, k)
         with make() as g:
             g.load_state_dict(state)
             rest, following = list(g), list(g)
@@ -425,13 +434,7 @@ def test_a_wrapper_over_an_unordered_stage_resumes_every_datapoint_once(wrapper,
     for e in range(2):
         n = len(ref[e])
         for k in sorted({0, 1, 2, n // 2 - 1, n // 2, n - 1, n}):
-            with make() as f:
-                for _ in range(e):
-                    list(f)
-                it = iter(f)
-                before = [next(it) for _ in range(k)]
-                state = json.loads(json.dumps(f.state_dict()))
-                it.close()
+            before, state = _saved_after(make, k, e)
             with make() as g:
                 g.load_state_dict(state)
                 got = [list(g) for _ in range(3 - e)]
@@ -530,11 +533,7 @@ def test_an_epoch_of_batches_left_early_reads_the_dropped_work_again(kind, leak_
         whole = [firsts(f) for _ in range(3)]
     assert whole == [[0, 10, 20, 30], [40, 50, 60, 70], [80, 90, 100, 0]]
     for k in range(5):
-        with make() as f:
-            it = iter(f)
-            before = [next(it) for _ in range(k)]
-            state = json.loads(json.dumps(f.state_dict()))
-            it.close()
+        before, state = _saved_after(make, k)
         with make() as g:
             g.load_state_dict(state)
             assert [firsts(before) + firsts(g), firsts(g), firsts(g)] == whole, k
