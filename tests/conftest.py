@@ -58,6 +58,27 @@ def installed_by_ci() -> frozenset[str]:
     return frozenset(m for e in names for m in extras[e])
 
 
+def docs_module(name: str):
+    """Import ``docs/<name>.py`` (the docs' build scripts are not a package) for a module-scoped fixture;
+    after the module's tests, forget it and the docs modules it imported."""
+    import contextlib
+    from pathlib import Path
+
+    docs = str(Path(__file__).resolve().parent.parent / "docs")
+
+    @contextlib.contextmanager
+    def imported():
+        sys.path.insert(0, docs)
+        try:
+            yield importlib.import_module(name)
+        finally:
+            sys.path.remove(docs)
+            for mod in (name, "check_site", "apigen", "api_pages"):
+                sys.modules.pop(mod, None)
+
+    return imported()
+
+
 def need(module: str) -> ModuleType:
     """Import ``module`` (``"torch"``, ``"lightning.pytorch"``) for the test or test file that calls this; when
     it is not installed, skip with the extra that installs it, or fail under CI when the job installed it.

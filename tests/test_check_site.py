@@ -5,25 +5,19 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import docs_module
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 @pytest.fixture(scope="module")
 def check_site():
-    sys.path.insert(0, str(DOCS))
-    try:
-        import check_site
-
-        yield check_site
-    finally:
-        sys.path.remove(str(DOCS))
-        for name in ("check_site", "apigen", "api_pages"):
-            sys.modules.pop(name, None)
+    with docs_module("check_site") as module:
+        yield module
 
 
 def page(body: str) -> str:

@@ -9,13 +9,12 @@ The built site is checked by docs/check_site.py (reachability, code that fits), 
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
 import bridgeflow
-from conftest import need
+from conftest import docs_module, need
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 FRAMEWORKS = {"bridgeflow.adapters.torch": "torch", "bridgeflow.adapters.tensorflow": "tensorflow"}
@@ -23,15 +22,8 @@ FRAMEWORKS = {"bridgeflow.adapters.torch": "torch", "bridgeflow.adapters.tensorf
 
 @pytest.fixture(scope="module")
 def apigen():
-    sys.path.insert(0, str(DOCS))
-    try:
-        import apigen
-
-        yield apigen
-    finally:
-        sys.path.remove(str(DOCS))
-        sys.modules.pop("apigen", None)
-        sys.modules.pop("api_pages", None)
+    with docs_module("apigen") as module:
+        yield module
 
 
 def installed(namespaces) -> tuple[str, ...]:
