@@ -139,6 +139,16 @@ if _HANG_LOG and os.environ.get("PYTEST_XDIST_WORKER"):
 _hang_file = open(_HANG_LOG, "w") if _HANG_LOG else None  # open for the whole run
 
 
+def pytest_collection_finish(session):
+    """Once every test file is imported (torch, TensorFlow, Lightning: ~600,000 objects the collector tracks),
+    move what survives a full collection out of the collector's reach for the rest of the run: each later
+    ``gc.collect()`` (``leak_check`` runs one after every test it guards; the interpreter runs them too) then
+    walks only what the tests made since, 0.01 s instead of 0.3-0.6 s. What a test drops in a reference cycle
+    is still collected; only objects alive now, imports and module-level values, are never freed."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def _hang_guard(request):
     out = sys.stderr
