@@ -203,7 +203,10 @@ def shm_entries(mine_only: bool = True) -> set[str]:
         return set()
 
 
-def wait_for(predicate, timeout: float = 2.0, interval: float = 0.02) -> bool:
+def wait_for(predicate, timeout: float = PROMPTLY_S, interval: float = 0.02) -> bool:
+    """Whether ``predicate()`` came true within ``timeout`` seconds; polled, so a wait that works ends at once.
+    Bounded by ``PROMPTLY_S`` unless told: what a test waits for (a thread ending, workers exiting after their
+    parent died) comes within a second on a quiet machine and only later on a busy one, never when broken."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

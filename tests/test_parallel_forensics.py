@@ -23,7 +23,7 @@ from bridgeflow.parallel import (
     WorkerPool,
 )
 from bridgeflow.parallel._transport import forensics
-from conftest import PROMPTLY_S
+from conftest import PROMPTLY_S, wait_for
 
 MAP_STAGES = [MultiProcessMapData, MultiThreadMapData]
 
@@ -114,22 +114,13 @@ def test_dump_pipe_says_ready_only_after_the_handler(tmp_path):
             forensics.install_stack_dumps(w)
             time.sleep(0.5)
             os._exit(0)
-        assert wait_until(dump.is_ready)
+        assert wait_for(dump.is_ready)
         state, stack = forensics.describe_worker(pid, dump, wait=2.0)
         assert "in test_dump_pipe_says_ready_only_after_the_handler" in stack, (state, stack)
         os.waitpid(pid, 0)
     finally:
         os.close(r)
         os.close(w)
-
-
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
 
 
 def test_a_stopped_worker_is_reported_as_such_then_times_out(leak_check, caplog):

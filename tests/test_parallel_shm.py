@@ -274,7 +274,7 @@ def test_pools_in_separate_pid_namespaces_share_dev_shm(leak_check, tmp_path):
         closing.unlink()
         proc, info = _namespaced_pool(60.0, tmp_path, here)
         prefix = info["prefix"]
-        assert wait_for(lambda: any(n.startswith(prefix + "r") for n in shm_entries(mine_only=False)), 10)
+        assert wait_for(lambda: any(n.startswith(prefix + "r") for n in shm_entries(mine_only=False)))
         proc.kill()  # unshare dies; its child, the namespace's init, gets SIGKILL and the namespace with it
         proc.wait(10)
         assert wait_for(lambda: segments._owner_state(prefix + "ctl") == "dead", 5)  # its lock went with it

@@ -515,9 +515,9 @@ def test_workers_exit_when_the_parent_is_sigkilled(method):
     assert len(pids) == 2 and all(_alive(p) for p in pids)
     proc.kill()
     proc.wait()
-    assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=5), "orphaned workers kept running"
+    assert wait_for(lambda: not any(_alive(p) for p in pids)), "orphaned workers kept running"
     left = lambda: {n for n in shm_entries(mine_only=False) - shm_before if n.startswith(f"bf{proc.pid}_")}
-    assert wait_for(lambda: not left(), timeout=3), f"shared memory left: {sorted(left())}"
+    assert wait_for(lambda: not left()), f"shared memory left: {sorted(left())}"
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -533,9 +533,9 @@ def test_sigterm_to_the_whole_process_group_leaves_no_shared_memory(method):
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait()
     assert proc.returncode == -signal.SIGTERM
-    assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=3), "workers kept running"
+    assert wait_for(lambda: not any(_alive(p) for p in pids)), "workers kept running"
     left = lambda: {n for n in shm_entries(mine_only=False) - shm_before if n.startswith(f"bf{proc.pid}_")}
-    assert wait_for(lambda: not left(), timeout=3), f"shared memory left: {sorted(left())}"
+    assert wait_for(lambda: not left()), f"shared memory left: {sorted(left())}"
 
 
 def test_worker_sigtermed_alone_is_reported_as_killed_by_sigterm(leak_check):
@@ -562,9 +562,9 @@ def test_ctrl_c_in_the_consumer_leaves_nothing():
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=10)
     assert "KeyboardInterrupt" in err
-    assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=2)
+    assert wait_for(lambda: not any(_alive(p) for p in pids))
     left = lambda: {n for n in shm_entries(mine_only=False) - shm_before if n.startswith(f"bf{proc.pid}_")}
-    assert wait_for(lambda: not left(), timeout=2), f"shared memory left: {sorted(left())}"
+    assert wait_for(lambda: not left()), f"shared memory left: {sorted(left())}"
 
 
 # --- runners -------------------------------------------------------------------------------------

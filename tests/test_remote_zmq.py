@@ -101,7 +101,7 @@ def test_ipc_and_tcp_several_producers_epochs_do_not_mix(leak_check, producers, 
             got = list(df)
             assert_same_datapoints(got, want, ordered=False)
             assert got[0][0].flags.writeable
-        assert wait_for(lambda: all(p.exitcode == 0 for p in procs), timeout=10)  # each said goodbye
+        assert wait_for(lambda: all(p.exitcode == 0 for p in procs))  # each said goodbye
         assert list(df) == []  # no producer left: an empty iteration
         assert df.stats()["RemoteDataZMQ"]["datapoints"] == 2 * len(want)
 
@@ -198,7 +198,7 @@ def test_back_pressure_bounds_what_the_producer_makes(leak_check, producers):
             time.sleep(0.5)
             return made.value == before and before > 0
 
-        assert wait_for(settled, timeout=10)
+        assert wait_for(settled)
         # both high-water marks, the reader thread's queue, and what the kernel buffers on loopback (< 16 MiB)
         bound = 2 * hwm + _QUEUE_DEPTH + 2 + 16
         stalled = made.value
