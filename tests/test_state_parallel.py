@@ -133,7 +133,7 @@ def test_unordered_map_stage_gives_every_datapoint_not_received_exactly_once(kin
     fn = jittery_keep if fused else jittery
 
     def make():
-        source = bf.FixedSizeData(bf.DataFromList([[i] for i in range(100_000)], shuffle=False), 40)
+        source = bf.FixedSizeData(bf.DataFromList([[i] for i in range(2_000)], shuffle=False), 40)
         stage = STAGES[kind](source, 2, fn, buffer_size=8, ordered=False, strict=strict)
         return bf.BatchData(stage, 2) if fused else stage
 
@@ -395,7 +395,7 @@ def _ids(dps):
 
 def _unique(kind, ordered=False):
     """A strict stage over ids unique across epochs (epoch e: 40e .. 40e + 39), unordered by default."""
-    source = bf.FixedSizeData(bf.DataFromList([[i] for i in range(100_000)], shuffle=False), 40)
+    source = bf.FixedSizeData(bf.DataFromList([[i] for i in range(2_000)], shuffle=False), 40)
     return STAGES[kind](source, 2, jittery_keep, buffer_size=6, ordered=ordered, strict=True)
 
 
