@@ -8,6 +8,9 @@ trained from, to ``OUT/lightning-<rank>.json``.
 ``python -m torch.distributed.run --nproc_per_node 2 tests/frameworks_run.py accelerate OUT`` does the same
 with Accelerate: each loader is prepared and read for two epochs, accumulating gradients over 3 steps; every
 rank writes its sample ids and the ``sync_gradients`` flag of each step to ``OUT/accelerate-<rank>.json``.
+
+The Lightning runs live in tests/frameworks_lightning.py, imported only for them: Accelerate's ranks (and
+a spawned worker's re-run of this file) do not import Lightning, seconds of CPU each.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import os
 import signal
 import sys
 
-import lightning.pytorch as pl
 import torch
 import torch.utils.data as tud
 
@@ -35,47 +37,6 @@ class Ids(tud.Dataset):
 
     def __getitem__(self, i: int):
         return torch.tensor([float(i)]), i
-
-
-class Recorder(pl.LightningModule):
-    """Records the sample ids each named loader gives this rank, epoch by epoch."""
-
-    def __init__(self, out: str) -> None:
-        super().__init__()
-        self.out = out
-        self.layer = torch.nn.Linear(1, 1)
-        self.seen: dict[str, list] = {"torch": [], "bridgeflow": []}
-
-    def on_train_epoch_start(self) -> None:
-        for ids in self.seen.values():
-            ids.append([])
-
-    def training_step(self, batch, batch_idx):
-        for name, (_, ids) in batch.items():
-            self.seen[name][-1].extend(int(i) for i in ids)
-        return sum(self.layer(x).sum() for x, _ in batch.values())
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    def on_train_end(self) -> None:
-        loaders = self.trainer.train_dataloader
-        record = {
-            "rank": self.global_rank, "ids": self.seen,
-            "classes": {k: f"{type(v).__module__}.{type(v).__qualname__}" for k, v in loaders.items()},
-            "samplers": {k: type(v.sampler).__name__ for k, v in loaders.items()},
-        }
-        with open(os.path.join(self.out, f"lightning-{self.global_rank}.json"), "w") as f:
-            json.dump(record, f)
-
-
-def lightning_ddp(out: str) -> None:
-    pl.seed_everything(SEED, workers=True)
-    loaders = {"torch": tud.DataLoader(Ids(), batch_size=BATCH, shuffle=True),
-               "bridgeflow": DataLoader(Ids(), batch_size=BATCH, shuffle=True, num_workers=2)}
-    trainer = pl.Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, max_epochs=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Recorder(out), train_dataloaders=loaders)
 
 
 def accelerate(out: str) -> None:
@@ -108,64 +69,6 @@ def accelerate(out: str) -> None:
     # (its destructor joins a thread that waits for the GIL): leave without tearing it down.
     sys.stdout.flush()
     os._exit(0)
-
-
-class StepRecorder(pl.LightningModule):
-    """Appends each training step's sample ids to ``path`` (flushed: the line survives a SIGKILL), and
-    kills this process at step ``kill_at``."""
-
-    def __init__(self, path: str, kill_at: int | None = None) -> None:
-        super().__init__()
-        self.path, self.kill_at = path, kill_at
-        self.layer = torch.nn.Linear(1, 1)
-
-    def training_step(self, batch, batch_idx):
-        if self.global_step == self.kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        x, ids = batch
-        with open(self.path, "a") as f:
-            f.write(json.dumps([self.current_epoch, self.global_step, [int(i) for i in ids]]) + "\n")
-        return self.layer(x.float().reshape(-1, 1)).sum()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-
-def resume_loader(kind: str, workers: int) -> DataLoader:
-    """40 samples, batch 4, shuffled without a generator (issue 21's case)."""
-    import numpy as np
-
-    import bridgeflow as bf
-
-    if kind == "map":
-        return DataLoader(Ids(40), batch_size=4, shuffle=True, num_workers=workers)
-    flow = bf.MapData(bf.DataFromList([[np.float32(i), np.int64(i)] for i in range(40)], shuffle=False),
-                      lambda dp: dp)
-    return DataLoader(flow, batch_size=4, shuffle=True, num_workers=workers)
-
-
-def lightning_resume(out: str, kind: str, workers: str, phase: str) -> None:
-    """``full``: 3 epochs uninterrupted, then the same run checkpointing every 6 steps and SIGKILLed at
-    step 8 (this process dies); ``resume``: a new process resumes from the step-6 checkpoint. Each writes
-    its steps to ``OUT/<phase>.jsonl``."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    def fit(path: str, kill_at: int | None = None, ckpt: str | None = None, every: int | None = None) -> None:
-        pl.seed_everything(SEED)  # the same program each time; the resumed one's RNG is not restored
-        model = StepRecorder(path, kill_at)
-        callbacks = [ModelCheckpoint(os.path.join(out, "ckpt"), every_n_train_steps=every, save_top_k=-1)] \
-            if every else []
-        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, callbacks=callbacks,
-                             enable_checkpointing=bool(every), enable_progress_bar=False,
-                             enable_model_summary=False, default_root_dir=out)
-        trainer.fit(model, resume_loader(kind, int(workers)), ckpt_path=ckpt)
-
-    if phase == "full":
-        fit(os.path.join(out, "full.jsonl"))
-        fit(os.path.join(out, "killed.jsonl"), kill_at=8, every=6)
-    else:
-        ckpt = next(p for p in os.listdir(os.path.join(out, "ckpt")) if "step=6" in p)
-        fit(os.path.join(out, "resumed.jsonl"), ckpt=os.path.join(out, "ckpt", ckpt))
 
 
 def accelerate_resume(out: str, phase: str) -> None:
@@ -220,6 +123,18 @@ def accelerate_resume(out: str, phase: str) -> None:
     loader.close()
     sys.stdout.flush()
     os._exit(0)  # see accelerate()
+
+
+def lightning_ddp(out: str) -> None:
+    from frameworks_lightning import lightning_ddp as run
+
+    run(out)
+
+
+def lightning_resume(out: str, kind: str, workers: str) -> None:
+    from frameworks_lightning import lightning_resume as run
+
+    run(out, kind, workers)
 
 
 if __name__ == "__main__":
