@@ -45,6 +45,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import struct
@@ -61,6 +62,7 @@ from ..order import IndexedSource
 from ._checksum import crc32
 from ._common import classes_json, existing_path, iterate_source, normalize_index, note_datapoint, parse_classes
 from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray, new_bytearray_function
+from ._lmdb_rows import ROWS, gather_rows, read_rows, rows_crc
 from ._lmdb_tree import LMDBTree, walk_lmdb, written_error
 from ._pinned import PinnedFile
 from .atomic import atomic_path, write_error
@@ -476,7 +478,9 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
         fd, get = self._fd(), self._get
         for it, run, _skip in self._order.iters(runs, pos):
             if self.shuffle or not self._index.small:  # each value read alone
-                if self.format == "bridgeflow" and self._crc:
+                if self.format == "bridgeflow" and self._crc and self._index.small and not self._unpickle:
+                    yield from self._read_batches(fd, it, run, _skip)
+                elif self.format == "bridgeflow" and self._crc:
                     yield from self._read_each(fd, it)
                 else:
                     for i in it:
@@ -484,27 +488,32 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                 continue
             assert isinstance(run, range)  # not shuffled: a run is a range of datapoints
             stop = run.stop
-            at = end = 0  # datapoints at..end-1 lie in ``block``, read from byte ``base`` of the file
-            batch = None  # and decoded together, when they are alike
             for i in it:
-                if not at <= i < end:
-                    at, end, base, block = self._block(fd, i, stop)
-                    batch = self._decode_block(at, end, base, block)
-                if i >= end:  # a large value: read alone
+                at, end, base, block = self._block(fd, i, stop)  # datapoints at..end-1 lie in ``block``
+                if end == at:  # a large value, or one lying apart: read alone
                     yield get(fd, i)
                     continue
-                if batch is not None:
-                    yield batch[i - at]
-                    continue
-                assert block is not None  # i < end: it lies in the block
-                a, size = self._offsets[i] - base, self._sizes[i]
-                if self.format == "tensorpack":
-                    yield self._finish(i, bytes(block[a:a + size]), None)
-                elif self._crc:
-                    n = a + size - _CRC.size
-                    yield self._finish(i, bytearray(block[a:n]), block[n:n + _CRC.size])
-                else:
-                    yield self._finish(i, bytearray(block[a:a + size]), None)
+                items = self._block_items(at, end, base, block)
+                yield next(items)  # datapoint i
+                for dp, _ in zip(items, it):  # ``it`` advances with each one handed out, in C
+                    yield dp
+
+    def _block_items(self, at: int, end: int, base: int, block: memoryview) -> Iterator[Any]:
+        """The datapoints ``at..end-1`` whose values lie in ``block`` (read from byte ``base``): decoded
+        together where they are alike (:meth:`_decode_block`), else each in turn."""
+        batch = self._decode_block(at, end, base, block)
+        if batch is not None:
+            yield from batch
+            return
+        for i in range(at, end):
+            a, size = self._offsets[i] - base, self._sizes[i]
+            if self.format == "tensorpack":
+                yield self._finish(i, bytes(block[a:a + size]), None)
+            elif self._crc:
+                n = a + size - _CRC.size
+                yield self._finish(i, bytearray(block[a:n]), block[n:n + _CRC.size])
+            else:
+                yield self._finish(i, bytearray(block[a:a + size]), None)
 
     def _read_each(self, fd: int, it: Iterator[int]) -> Iterator[Any]:
         """:meth:`_get` for each of ``it``, inlined (the common case: bridgeflow's format, checksums)."""
@@ -526,6 +535,71 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                 raise self._damaged(i, exc) from exc
             yield dp
 
+    def _read_batches(self, fd: int, it: Iterator[int], run: Any, skip: int) -> Iterator[Any]:
+        """Small values in any order (a shuffled epoch), :data:`~bridgeflow.serialize._lmdb_rows.ROWS` at a
+        time: read one ``preadv`` each into one buffer, the writer's watch read once, checked and decoded
+        together (:meth:`_rows`). ``it`` yields ``run[skip:]``; a batch is read ahead of it, and ``it``
+        advances with each datapoint handed out, so the reader's position is that of those."""
+        j = skip
+        for _ in it:
+            end = min(len(run), j + ROWS)
+            batch, failed = self._rows(fd, list(run[j:end]))
+            if batch:
+                yield batch[0]
+                for dp, _ in zip(itertools.islice(batch, 1, None), it):
+                    yield dp
+            if failed is not None:  # a damaged value: the ones before it were handed out
+                raise failed
+            j = end
+
+    def _rows(self, fd: int, idx: list[int]) -> tuple[list, Exception | None]:
+        """The datapoints ``idx`` (small values of bridgeflow's format with checksums) read, checked and
+        decoded as one batch where their values have one size, else each alone; with the error of the
+        first damaged one, the list then stopping before it."""
+        at = np.array(idx, np.int64)
+        sizes = self._index.sizes[at]
+        s = int(sizes[0])
+        if s >= _SMALL_VALUE or (sizes != s).any():
+            return self._each(fd, idx)
+        offsets = self._index.offsets[at].tolist()
+        buf, got = read_rows(fd, offsets, s)
+        if got != len(idx):
+            raise self._cut(offsets[got], s, f"datapoint {idx[got]}")
+        if os.pread(fd, 8, self._watch_at) != self._watch:
+            raise self._written()
+        return self._decode_rows(idx, buf, s)
+
+    def _each(self, fd: int, idx: list[int]) -> tuple[list, Exception | None]:
+        out = []
+        for i in idx:
+            try:
+                out.append(self._get(fd, i))
+            except CorruptDataError as exc:
+                return out, exc
+        return out, None
+
+    def _decode_rows(self, idx: list[int], buf: bytearray, s: int) -> tuple[list, Exception | None]:
+        """Datapoints ``idx`` from their values end to end in ``buf`` (``s`` bytes each, CRC included):
+        their CRCs checked by one call (:mod:`bridgeflow.serialize._lmdb_rows`), decoded together; where
+        that check fails or they do not decode together, each alone (which names a damaged one)."""
+        k = len(idx)
+        sound = crc32()(buf) == rows_crc(k, s)
+        if sound and k > 1:
+            try:
+                got = decode_many(buf, np.arange(0, k * s, s, dtype=np.int64), s - _CRC.size)
+            except DECODE_ERRORS:
+                got = None
+            if got is not None:
+                return got, None
+        mv, n, out = memoryview(buf), s - _CRC.size, []
+        for a, i in enumerate(idx):
+            at = a * s
+            try:
+                out.append(self._finish(i, bytearray(mv[at:at + n]), None if sound else mv[at + n:at + s]))
+            except CorruptDataError as exc:
+                return out, exc
+        return out, None
+
     def _decode_block(self, at: int, end: int, base: int, block: memoryview | None) -> list | None:
         """The datapoints ``at..end-1`` of a block of small values, their CRCs checked and their values decoded
         together (:func:`~bridgeflow.serialize.codec.decode_many`: the arrays are views of the block), or
@@ -538,13 +612,11 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
             return None
         starts = self._index.offsets[at:end] - base
         length = size - _CRC.size if self._crc else size
-        if self._crc:
-            crc32_of = crc32()
-            got = np.fromiter((crc32_of(block[s:s + length]) for s in starts.tolist()), np.uint32, len(starts))
-            raw = np.frombuffer(block, np.uint8)
-            stored = raw[(starts + length)[:, None] + np.arange(_CRC.size)].copy().view("<u4").ravel()
-            if (got != stored).any():
+        if self._crc:  # the values end to end: one CRC call checks them all
+            rows = gather_rows(block, starts.tolist(), size)
+            if crc32()(rows) != rows_crc(end - at, size):
                 return None
+            block, starts = memoryview(rows), np.arange(0, len(rows), size, dtype=np.int64)
         try:
             return decode_many(block, starts, length)
         except DECODE_ERRORS:
