@@ -18,6 +18,8 @@ and every key against its datapoint; it keeps where each value lies (12 bytes a 
 readers of one file in a process and by forked workers). A datapoint is then one ``pread`` of its value
 into a ``bytearray`` the datapoint owns (no transaction, no cursor, nothing to re-open after ``fork``),
 its CRC checked on that copy, decoded zero-copy: arrays are writable and valid after the file is closed.
+Small values (under 16 KiB) are read, checked and decoded a batch at a time instead
+(:mod:`bridgeflow.serialize._lmdb_rows`: one CRC call and one decode a batch).
 A file cut short in place while it is read (by any process) gives a short read, hence a
 :class:`CorruptDataError` naming the file, never a SIGBUS. Writing uses the ``lmdb`` package; reading needs
 nothing but numpy.
@@ -45,7 +47,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import struct
@@ -62,7 +63,7 @@ from ..order import IndexedSource
 from ._checksum import crc32
 from ._common import classes_json, existing_path, iterate_source, normalize_index, note_datapoint, parse_classes
 from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray, new_bytearray_function
-from ._lmdb_rows import ROWS, gather_rows, read_rows, rows_crc
+from ._lmdb_rows import SMALL_VALUE, SmallValueReads, gather_rows, rows_crc
 from ._lmdb_tree import LMDBTree, walk_lmdb, written_error
 from ._pinned import PinnedFile
 from .atomic import atomic_path, write_error
@@ -83,7 +84,7 @@ CHECKSUM = b"crc32"
 _INITIAL_MAP = 256 << 20
 _BATCH_BYTES = 64 << 20  # commit at least this often, whatever write_frequency says
 _CLASSES_MAX = 16 << 20
-_SMALL_VALUE = 16 << 10  # sequential epochs read values smaller than this in blocks
+_SMALL_VALUE = SMALL_VALUE  # sequential epochs read values smaller than this in blocks
 _BLOCK_BYTES = 256 << 10  # of values lying within this distance of the first
 _BLOCK_ITEMS = 1024  # at most this many datapoints
 _PAGE = 4096  # (or, where they lie apart, of the values in the first one's page)
@@ -340,7 +341,7 @@ def _index(tree_of: Any, pin: PinnedFile, p: str, fmt: str | None) -> _Index:
     return made
 
 
-class LMDBDataset(IndexedSource, PinnedLMDB):
+class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
     """Datapoints of an LMDB dataset: ``len()``, ``ds[i]``, and iteration in order or shuffled.
 
     Reads files written by :class:`LMDBSerializer` and by tensorpack's ``LMDBSerializer.save`` (values
@@ -479,7 +480,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
         for it, run, _skip in self._order.iters(runs, pos):
             if self.shuffle or not self._index.small:  # each value read alone
                 if self.format == "bridgeflow" and self._crc and self._index.small and not self._unpickle:
-                    yield from self._read_batches(fd, it, run, _skip)
+                    yield from self._read_batches(fd, it, run, _skip)  # see SmallValueReads
                 elif self.format == "bridgeflow" and self._crc:
                     yield from self._read_each(fd, it)
                 else:
@@ -493,6 +494,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                 if end == at:  # a large value, or one lying apart: read alone
                     yield get(fd, i)
                     continue
+                assert block is not None  # end > at: they lie in it
                 items = self._block_items(at, end, base, block)
                 yield next(items)  # datapoint i
                 for dp, _ in zip(items, it):  # ``it`` advances with each one handed out, in C
@@ -534,71 +536,6 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
             except DECODE_ERRORS as exc:
                 raise self._damaged(i, exc) from exc
             yield dp
-
-    def _read_batches(self, fd: int, it: Iterator[int], run: Any, skip: int) -> Iterator[Any]:
-        """Small values in any order (a shuffled epoch), :data:`~bridgeflow.serialize._lmdb_rows.ROWS` at a
-        time: read one ``preadv`` each into one buffer, the writer's watch read once, checked and decoded
-        together (:meth:`_rows`). ``it`` yields ``run[skip:]``; a batch is read ahead of it, and ``it``
-        advances with each datapoint handed out, so the reader's position is that of those."""
-        j = skip
-        for _ in it:
-            end = min(len(run), j + ROWS)
-            batch, failed = self._rows(fd, list(run[j:end]))
-            if batch:
-                yield batch[0]
-                for dp, _ in zip(itertools.islice(batch, 1, None), it):
-                    yield dp
-            if failed is not None:  # a damaged value: the ones before it were handed out
-                raise failed
-            j = end
-
-    def _rows(self, fd: int, idx: list[int]) -> tuple[list, Exception | None]:
-        """The datapoints ``idx`` (small values of bridgeflow's format with checksums) read, checked and
-        decoded as one batch where their values have one size, else each alone; with the error of the
-        first damaged one, the list then stopping before it."""
-        at = np.array(idx, np.int64)
-        sizes = self._index.sizes[at]
-        s = int(sizes[0])
-        if s >= _SMALL_VALUE or (sizes != s).any():
-            return self._each(fd, idx)
-        offsets = self._index.offsets[at].tolist()
-        buf, got = read_rows(fd, offsets, s)
-        if got != len(idx):
-            raise self._cut(offsets[got], s, f"datapoint {idx[got]}")
-        if os.pread(fd, 8, self._watch_at) != self._watch:
-            raise self._written()
-        return self._decode_rows(idx, buf, s)
-
-    def _each(self, fd: int, idx: list[int]) -> tuple[list, Exception | None]:
-        out = []
-        for i in idx:
-            try:
-                out.append(self._get(fd, i))
-            except CorruptDataError as exc:
-                return out, exc
-        return out, None
-
-    def _decode_rows(self, idx: list[int], buf: bytearray, s: int) -> tuple[list, Exception | None]:
-        """Datapoints ``idx`` from their values end to end in ``buf`` (``s`` bytes each, CRC included):
-        their CRCs checked by one call (:mod:`bridgeflow.serialize._lmdb_rows`), decoded together; where
-        that check fails or they do not decode together, each alone (which names a damaged one)."""
-        k = len(idx)
-        sound = crc32()(buf) == rows_crc(k, s)
-        if sound and k > 1:
-            try:
-                got = decode_many(buf, np.arange(0, k * s, s, dtype=np.int64), s - _CRC.size)
-            except DECODE_ERRORS:
-                got = None
-            if got is not None:
-                return got, None
-        mv, n, out = memoryview(buf), s - _CRC.size, []
-        for a, i in enumerate(idx):
-            at = a * s
-            try:
-                out.append(self._finish(i, bytearray(mv[at:at + n]), None if sound else mv[at + n:at + s]))
-            except CorruptDataError as exc:
-                return out, exc
-        return out, None
 
     def _decode_block(self, at: int, end: int, base: int, block: memoryview | None) -> list | None:
         """The datapoints ``at..end-1`` of a block of small values, their CRCs checked and their values decoded
