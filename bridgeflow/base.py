@@ -214,6 +214,7 @@ class DataFlow:
             return
         self._on_reset()
         self.__reset_done = True
+        self._settle_loaded()
 
     def state_dict(self) -> dict[str, Any]:
         """Where this flow is, as plain data: its next ``iter()`` after ``load_state_dict`` continues here.
@@ -276,6 +277,9 @@ class DataFlow:
         self.__read_ahead = None
         depth = _nesting.loading
         _nesting.loading = depth + 1  # the children's states are loaded inside this call
+        original = state
+        if depth == 0:  # the flows keep (and may complete, _settle_loaded) their parts of a copy, not the caller's
+            state = copy.deepcopy(state)
         try:
             check_header(self, state, type(self).state_version)
             reason = self._why_not_resumable()
@@ -289,10 +293,11 @@ class DataFlow:
             self.__loaded = state
             if depth == 0:  # every field of the tree passed: now the sum, which sees the rest
                 try:
-                    verify_checksum(state)
+                    verify_checksum(original)
                 except StateError:
                     self._forget_loaded()
                     raise
+                self._settle_loaded(tree=True)
         except StateError as exc:
             raise exc.within(type(self).__name__) from None
         finally:
@@ -471,6 +476,21 @@ class DataFlow:
 
     def _pending_state(self) -> dict | None:
         return self.__loaded
+
+    def _settle_loaded(self, tree: bool = False) -> None:
+        """Complete the loaded state of this flow (and, with ``tree``, of the flows under it) where it was saved
+        before ``reset_state()`` (a generator's state None), once the flow is reset: the state then says what
+        its next epoch begins from, so taking it again before that epoch gives a state that resumes the same
+        later too (:meth:`bridgeflow.state_schema.Field.settle`). In place: a parent's loaded state holds its
+        children's."""
+        loaded, fields = self.__loaded, type(self).state_fields
+        if loaded is not None and fields and self.__reset_done:
+            for f in fields:
+                f.settle(self, loaded)
+        if tree:
+            for child in _children_of(self):
+                if isinstance(child, DataFlow):
+                    child._settle_loaded(tree=True)
 
     def __guard(self, it: Iterator) -> Iterator:
         # The flow counts as iterated from this iterator's first next() until it ends, is closed or is
