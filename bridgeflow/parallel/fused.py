@@ -448,6 +448,7 @@ class WorkerBatching(ProxyDataFlow):
                     elif group:
                         yield start, group
                     if len(group) < batch_size:
+                        stage._ended = True
                         break
             finally:
                 if hasattr(source, "close"):
