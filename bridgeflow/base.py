@@ -279,7 +279,7 @@ class DataFlow:
         _nesting.loading = depth + 1  # the children's states are loaded inside this call
         original = state
         if depth == 0:  # the flows keep (and may complete, _settle_loaded) their parts of a copy, not the caller's
-            state = copy.deepcopy(state)
+            state = _tree_copy(state)
         try:
             check_header(self, state, type(self).state_version)
             reason = self._why_not_resumable()
@@ -532,6 +532,16 @@ class DataFlow:
         if getattr(parent._begin_epoch, "__func__", None) is DataFlow._begin_epoch:
             return parent._iter_epoch()
         return parent._begin_epoch(None)
+
+
+def _tree_copy(value: Any) -> Any:
+    """The dicts and lists of a state copied, anything else shared: a state is not checked yet, and copying
+    a live object in it (deepcopy pickles) is what the checks refuse."""
+    if isinstance(value, dict):
+        return {k: _tree_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tree_copy(v) for v in value]
+    return value
 
 
 def _reentrant(flow: DataFlow) -> DataFlowReentrantError:
