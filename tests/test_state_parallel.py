@@ -605,3 +605,32 @@ def test_a_resumed_state_taken_again_before_its_first_datapoint_holds_what_is_in
         h.load_state_dict(again)
         rest = [dp[0] for dp in h]
     assert sorted([dp[0] for dp in before] + rest) == everything
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["unbatched", "fused-batches"])
+@pytest.mark.parametrize("kind", sorted(STAGES))
+def test_a_resumed_strict_epoch_closed_at_once_leaves_the_source_where_the_saved_one_did(kind, fused, leak_check):
+    """A strict stage reads ahead of its consumer; an epoch left early leaves its source part-read, and the
+    source's next epoch follows from there (FakeData's generator drew one tag per datapoint read). A resumed
+    epoch closed before its first datapoint (RandomChooseData or JoinData done with the stage) had read only up
+    to the saved position, so the next epoch's tags were the saved epoch's own again: the fuzz's duplicates
+    under join/choose/mix (issue 29). The state now says how far the source was read ("ahead")."""
+    def make():
+        stage = STAGES[kind](_tagged(11), 2, plus_one, buffer_size=6, strict=True)
+        return bf.BatchData(stage, 2, remainder=True) if fused else stage
+
+    def tags(flow):
+        return [int(t) for dp in flow for t in np.asarray(dp[1]).ravel()]
+
+    with make() as f:
+        it = iter(f)
+        for _ in range(2):
+            next(it)
+        state = json.loads(json.dumps(f.state_dict()))
+        it.close()
+        after = tags(f)
+    with make() as g:
+        g.load_state_dict(state)
+        iter(g).close()  # the rest of the saved epoch is left at once
+        assert tags(g) == after
+    assert (state["child"] if fused else state)["ahead"] > 0

@@ -96,9 +96,13 @@ def _check_pair(flow: Any, partial: list) -> None:
         raise StateMismatchError(f"damaged 'partial' entry {partial!r:.60} in the state")
 
 
+_NONE = object()
+
+
 class _HeldFirst:
-    """The datapoints a loaded state held (in flight over an unordered stage), then ``rest``'s (None: no
-    more): those not given yet are still in flight, and a state taken now holds them again."""
+    """Datapoints a resumed stage has already (held by the state over an unordered stage, or read ahead of the
+    saved position), then ``rest``'s (None: no more): those not given yet are still in flight, and a state
+    taken now counts them again."""
 
     def __init__(self, items: list, rest: Iterator | None) -> None:
         self.items, self.rest = collections.deque(items), rest
@@ -136,7 +140,7 @@ class _MapStage(ParallelStage):
         Child("source"), Count("replay"), Value("skip", list, check_runs), Count("taken"),
         Part("batch", (Count("size", 1 << 16, "batches of at most 65536 in the workers"), Count("offset"),
                        Count("held"), Value("partial", list, _check_pair, none=True)), none=True),
-        Held(), Flag("ended", optional=True),
+        Held(), Flag("ended", optional=True), Count("ahead", optional=True),
     )
 
     def __init__(self, ds: DataFlow, num_workers: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
@@ -329,9 +333,9 @@ class _MapStage(ParallelStage):
                 raise StateMismatchError(f"resuming replays {replay} datapoints of the source after its saved "
                                          f"state, but it ended after {i}") from None
         ledger.pulled = ledger.low = replay
-        if ended and not loose:  # the source's epoch had ended, its rest was in flight: read it now, so that
-            # the source's epoch ends here too even if this one is closed before its first datapoint
-            source = self._rest_of_epoch(source, resume)
+        ahead = resume.get("ahead") or 0
+        if (ahead or ended) and not loose:
+            source = first = self._read_ahead(source, ahead, ended)
         self._ended, self._held_first = ended, first
         for offset, length in resume["skip"]:
             ledger.done[replay + offset] = length
@@ -344,16 +348,24 @@ class _MapStage(ParallelStage):
         self._align = resume.get("align", batch["offset"] if batch is not None else 0)
         return source
 
-    def _rest_of_epoch(self, source: Iterator, resume: dict) -> Iterator:
-        """The rest of the source's epoch, read to its end: an ordered strict stage saved after its source's
-        epoch ended (the work in flight, at most what a stage can have in flight, is redone from a list)."""
-        most = self._most_in_flight(resume.get("batch"))
-        rest = list(itertools.islice(source, most + 1))
-        if len(rest) > most:
-            _close(source)
-            raise StateMismatchError(f"the state says the source's epoch had ended, but it gives more than {most} "
-                                     "datapoints after the saved position, the most a stage can have in flight")
-        return iter(rest)
+    def _read_ahead(self, source: Iterator, ahead: int, ended: bool) -> _HeldFirst:
+        """The source read as far as the saved stage had read it (``ahead`` datapoints past the saved position,
+        and to its end when ``ended``), at once: a strict epoch closed before it takes them again (a
+        RandomMixData, JoinData or RandomChooseData done with this flow) leaves the source where the saved
+        one left it, and the source's next epoch is the same (its generators drew as much). The datapoints
+        read are the work in flight, redone from a list."""
+        rest = list(itertools.islice(source, ahead))
+        if len(rest) < ahead:
+            raise StateMismatchError(f"the state says the stage had read {ahead} datapoints past its saved "
+                                     f"position, but the source ends after {len(rest)}")
+        if not ended:
+            return _HeldFirst(rest, source)
+        extra = next(source, _NONE)
+        _close(source)
+        if extra is not _NONE:
+            raise StateMismatchError(f"the state says the source's epoch had ended {ahead} datapoints past its "
+                                     "saved position, but the source gives more")
+        return _HeldFirst(rest, None)
 
     def _most_in_flight(self, batch: dict | None) -> int:
         """The most source datapoints a state can have pulled past its position: ``buffer_size`` tasks (of a
@@ -415,6 +427,9 @@ class _MapStage(ParallelStage):
     # --- iteration ----------------------------------------------------------------------------------
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
+        if self._held_first is not None and self._epoch_size() is None:  # a strict epoch's source ends with it,
+            self._held_first.close()  # begun or not (one closed before its first datapoint never ran its finally)
+            self._held_first = None
         pool = self._live_pool()
         batching, self._batching = self._batching, None
         if batching is not None:  # an epoch of batches made in the workers
@@ -499,11 +514,14 @@ class _MapStage(ParallelStage):
         ledger = self._ledger
         if ledger is None:
             return {**head, "source": child_state(self.ds), "replay": 0, "skip": [], "taken": 0, "batch": None,
-                    "held": None, "ended": False}
+                    "held": None, "ended": False, "ahead": 0}
         loose = self._source_loose()
+        ahead = 0
         if loose is None:
             source, replay, skip = ledger.position()
             held = None
+            if self._epoch_size() is None:  # strict: how far the source was read, for a resumed epoch to match
+                ahead = ledger.pulled - ledger.low + (len(self._held_first.left()) if self._held_first else 0)
         else:  # the source's state now, and what was pulled from it and not received
             source, replay, skip = child_state(self.ds), 0, sorted([s - ledger.low, n] for s, n in ledger.done.items())
             held = pack_held(self._in_flight(ledger), loose)
@@ -520,7 +538,7 @@ class _MapStage(ParallelStage):
                 batch = {"size": self._fused_size, "offset": self._align, "held": 0,
                          "partial": None if pending is None else [pending[0] - ledger.low, pending[1]]}
         return {**head, "source": source, "replay": replay, "skip": skip, "taken": taken, "batch": batch,
-                "held": held, "ended": self._ended}
+                "held": held, "ended": self._ended, "ahead": ahead}
 
     def _in_flight(self, ledger: SourceLedger) -> list:
         """The datapoints pulled from the source and not received, by pull index from ``ledger.low`` (None
@@ -546,6 +564,10 @@ class _MapStage(ParallelStage):
                 raise StateMismatchError(f"damaged 'partial' entry {batch['partial']!r:.60} in the state")
         check_source_position(state, most, f"buffer_size={self.buffer_size} in flight and {SNAPSHOT_EVERY} pulls "
                                            "between two snapshots")
+        Count("ahead", most, "the datapoints a stage can have in flight").check(self, state.get("ahead") or 0)
+        if state.get("ahead") and (state.get("held") is not None or self._epoch_size() is not None):
+            raise StateMismatchError("the state says the source was read ahead, which only a strict stage over an "
+                                     "ordered flow saves")
         if self.ordered and state["skip"]:
             raise StateMismatchError("an ordered stage's state lists datapoints received out of order")
         if state.get("ended") and self._epoch_size() is not None:
@@ -566,8 +588,10 @@ class _MapStage(ParallelStage):
         source would refuse its next iteration)."""
         for plan in {id(p): p for p in (self._batched, self._plan) if p is not None}.values():
             plan.close()
+        if self._held_first is not None:
+            self._held_first.close()
         carry = self._carry
-        self._batched = self._plan = self._carry = self._ledger = None
+        self._batched = self._plan = self._carry = self._ledger = self._held_first = None
         if carry is not None:
             _close(carry)
 
@@ -578,7 +602,7 @@ class _MapStage(ParallelStage):
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         # generators and positions of this process's iteration
-        state["_carry"] = state["_batched"] = state["_plan"] = state["_ledger"] = None
+        state["_carry"] = state["_batched"] = state["_plan"] = state["_ledger"] = state["_held_first"] = None
         state["_skips"], state["_index_of"], state["_pulls"] = collections.deque(), {}, collections.deque()
         return state
 
