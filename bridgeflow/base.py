@@ -44,7 +44,12 @@ States, the contract:
   ``reset_state()``, before its first ``iter()``), the flow yields what the interrupted one would have
   yielded next: the rest of the epoch, then the following epochs, shuffles and random choices included. A
   state taken after an epoch's last datapoint resumes with that epoch's empty rest; one taken between epochs
-  starts the next. Over an ordered pipeline that is one sequence, exactly.
+  starts the next. Over an ordered pipeline that is one sequence, exactly. A state saved before
+  ``reset_state()`` has no generator states yet (None: as ``reset_state()`` seeds them); a flow that loads it
+  fills them in once it is reset, so the state it gives back before its next epoch says the same later. A
+  parallel stage that reads its source ahead of its consumer and begins its source's epochs afresh (a strict
+  one) also saves how far it had read (``ahead``): resumed, it reads that far at once, so an epoch left before
+  its first datapoint leaves the source where the saved one did and the source's next epoch is the same.
 - **Over an unordered stage, a multiset.** A map stage with ``ordered=False`` or a runner of several
   workers delivers in an order its workers' timing makes, so its state promises the epoch's *multiset*:
   what was delivered is never given again, what is in flight and what is still to read is each given exactly
