@@ -133,7 +133,7 @@ class Internals:
 _LOCAL = ("record", "stats", "latest", "reader", "mapping_hooks", "iters")
 
 
-class DataLoader(_tud.DataLoader[T_co]):
+class DataLoader(_compat.TorchDataLoader[T_co]):
     """Drop-in replacement for ``torch.utils.data.DataLoader`` running on bridgeflow's worker pool.
 
     Takes exactly torch's arguments (see the module docstring for the few differences), plus torchdata
