@@ -134,6 +134,7 @@ class EpochIterator(_compat.TorchIteratorNames):
         else:
             self.draws.resume(loader, record, plan.state, plan.first_task)
         world_size, rank = _compat.distributed_settings()
+        assert self.draws.base_seed is not None  # drawn or kept by start(), the saved one by resume()
         spec = WorkerSpec(
             kind=self._kind, dataset=None if self._kind == COLLATE else self.draws.dataset,
             auto_collation=_compat.auto_collation(loader), collate_fn=loader.collate_fn, drop_last=loader.drop_last,
@@ -168,6 +169,7 @@ class EpochIterator(_compat.TorchIteratorNames):
         self._record = record
         self._len_called = _compat.iterable_length_seen(loader)
         self._pull_error: Exception | None = None  # the flow or sampler failed: raised after what came before
+        self._ahead: frozenset[int]  # tasks of a resumed epoch delivered already (in_order=False): skipped
         if plan is None:
             self.yielded, self._seq, self._ahead, self._discard = 0, 0, frozenset(), 0
             record.ahead = set() if self._dispatch.unordered else None
@@ -255,7 +257,7 @@ class EpochIterator(_compat.TorchIteratorNames):
                     try:
                         raise error
                     finally:
-                        error = None
+                        del error
                 self._end_epoch()
                 raise StopIteration
             try:
@@ -266,6 +268,7 @@ class EpochIterator(_compat.TorchIteratorNames):
             if result.state is not None and worker is not None:
                 record.note_worker_state(worker, max(1, n), result.state)
             if result.tag == ENDED:  # the worker's stream ran out: no more tasks for it this epoch
+                assert worker is not None  # only a dataset error (FAILED) comes without its worker
                 dispatch.retire(worker)
                 record.note_exhausted(worker, max(1, n))
                 continue
@@ -288,7 +291,7 @@ class EpochIterator(_compat.TorchIteratorNames):
                 try:
                     raise error
                 finally:  # no cycle through this frame: the iterator goes when the user drops it
-                    error = result = None
+                    del error, result
             return result.value
 
     def _end_epoch(self) -> None:

@@ -96,12 +96,14 @@ class Fetcher:
     def _read_iterable(self, task: Any) -> Any:
         if self.ended:
             raise StopIteration
+        it = self.iterator
+        assert it is not None  # made in __init__ for an ITERABLE fetcher
         if not self.auto_collation:
-            return next(self.iterator)
+            return next(it)
         samples = []
         for _ in task:
             try:
-                samples.append(next(self.iterator))
+                samples.append(next(it))
             except StopIteration:
                 self.ended = True
                 break
@@ -125,6 +127,9 @@ def make_fetcher(kind: str, dataset: Any, auto_collation: bool, collate_fn: Call
         dataset.load_state_dict(saved["dataset"])
     fetcher = Fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
     if saved is not None and saved.get("iter") is not None:
+        if fetcher.iterator is None:
+            raise ValueError(f"a saved dataset state holds an iterator's state, but this {kind} dataset is not "
+                             "read through an iterator")
         fetcher.iterator.load_state_dict(saved["iter"])
     if saved is not None and saved.get("ended"):  # the stream ran out while the last batch was read
         fetcher.ended = True
@@ -244,24 +249,24 @@ class WorkerTask:
                 f"DataLoader worker {self.worker_id} cannot load data: its start-up failed earlier with "
                 f"{self.failed!r} (raised with its first batch)") from self.failed
         try:
-            data = self._fetch(task)
+            data = self._fetch(self.fetcher, task)
         except StopIteration:
             return Result(ENDED if self.spec.kind == ITERABLE else STOPPED, state=self._state())
         return Result(BATCH, data, self._state())
 
     def _state(self) -> Any:
         """The dataset's state now (None without one; the exception if reading it failed)."""
-        if not self.fetcher.stateful:
+        fetcher = self.fetcher
+        if fetcher is None or not fetcher.stateful:
             return None
         try:
-            return self.fetcher.state()
+            return fetcher.state()
         except Exception as exc:
             return exc
 
-    def _fetch(self, task: Any) -> Any:
+    def _fetch(self, fetcher: Fetcher, task: Any) -> Any:
         """Read the task's samples and collate them: nothing more per sample than torch does. When torch's
         collation fails on a value that could not be sent either, the error names that value's sample."""
-        fetcher = self.fetcher
         samples = fetcher.read(task)
         try:
             return fetcher.collate_fn(samples)

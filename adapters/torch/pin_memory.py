@@ -203,7 +203,7 @@ class PinThread:
         self._inbox.tasks.append((task, worker, seq))
         self._inbox.wake.set()
 
-    def get(self, between: Callable[[], None] | None = None) -> tuple[int, int, Result]:
+    def get(self, between: Callable[[], None] | None = None) -> tuple[int | None, int, Result]:
         return self._thread.get()
 
     def reset(self, shared_seed: int | None) -> list[tuple[int, Any]]:

@@ -128,8 +128,9 @@ class PoolSource:
             self.close()
             self._put_error = with_torch_wording(exc)
 
-    def get(self, between: Callable[[], None] | None = None) -> tuple[int, int, Result]:
-        """The next result; ``between()`` runs between short waits (it may raise to stop waiting)."""
+    def get(self, between: Callable[[], None] | None = None) -> tuple[int | None, int, Result]:
+        """The next result; ``between()`` runs between short waits (it may raise to stop waiting). The worker
+        is None for a dataset's error (the pool raises it without saying which worker)."""
         if self._put_error is not None:
             error, self._put_error = self._put_error, None
             raise error
@@ -145,7 +146,7 @@ class PoolSource:
             self.close()
             raise with_torch_wording(exc) from exc.__cause__
         except Exception as exc:  # the dataset's error
-            return None, self._seqs.pop(self._pool.last_task_id, -1), Result(FAILED, exc)  # type: ignore[return-value]
+            return None, self._seqs.pop(self._pool.last_task_id, -1), Result(FAILED, exc)
         seq = self._seqs.pop(self._pool.last_task_id, -1)
         return worker, seq, Result(ENDED) if value is EXHAUSTED else value
 
@@ -179,7 +180,7 @@ class PoolSource:
                 return self._pool.get(timeout=slice_s if left is None else max(0.0, min(slice_s, left)))
             except WorkerTimeoutError as exc:
                 waited = time.monotonic() - started
-                if left is not None and waited >= timeout:
+                if timeout is not None and waited >= timeout:
                     raise
                 if warn_at is not None and waited >= warn_at:
                     log.warning("DataLoader: no batch from the workers for %.0f s: %s", waited, exc)
@@ -191,11 +192,12 @@ class PoolSource:
         pool = self._pool
         while pool.outstanding > 0:
             self.get()
-        for worker in range(pool.num_workers):
-            pool.put(Reset(shared_seed), worker=worker)
+        for w in range(pool.num_workers):
+            pool.put(Reset(shared_seed), worker=w)
         started = []
         for _ in range(pool.num_workers):
             worker, _, result = self.get()
+            assert worker is not None  # a Reset task does not fail: WorkerTask reports its errors later
             started.append((worker, result.state))
         self._seqs.clear()
         return started

@@ -16,7 +16,7 @@ import binascii
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["LoaderFacts", "check_fields", "fields_checksum"]
 
@@ -53,7 +53,7 @@ class _Checker:
     def __init__(self, facts: LoaderFacts) -> None:
         self.facts = facts
 
-    def fail(self, field: str, value: Any, why: str) -> None:
+    def fail(self, field: str, value: Any, why: str) -> NoReturn:
         raise self.facts.error(f"DataLoader.load_state_dict: state[{field}] = {_show(value)}: {why}")
 
     def integer(self, field: str, value: Any, low: int | None = None, high: int | None = None) -> int:
