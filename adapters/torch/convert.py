@@ -79,7 +79,7 @@ def _rebuild(obj: Any, items: Any) -> Any:
         if type(obj) is dict:
             return items
         try:
-            clone = copy.copy(obj)
+            clone: Any = copy.copy(obj)  # any mapping type: one without update() is rebuilt as a dict
             clone.update(items)
             return clone
         except (TypeError, AttributeError):
@@ -96,7 +96,7 @@ def _rebuild(obj: Any, items: Any) -> Any:
     if type(obj) is list:
         return items
     try:
-        clone = copy.copy(obj)
+        clone = copy.copy(obj)  # any sequence type: one without slice assignment is rebuilt as a list
         clone[:] = items
         return clone
     except TypeError:

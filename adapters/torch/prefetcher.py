@@ -42,7 +42,7 @@ import functools
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
 import numpy as np
@@ -210,7 +210,10 @@ class CUDAPrefetcher:
                              "supported")
 
     def __len__(self) -> int:
-        return len(self.loader)
+        loader = self.loader
+        if not isinstance(loader, Sized):  # as len() itself: a TypeError
+            raise TypeError(f"CUDAPrefetcher: the loader, a {type(loader).__name__}, has no len()")
+        return len(loader)
 
     def stats(self) -> dict[str, Any]:
         """Tensors copied straight from where they lay (``zero_copy``: pinned or in a registered slab)
