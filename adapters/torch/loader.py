@@ -200,7 +200,10 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
 
     @property
     def start_method(self) -> str:
-        """The start method the workers use: the context's, else multiprocessing's default."""
+        """The start method the workers use (``"fork"``, ``"spawn"`` or ``"forkserver"``).
+
+        It is the ``multiprocessing_context``'s when one is given, else multiprocessing's default.
+        """
         ctx = self.multiprocessing_context
         if ctx is not None:
             return ctx.get_start_method()
