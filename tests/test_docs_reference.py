@@ -116,7 +116,7 @@ def test_a_docstring_reference_by_any_path_leads_to_the_entry_or_the_module_map(
     targets = apigen.targets(plan, apigen.all_modules())
     assert targets.public["bridgeflow.serialize.lmdb_format.LMDBSerializer"] == "bridgeflow.LMDBSerializer"
     assert targets.public["bridgeflow.base.DataFlow"] == "bridgeflow.DataFlow"
-    assert targets.public["bridgeflow.adapters.torch.loader.DataLoader"] == "bridgeflow.adapters.torch.DataLoader"
+    assert targets.public["bridgeflow.adapters.torch._loader.DataLoader"] == "bridgeflow.adapters.torch.DataLoader"
     assert targets.public["WorkerError"] == "bridgeflow.WorkerError"
     assert targets.public["PrefetchData"] == "bridgeflow.MultiProcessPrefetchData"
     assert targets.internal["bridgeflow.parallel._transport.shm.SlabWriter"] == "bridgeflow.parallel._transport.shm"
@@ -125,7 +125,7 @@ def test_a_docstring_reference_by_any_path_leads_to_the_entry_or_the_module_map(
     assert not internal & set(apigen.NAMESPACES)
     assert {"bridgeflow.parallel._transport.wire", "bridgeflow.parallel._transport.pickling",
             "bridgeflow.serialize.lmdb_format",
-            "bridgeflow.adapters.torch.loader"} <= internal
+            "bridgeflow.adapters.torch._loader"} <= internal
     assert apigen.exists("bridgeflow.DataFlow.state_dict") and not apigen.exists("bridgeflow.DataFlow.nope")
 
 

@@ -42,8 +42,8 @@ from bridgeflow.rng import worker_seed_scope
 from bridgeflow.transforms import FilterData, MapData, MapDataComponent, SelectComponent
 
 from ._compat import Dataset, IterableDataset, get_worker_info
-from .fetch import ITERABLE, close_source, make_fetcher
-from .state import EpochRecord, flow_state
+from ._fetch import ITERABLE, close_source, make_fetcher
+from ._state import EpochRecord, flow_state
 
 __all__ = ["DoubleShuffleWarning", "FlowItems", "FlowShards", "StreamReads", "UnsplitFlowWarning", "indexable",
            "split_source", "warn_double_shuffle", "warn_unsplit"]

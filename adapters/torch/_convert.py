@@ -15,7 +15,7 @@ the value for the first leaf that does not pickle, so the error can name it.
 Example:
     >>> import io, pickle
     >>> import torch
-    >>> from bridgeflow.adapters.torch.convert import reduce_tensor
+    >>> from bridgeflow.adapters.torch._convert import reduce_tensor
     >>> out = io.BytesIO(); p = pickle.Pickler(out, protocol=5)
     >>> p.dispatch_table = {torch.Tensor: reduce_tensor}
     >>> p.dump({"x": torch.arange(3, dtype=torch.bfloat16)})

@@ -4,20 +4,20 @@ batch source.
 :class:`EpochIterator` does, in the thread that calls ``next()``, what torch's iterators do there, with one
 part for each idea:
 
-- :class:`~.draws.DrawOrder`: the random draws of an epoch's start in torch's order, and the sampler's indices;
-- :class:`~.dispatch.Dispatcher`: ``prefetch_factor * num_workers`` tasks in flight, each to the next worker
+- :class:`~._draws.DrawOrder`: the random draws of an epoch's start in torch's order, and the sampler's indices;
+- :class:`~._dispatch.Dispatcher`: ``prefetch_factor * num_workers`` tasks in flight, each to the next worker
   whose stream has not ended (the task replacing a batch is sent when that batch is handed out);
-- :class:`~.resume.ResumePlan`: for a loaded state, how the epoch goes on;
-- :class:`~.flows.StreamReads`: a DataFlow read as one stream here, one batch of samples per task;
-- :class:`~.state.EpochRecord`: where the epoch is, for ``loader.state_dict()``;
+- :class:`~._resume.ResumePlan`: for a loaded state, how the epoch goes on;
+- :class:`~._flows.StreamReads`: a DataFlow read as one stream here, one batch of samples per task;
+- :class:`~._state.EpochRecord`: where the epoch is, for ``loader.state_dict()``;
 - :class:`EpochStats`: the figures of ``loader.stats()``, kept by the loader after the iterator is gone.
 
-What turns a task into a batch is a *batch source* (:mod:`.sources`): :class:`~.sources.LocalSource` reads in
-this process (``num_workers=0``), :class:`~.sources.PoolSource` in worker processes, and
-:class:`~.pin_memory.PinThread` wraps the pool source when batches are pinned: its thread receives and pins
+What turns a task into a batch is a *batch source* (:mod:`._sources`): :class:`~._sources.LocalSource` reads in
+this process (``num_workers=0``), :class:`~._sources.PoolSource` in worker processes, and
+:class:`~._pin_memory.PinThread` wraps the pool source when batches are pinned: its thread receives and pins
 batches while this iterator keeps drawing the tasks, so the sampler and a DataFlow are read exactly as far as
 without the thread, and the record changes only in this thread. Every task's outcome is a
-:class:`~.result.Result`.
+:class:`~._result.Result`.
 
 These iterators are ``_BaseDataLoaderIter`` subclasses (frameworks recognise DataLoader iterators by class;
 torch's private names are :class:`~._compat.TorchIteratorNames`'s), but none of torch's iterator code runs.
@@ -34,15 +34,15 @@ from typing import Any
 from bridgeflow.errors import BridgeflowError
 
 from . import _compat
-from .dispatch import Dispatcher
-from .draws import DrawOrder
-from .fetch import COLLATE, ITERABLE, MAP, WorkerSpec
-from .flows import StreamReads
-from .pin_memory import PinThread, loader_pinner, pins, update_pinner
-from .result import ENDED, FAILED, STOPPED
-from .resume import ResumePlan
-from .sources import LocalSource, PoolSource
-from .state import EpochRecord
+from ._dispatch import Dispatcher
+from ._draws import DrawOrder
+from ._fetch import COLLATE, ITERABLE, MAP, WorkerSpec
+from ._flows import StreamReads
+from ._pin_memory import PinThread, loader_pinner, pins, update_pinner
+from ._result import ENDED, FAILED, STOPPED
+from ._resume import ResumePlan
+from ._sources import LocalSource, PoolSource
+from ._state import EpochRecord
 
 __all__ = ["EpochIterator", "EpochStats", "LoaderStateError"]
 
@@ -101,7 +101,7 @@ class EpochStats:
 
 class EpochIterator(_compat.TorchIteratorNames):
     """An epoch of a DataLoader (every epoch, with ``persistent_workers``); ``plan`` resumes an epoch in
-    progress (see :mod:`.resume`), None starts a fresh one."""
+    progress (see :mod:`._resume`), None starts a fresh one."""
 
     def __init__(self, loader: Any, record: EpochRecord, plan: ResumePlan | None = None) -> None:
         workers = loader.num_workers

@@ -1,11 +1,11 @@
 """Batch sources: what turns the epoch iterator's tasks into batches.
 
-The protocol, which :class:`~.pin_memory.PinThread` also follows:
+The protocol, which :class:`~._pin_memory.PinThread` also follows:
 
 - ``put(task, worker, seq)`` queues a task for a worker (``None``: the least busy one, for ``in_order=False``);
   ``seq`` is the task's number in the epoch;
 - ``get()`` returns ``(worker, seq, result)`` for the oldest task (or, unordered, the first ready), ``result`` a
-  :class:`~.result.Result`; an error of the source itself (a dead worker, a timeout) is raised;
+  :class:`~._result.Result`; an error of the source itself (a dead worker, a timeout) is raised;
 - ``reset(shared_seed)`` starts another epoch on the same workers; ``close()`` ends them;
 - ``reads_ahead``: whether tasks are sent ahead of ``next()`` (workers) or one at a time (in-process).
 
@@ -13,7 +13,7 @@ The protocol, which :class:`~.pin_memory.PinThread` also follows:
   time, so both sources give the same values and markers;
 - :class:`PoolSource` sends tasks to a bridgeflow :class:`~bridgeflow.parallel.WorkerPool` of processes
   and receives their batches through shared memory, tensors rebuilt without a copy as they are unpickled
-  (:mod:`.convert`). A dead worker or the loader's ``timeout`` ends it with torch's words; a wait in a
+  (:mod:`._convert`). A dead worker or the loader's ``timeout`` ends it with torch's words; a wait in a
   reading thread is cut into short slices (``between`` runs between them) so that stopping never waits for
   a slow worker.
 """
@@ -31,8 +31,8 @@ from typing import Any
 from bridgeflow.errors import WorkerError, WorkerTimeoutError
 from bridgeflow.parallel._transport.pool import EXHAUSTED, WorkerPool
 
-from .fetch import Reset, WorkerSpec, WorkerTask, close_source, init_worker
-from .result import ENDED, FAILED, Result
+from ._fetch import Reset, WorkerSpec, WorkerTask, close_source, init_worker
+from ._result import ENDED, FAILED, Result
 
 __all__ = ["LocalSource", "PoolSource"]
 

@@ -43,7 +43,7 @@ from bridgeflow.state import StateMismatchError
 
 from . import _compat
 from ._compat import InfiniteConstantSampler, torch
-from .state_fields import LoaderFacts, check_fields, fields_checksum
+from ._state_fields import LoaderFacts, check_fields, fields_checksum
 
 __all__ = [
     "FORMAT",
