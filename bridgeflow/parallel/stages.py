@@ -207,7 +207,7 @@ class _MapStage(ParallelStage):
         """The unordered stage under this one, if any (its state then holds the datapoints in flight)."""
         if self._loose is False:
             self._loose = unordered_stage(self)
-        return self._loose  # type: ignore[return-value]
+        return self._loose  # type: ignore[return-value]  # never False here: looked up just above
 
     def _new_ledger(self) -> SourceLedger:
         """Positions of a new stream of the source, starting where the source is now."""
