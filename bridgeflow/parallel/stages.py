@@ -311,6 +311,7 @@ class _MapStage(ParallelStage):
         ended = bool(resume.get("ended"))
         loose = self._source_loose() is not None
         first = None
+        source: Iterator
         if ended and loose:  # over an unordered stage, the source's epoch had ended: only the held are left
             source = first = _HeldFirst(held, None)
         else:  # the datapoints in flight over an unordered stage come first
