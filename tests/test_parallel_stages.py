@@ -556,11 +556,17 @@ def test_ctrl_c_in_the_consumer_leaves_nothing():
     shm_before = shm_entries(mine_only=False)
     script = _ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__), method="fork",
                                    action="for dp in it: time.sleep(0.01)")
+    # a session of its own: if the consumer hangs, the whole group (its forked workers too) is killed below
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    pids = [int(p) for p in proc.stdout.readline().split()]
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=10)
+                            text=True, start_new_session=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert "KeyboardInterrupt" in err
     assert wait_for(lambda: not any(_alive(p) for p in pids), timeout=2)
     left = lambda: {n for n in shm_entries(mine_only=False) - shm_before if n.startswith(f"bf{proc.pid}_")}
