@@ -313,7 +313,7 @@ def run_staging(args, machine: dict) -> None:
     CUDA is here): torch's ``copy_`` (the anchor), one thread's memcpy, ParallelCopier's split over 2..N
     threads, and what a default ParallelCopier chooses after timing both ways."""
     _, bft = _import_bridgeflow()
-    from bridgeflow.adapters.torch.staging import ParallelCopier
+    from bridgeflow.adapters.torch._staging import ParallelCopier
 
     pinned = torch.cuda.is_available()
     nbytes = args.batch * int(np.prod(SHAPE))

@@ -43,7 +43,8 @@ def renamed_keywords(**renames: str) -> Callable[[Callable[..., Any]], Callable[
                 kwargs[new] = kwargs.pop(old)
             return init(self, *args, **kwargs)
 
-        wrapper._bf_renamed = {**getattr(init, "_bf_renamed", {}), **renames}  # type: ignore[attr-defined]
+        renamed = {**getattr(init, "_bf_renamed", {}), **renames}
+        wrapper._bf_renamed = renamed  # type: ignore[attr-defined]  # an attribute set on a function object
         return wrapper
 
     return decorate

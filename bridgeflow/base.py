@@ -44,7 +44,12 @@ States, the contract:
   ``reset_state()``, before its first ``iter()``), the flow yields what the interrupted one would have
   yielded next: the rest of the epoch, then the following epochs, shuffles and random choices included. A
   state taken after an epoch's last datapoint resumes with that epoch's empty rest; one taken between epochs
-  starts the next. Over an ordered pipeline that is one sequence, exactly.
+  starts the next. Over an ordered pipeline that is one sequence, exactly. A state saved before
+  ``reset_state()`` has no generator states yet (None: as ``reset_state()`` seeds them); a flow that loads it
+  fills them in once it is reset, so the state it gives back before its next epoch says the same later. A
+  parallel stage that reads its source ahead of its consumer and begins its source's epochs afresh (a strict
+  one) also saves how far it had read (``ahead``): resumed, it reads that far at once, so an epoch left before
+  its first datapoint leaves the source where the saved one did and the source's next epoch is the same.
 - **Over an unordered stage, a multiset.** A map stage with ``ordered=False`` or a runner of several
   workers delivers in an order its workers' timing makes, so its state promises the epoch's *multiset*:
   what was delivered is never given again, what is in flight and what is still to read is each given exactly
@@ -214,6 +219,7 @@ class DataFlow:
             return
         self._on_reset()
         self.__reset_done = True
+        self._settle_loaded()
 
     def state_dict(self) -> dict[str, Any]:
         """Where this flow is, as plain data: its next ``iter()`` after ``load_state_dict`` continues here.
@@ -276,6 +282,9 @@ class DataFlow:
         self.__read_ahead = None
         depth = _nesting.loading
         _nesting.loading = depth + 1  # the children's states are loaded inside this call
+        original = state
+        if depth == 0:  # the flows keep (and may complete, _settle_loaded) their parts of a copy, not the caller's
+            state = _tree_copy(state)
         try:
             check_header(self, state, type(self).state_version)
             reason = self._why_not_resumable()
@@ -289,10 +298,11 @@ class DataFlow:
             self.__loaded = state
             if depth == 0:  # every field of the tree passed: now the sum, which sees the rest
                 try:
-                    verify_checksum(state)
+                    verify_checksum(original)
                 except StateError:
                     self._forget_loaded()
                     raise
+                self._settle_loaded(tree=True)
         except StateError as exc:
             raise exc.within(type(self).__name__) from None
         finally:
@@ -472,6 +482,21 @@ class DataFlow:
     def _pending_state(self) -> dict | None:
         return self.__loaded
 
+    def _settle_loaded(self, tree: bool = False) -> None:
+        """Complete the loaded state of this flow (and, with ``tree``, of the flows under it) where it was saved
+        before ``reset_state()`` (a generator's state None), once the flow is reset: the state then says what
+        its next epoch begins from, so taking it again before that epoch gives a state that resumes the same
+        later too (:meth:`bridgeflow.state_schema.Field.settle`). In place: a parent's loaded state holds its
+        children's."""
+        loaded, fields = self.__loaded, type(self).state_fields
+        if loaded is not None and fields and self.__reset_done:
+            for f in fields:
+                f.settle(self, loaded)
+        if tree:
+            for child in _children_of(self):
+                if isinstance(child, DataFlow):
+                    child._settle_loaded(tree=True)
+
     def __guard(self, it: Iterator) -> Iterator:
         # The flow counts as iterated from this iterator's first next() until it ends, is closed or is
         # collected. The check is repeated here because two iterators may both be created before either
@@ -512,6 +537,16 @@ class DataFlow:
         if getattr(parent._begin_epoch, "__func__", None) is DataFlow._begin_epoch:
             return parent._iter_epoch()
         return parent._begin_epoch(None)
+
+
+def _tree_copy(value: Any) -> Any:
+    """The dicts and lists of a state copied, anything else shared: a state is not checked yet, and copying
+    a live object in it (deepcopy pickles) is what the checks refuse."""
+    if isinstance(value, dict):
+        return {k: _tree_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tree_copy(v) for v in value]
+    return value
 
 
 def _reentrant(flow: DataFlow) -> DataFlowReentrantError:

@@ -327,7 +327,12 @@ class UnbatchData(ProxyDataFlow):
             self._before = state_or_error(child_state, self.ds)  # before iter(): the loaded state, if any
         source = iter(self.ds)
         if held is not None:
-            source = held_then(unpack_held(held), source)
+            items = unpack_held(held)
+            # the held rest is the batch being split until it is read again: a state taken before then holds it
+            batch = items[0]
+            column = next(iter(batch.values() if isinstance(batch, dict) else batch), ())
+            self._batch, self._size = batch, len(column)
+            source = held_then(items, source)
         elif self._index:  # the batch being split, read again now
             source = read_first(source)
         return self._unbatch(source, self._index)

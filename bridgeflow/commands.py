@@ -96,9 +96,11 @@ def _import_file(path: str) -> Any:
         log.info("%s would shadow the module %r; loading it under a private name (fork only)", path, name)
     private = "_bridgeflow_user_" + "".join(c if c.isalnum() else "_" for c in name)
     mod_spec = importlib.util.spec_from_file_location(private, path)
-    module = importlib.util.module_from_spec(mod_spec)  # type: ignore[arg-type]
+    if mod_spec is None or mod_spec.loader is None:  # not a file Python knows how to load
+        raise ImportError(f"{path}: not a Python module file")
+    module = importlib.util.module_from_spec(mod_spec)
     sys.modules[private] = module
-    mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    mod_spec.loader.exec_module(module)
     return module
 
 

@@ -86,7 +86,7 @@ class DataFromIterable(DataFlow):
 
     def __len__(self) -> int:
         try:
-            return len(self._itr)  # type: ignore[arg-type]
+            return len(self._itr)  # type: ignore[arg-type]  # an unsized one: the TypeError is caught
         except TypeError:
             raise LengthUnknownError(
                 f"the {type(self._itr).__name__} given to DataFromIterable has no len()") from None

@@ -115,7 +115,8 @@ def check_header(flow: Any, state: Any, version: int) -> None:
 # --- the checksum ----------------------------------------------------------------------------------
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)  # a third of the sum's cost: a state
+# is a tree (a cycle, in a state made by hand, ends in RecursionError below)
 
 
 def checksum(state: dict) -> str | None:
@@ -125,8 +126,8 @@ def checksum(state: dict) -> str | None:
     state could hold (another position, a generator state changed into another valid one). None for a state
     JSON cannot write (a custom flow's numpy number): it is then taken on its fields."""
     try:
-        text = _ENCODER.encode({k: v for k, v in state.items() if k != "check"})
-    except (TypeError, ValueError):
+        text = _ENCODER.encode({k: v for k, v in state.items() if k != "check"} if "check" in state else state)
+    except (TypeError, ValueError, RecursionError):
         return None
     return f"{zlib.crc32(text.encode()):08x}"
 

@@ -32,6 +32,7 @@ from .state import (
     RESERVED,
     StateMismatchError,
     load_child,
+    rng_state,
     set_rng_state,
     unpack_held,
 )
@@ -74,6 +75,10 @@ class Field:
 
     def load(self, flow: Any, value: Any) -> None:
         """Give the flow's children their states (child fields), once every field passed."""
+
+    def settle(self, flow: Any, state: dict) -> None:
+        """Complete, in ``state`` (loaded, not begun from yet), what a state saved before ``reset_state()``
+        left open, now that the flow is reset (a hook; see :class:`Rng`)."""
 
     def fail(self, what: str) -> None:
         raise StateMismatchError(f"field {self.name!r} of the state {what}")
@@ -141,11 +146,31 @@ def check_rng(value: Any, name: str) -> None:
 
 
 class Rng(Field):
-    """A random generator's state, or None (a flow without one)."""
+    """A random generator's state, or None: a flow without one, or one saved before ``reset_state()`` seeded
+    it. ``current(flow)``: the generator's state now (default for the field ``"rng"``: ``flow.rng``'s).
+
+    A None is completed (:meth:`settle`) with the state ``reset_state()`` gave the loading flow: that is what
+    its next epoch would begin from, and a state taken again before that epoch (a parallel stage notes its
+    source's state as it pulls) must say so, not None, which a later load would read as "keep the generator
+    as it is then" (advanced by the epochs in between)."""
+
+    def __init__(self, name: str, current: Getter | None = None, **kw: Any) -> None:
+        super().__init__(name, **kw)
+        if current is None and name == "rng":
+            current = _own_rng
+        self.current = current
 
     def check(self, flow: Any, value: Any) -> None:
         if value is not None:
             check_rng(value, self.name)
+
+    def settle(self, flow: Any, state: dict) -> None:
+        if state.get(self.name, 0) is None and self.current is not None:
+            state[self.name] = self.current(flow)
+
+
+def _own_rng(flow: Any) -> Any:
+    return rng_state(getattr(flow, "rng", None))
 
 
 class Rngs(Field):

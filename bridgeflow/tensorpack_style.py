@@ -67,12 +67,12 @@ def adopt(cls: type, base: type) -> None:
             _move(cls, public, hook)
     size = ns.get("size")
     if "__len__" not in ns and callable(size):
-        cls.__len__ = size  # type: ignore[attr-defined]
-    if "_iter_epoch" in ns and "_begin_epoch" not in ns:
-        cls._begin_epoch = base._begin_epoch  # type: ignore[attr-defined]
+        cls.__len__ = size  # type: ignore[attr-defined]  # the class is rewritten as it is made
+    if "_iter_epoch" in ns and "_begin_epoch" not in ns:  # (type[Any] has no such attributes for mypy)
+        cls._begin_epoch = base._begin_epoch  # type: ignore[attr-defined]  # (same)
         if "_own_state" not in ns:
-            cls._own_state = base._own_state  # type: ignore[attr-defined]
-            cls._take_state = base._take_state  # type: ignore[attr-defined]
+            cls._own_state = base._own_state  # type: ignore[attr-defined]  # (same)
+            cls._take_state = base._take_state  # type: ignore[attr-defined]  # (same)
 
 
 def _move(cls: type, public: str, hook: str) -> None:

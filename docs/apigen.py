@@ -434,7 +434,7 @@ def setup(app):  # a Sphinx extension: the pages exist before Sphinx looks for s
         relative = bool(node.get("refspecific")) or target.startswith(".")  # Sphinx strips the dot of '.name'
         name = target.lstrip(".~")
         in_context = [f"{module}.{cls}.{name}"] if module and cls else []
-        if module:  # '.epoch' in bridgeflow.adapters.torch.pin_memory: a sibling module first
+        if module:  # '._epoch' in bridgeflow.adapters.torch._pin_memory: a sibling module first
             parts = module.split(".")
             in_context += [".".join([*parts[:i], name]) for i in range(len(parts), 0, -1)]
         for candidate in in_context:

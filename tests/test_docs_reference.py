@@ -9,6 +9,7 @@ The built site is checked by docs/check_site.py (reachability, code that fits), 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,7 @@ def test_a_docstring_reference_by_any_path_leads_to_the_entry_or_the_module_map(
     targets = apigen.targets(plan, apigen.all_modules())
     assert targets.public["bridgeflow.serialize.lmdb_format.LMDBSerializer"] == "bridgeflow.LMDBSerializer"
     assert targets.public["bridgeflow.base.DataFlow"] == "bridgeflow.DataFlow"
-    assert targets.public["bridgeflow.adapters.torch.loader.DataLoader"] == "bridgeflow.adapters.torch.DataLoader"
+    assert targets.public["bridgeflow.adapters.torch._loader.DataLoader"] == "bridgeflow.adapters.torch.DataLoader"
     assert targets.public["WorkerError"] == "bridgeflow.WorkerError"
     assert targets.public["PrefetchData"] == "bridgeflow.MultiProcessPrefetchData"
     assert targets.internal["bridgeflow.parallel._transport.shm.SlabWriter"] == "bridgeflow.parallel._transport.shm"
@@ -124,5 +125,23 @@ def test_a_docstring_reference_by_any_path_leads_to_the_entry_or_the_module_map(
     assert not internal & set(apigen.NAMESPACES)
     assert {"bridgeflow.parallel._transport.wire", "bridgeflow.parallel._transport.pickling",
             "bridgeflow.serialize.lmdb_format",
-            "bridgeflow.adapters.torch.loader"} <= internal
+            "bridgeflow.adapters.torch._loader"} <= internal
     assert apigen.exists("bridgeflow.DataFlow.state_dict") and not apigen.exists("bridgeflow.DataFlow.nope")
+
+
+def test_no_property_docstring_opens_with_what_napoleon_reads_as_its_type(apigen):
+    # Napoleon reads a property docstring's first line "X: Y" as type X, described by Y: "The start method
+    # the workers use: ..." rendered as a "TYPE:" field. A property's first line is a sentence without a colon.
+    docstring = need("sphinx.ext.napoleon.docstring")
+    config = need("sphinx.ext.napoleon").Config(napoleon_numpy_docstring=False)
+    plan = apigen.plan(installed(apigen.NAMESPACES))
+    read_as_type = []
+    for path, obj in plan.entries.items():
+        for name, attr in vars(obj).items() if isinstance(obj, type) else ():
+            if isinstance(attr, property) and attr.__doc__ and not name.startswith("_"):
+                text = str(docstring.GoogleDocstring(inspect.cleandoc(attr.__doc__), config,
+                                                     what="property", name=f"{path}.{name}"))
+                if ":type:" in text:
+                    read_as_type.append(f"{path}.{name}: {attr.__doc__.splitlines()[0]!r}")
+    assert "bridgeflow.adapters.torch.DataLoader" in plan.entries or not importlib.util.find_spec("torch")
+    assert read_as_type == []

@@ -136,3 +136,86 @@ def test_a_file_cut_under_a_sequential_reader_is_an_error(tmp_path):
         with pytest.raises(CorruptDataError, match="d.lmdb"):
             for _ in it:
                 pass
+
+
+@pytest.mark.parametrize("kind", ["vector_int", "matrix", "strings", "ragged", "mixed"])
+def test_shuffled_batches_give_what_single_reads_give(kind, tmp_path):
+    """Shuffled epochs read small values a batch at a time (``_lmdb_rows``): each datapoint is the one its
+    index names, resuming mid-batch hands out the rest of the order, and the arrays are independent."""
+    rows = [KINDS[kind](i) for i in range(1200)]
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False)
+    with LMDBSerializer.load(path, shuffle=True, seed=3) as ds:
+        ds.reset_state()
+        got = list(ds)
+        order = ds._order.runs(0)[0]
+        for i, dp in zip(order, got):
+            _same(dp, rows[i])
+        it = iter(ds)
+        first = [next(it) for _ in range(300)]  # past one batch and into the next
+        state = ds.state_dict()
+        rest = list(it)
+    with LMDBSerializer.load(path, shuffle=True, seed=3) as again:
+        again.load_state_dict(state)
+        again.reset_state()
+        resumed = list(again)
+    assert len(first) + len(rest) == len(rows) == 300 + len(resumed)
+    for a, b in zip(rest, resumed):
+        _same(a, b)
+    arrays = [dp[0] if isinstance(dp, list) else dp["x"] for dp in got[:50]]
+    arrays[0][...] = 0
+    _same(got[1], rows[order[1]])
+
+
+@pytest.mark.parametrize("where", ["array", "crc"])
+def test_a_damaged_value_in_a_shuffled_batch_is_named_after_the_sound_ones(where, tmp_path):
+    rows = [[np.full(300, i % 250, np.uint8), i] for i in range(1000)]
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False)
+    with LMDBSerializer.load(path, shuffle=True, seed=0) as ds:
+        ds.reset_state()
+        off, size = int(ds._index.offsets[777]), int(ds._index.sizes[777])
+        at = ds._order.runs(0)[0].index(777)
+    pos = {"array": off + size - 100, "crc": off + size - 2}[where]
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with LMDBSerializer.load(path, shuffle=True, seed=0) as ds:
+        ds.reset_state()
+        seen = []
+        with pytest.raises(CorruptDataError, match="datapoint 777: checksum mismatch"):
+            for dp in ds:
+                seen.append(dp[1])
+    assert len(seen) == at and 777 not in seen  # every datapoint before it in the order, and not it
+
+
+def test_a_file_cut_under_a_shuffled_reader_is_an_error(tmp_path):
+    rows = [[np.full(300, i % 250, np.uint8), i] for i in range(5000)]
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False)
+    with LMDBSerializer.load(path, shuffle=True, seed=1) as ds:
+        ds.reset_state()
+        it = iter(ds)
+        next(it)
+        os.truncate(path, os.path.getsize(path) // 2)
+        with pytest.raises(CorruptDataError, match="d.lmdb.*cut"):
+            for _ in it:
+                pass
+
+
+def test_rows_crc_is_the_crc_of_sound_rows_end_to_end_and_catches_one_flipped_bit():
+    import zlib
+
+    from bridgeflow.serialize._lmdb_rows import rows_crc
+
+    rng = np.random.default_rng(0)
+    for s, k in [(4, 1), (5, 3), (384, 256), (1000, 7)]:
+        bodies = [rng.integers(0, 256, s - 4, dtype=np.uint8).tobytes() for _ in range(k)]
+        rows = bytearray(b"".join(b + zlib.crc32(b).to_bytes(4, "little") for b in bodies))
+        assert zlib.crc32(rows) == rows_crc(k, s)
+        for bit in rng.integers(0, 8 * len(rows), 20).tolist():
+            rows[bit // 8] ^= 1 << (bit % 8)
+            assert zlib.crc32(rows) != rows_crc(k, s)
+            rows[bit // 8] ^= 1 << (bit % 8)

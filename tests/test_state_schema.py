@@ -129,7 +129,7 @@ def test_the_checksum_survives_json_and_torch_save():
 def test_one_error_family_for_damaged_states():
     need("torch")
     from bridgeflow.adapters.torch import ResumeStateError
-    from bridgeflow.adapters.torch.state import ResumeStateError as same
+    from bridgeflow.adapters.torch._state import ResumeStateError as same
 
     assert same is ResumeStateError
     assert issubclass(ResumeStateError, StateMismatchError) and issubclass(StateMismatchError, StateError)

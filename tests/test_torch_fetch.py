@@ -18,7 +18,7 @@ import torch
 import torch.utils.data as tud
 
 from bridgeflow.adapters.torch import DataLoader
-from bridgeflow.adapters.torch.fetch import MAP, WorkerSpec, WorkerTask
+from bridgeflow.adapters.torch._fetch import MAP, WorkerSpec, WorkerTask
 
 
 class Views(tud.Dataset):

@@ -1,4 +1,4 @@
-"""A DataFlow as the DataLoader's dataset (adapters/torch/flows.py): a random-access flow is read by index
+"""A DataFlow as the DataLoader's dataset (adapters/torch/_flows.py): a random-access flow is read by index
 as a map-style dataset, each worker reading and mapping its own indices, with samplers, shuffle,
 DistributedSampler and resume as any Dataset; a length-free one is read as one stream and says so once."""
 

@@ -158,7 +158,7 @@ def test_lightning_ddp_spawn_gives_each_rank_torchs_shard(tmp_path):
 
     ranks = run([sys.executable, "frameworks_run.py", "lightning_ddp", str(tmp_path)], tmp_path)
     for rec in ranks:
-        assert rec["classes"]["bridgeflow"] == "bridgeflow.adapters.torch.loader.DataLoader"
+        assert rec["classes"]["bridgeflow"] == "bridgeflow.adapters.torch._loader.DataLoader"
         assert rec["samplers"]["bridgeflow"] == "DistributedSampler"  # injected into bridgeflow's class
         assert rec["ids"]["bridgeflow"] == rec["ids"]["torch"]  # per epoch, in order
     for epoch in range(2):
@@ -219,7 +219,7 @@ def test_lightning_ddp_spawn_with_the_import_inside_the_hook(tmp_path):
     ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("late-*.json"))]
     assert len(ranks) == 2
     for rec in ranks:
-        assert rec["class"] == "bridgeflow.adapters.torch.loader.DataLoader"
+        assert rec["class"] == "bridgeflow.adapters.torch._loader.DataLoader"
         assert rec["sampler"] == "DistributedSampler"
     for epoch in range(2):
         shards = [set(rec["ids"][epoch]) for rec in ranks]

@@ -591,7 +591,7 @@ def test_a_stream_dataflow_rejects_shuffle_saying_how_to_shuffle_it():
 def _through_slabs(value):
     """``value`` sent as a worker sends its result (its writer set up by the loader's worker task) and
     received as the loader receives it; also whether the received tensors lie in shared memory."""
-    from bridgeflow.adapters.torch import convert
+    from bridgeflow.adapters.torch import _convert as convert
     from bridgeflow.parallel._transport import shm
 
     flags = memoryview(bytearray(8))

@@ -16,8 +16,8 @@ need("torch")
 import torch
 
 from bridgeflow.adapters.torch import DataLoader
-from bridgeflow.adapters.torch.pin_memory import BatchPinner
-from bridgeflow.adapters.torch.staging import ParallelCopier
+from bridgeflow.adapters.torch._pin_memory import BatchPinner
+from bridgeflow.adapters.torch._staging import ParallelCopier
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 Pair = collections.namedtuple("Pair", ["image", "label"])

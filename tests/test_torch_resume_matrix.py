@@ -229,7 +229,7 @@ def test_state_dict_with_workers_does_not_ask_this_process_copy(leak_check):
 
 @pytest.mark.parametrize("saved,loaded", [(3, 0), (0, 2), (2, 1)])
 def test_a_state_of_another_worker_count_is_refused_before_any_batch(saved, loaded, leak_check):
-    from bridgeflow.adapters.torch.state import ResumeStateError
+    from bridgeflow.adapters.torch import ResumeStateError
 
     loader = DataLoader(Ids(), batch_size=BATCH, num_workers=saved)
     it = iter(loader)  # no batch delivered yet

@@ -15,7 +15,7 @@ need("torch")
 
 import torch
 
-from bridgeflow.adapters.torch.staging import ParallelCopier, default_copy_threads
+from bridgeflow.adapters.torch._staging import ParallelCopier, default_copy_threads
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.float64, torch.complex64, torch.complex128, torch.bool]
@@ -127,7 +127,7 @@ def test_default_threads_fit_the_machine():
 
 @pytest.mark.parametrize("slow", ["split", "torch"])
 def test_by_default_the_faster_way_is_chosen_by_timing_both(slow, monkeypatch, leak_check):
-    import bridgeflow.adapters.torch.staging as staging
+    import bridgeflow.adapters.torch._staging as staging
 
     real_copyto, real_torch = np.copyto, staging._torch_copy
 

@@ -30,8 +30,7 @@ import torch
 import torch.utils.data as tud
 from test_torch_state import _Cursor, plain
 
-from bridgeflow.adapters.torch import DataLoader
-from bridgeflow.adapters.torch.state import ResumeStateError
+from bridgeflow.adapters.torch import DataLoader, ResumeStateError
 
 N, BATCH = 10, 3
 

@@ -8,12 +8,12 @@ Example:
     [[1, 2], [3]]
 """
 
-from .epoch import LoaderStateError
-from .flows import DoubleShuffleWarning, UnsplitFlowWarning
-from .loader import DataLoader
-from .prefetcher import CUDAPrefetcher, DeviceUnavailableError
-from .ranks import AllRanksState
-from .state import ResumeStateError
+from ._epoch import LoaderStateError
+from ._flows import DoubleShuffleWarning, UnsplitFlowWarning
+from ._loader import DataLoader
+from ._prefetcher import CUDAPrefetcher, DeviceUnavailableError
+from ._ranks import AllRanksState
+from ._state import ResumeStateError
 
 __all__ = ["AllRanksState", "CUDAPrefetcher", "DataLoader", "DeviceUnavailableError", "DoubleShuffleWarning",
            "LoaderStateError", "ResumeStateError", "UnsplitFlowWarning"]

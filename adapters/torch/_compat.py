@@ -25,9 +25,11 @@ import torch.utils.data as tud  # noqa: E402  (after the require() that explains
 
 __all__ = [
     "BaseLoaderIter",
+    "Dataset",
     "DatasetKind",
     "InfiniteConstantSampler",
     "IterDataPipe",
+    "IterableDataset",
     "MapDataPipe",
     "WORKER_MODULE",
     "accelerator_available",
@@ -45,6 +47,7 @@ __all__ = [
     "set_worker_info",
     "seed_group",
     "share_seed",
+    "TorchDataLoader",
     "TorchIteratorNames",
     "auto_collation",
     "held_iterator",
@@ -58,6 +61,12 @@ __all__ = [
 
 # Private: the module whose ``_worker_info`` global backs ``torch.utils.data.get_worker_info()``.
 WORKER_MODULE = tud._utils.worker
+
+# Public: the classes the adapter subclasses (names mypy can follow, unlike ``torch.utils.data.X`` through the
+# module object ``require`` returns).
+Dataset = tud.Dataset
+IterableDataset = tud.IterableDataset
+TorchDataLoader = tud.DataLoader
 
 default_collate = tud.default_collate
 default_convert = tud.default_convert
@@ -108,7 +117,22 @@ class TorchIteratorNames(BaseLoaderIter):
     """torch's private names for what a DataLoader iterator does, mapped onto bridgeflow's public ones (code
     written for torch's iterators calls them): ``_reset`` is ``reset``, ``_shutdown_workers`` is
     ``shutdown``, ``_workers`` are the worker processes, ``_num_yielded`` the batches handed out. Like
-    torch's, an iterator refuses to be pickled. None of torch's iterator code runs."""
+    torch's, an iterator refuses to be pickled. None of torch's iterator code runs.
+
+    A subclass (the epoch iterator) provides the public names: ``reset``, ``shutdown``, ``worker_processes``
+    and ``yielded``."""
+
+    yielded: int  # batches handed out this epoch (set by the subclass)
+
+    def reset(self, loader: Any) -> None:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def worker_processes(self) -> list:
+        raise NotImplementedError
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self.reset(loader)
@@ -121,7 +145,7 @@ class TorchIteratorNames(BaseLoaderIter):
         return self.worker_processes
 
     @property
-    def _num_yielded(self) -> int:
+    def _num_yielded(self) -> int:  # type: ignore[override]  # read-only here: torch's __init__ never runs
         return self.yielded
 
     def __getstate__(self):

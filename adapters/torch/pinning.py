@@ -128,7 +128,7 @@ class SlabPinner:
     Args:
         registrar: what registers (:class:`CudaHostRegistrar`, or a test fake).
         zero_copy: the consumer of the batches keeps each one alive until the asynchronous copies that read
-            it have completed (:class:`~.prefetcher.CUDAPrefetcher` does), so a loader that pins batches
+            it have completed (:class:`~._prefetcher.CUDAPrefetcher` does), so a loader that pins batches
             (``pin_memory=True``) may hand tensors in registered slabs out as they are. Without it such
             tensors are copied into torch's pinned memory: torch tracks a ``non_blocking`` copy only
             for memory its own allocator gave out, so a slab dropped right after starting a copy could

@@ -443,6 +443,8 @@ class WorkerBatching(ProxyDataFlow):
                     start = ledger.pulled
                     group = list(itertools.islice(source, batch_size))
                     ledger.pulled += len(group)
+                    if len(group) < batch_size:  # the source's epoch ended (a state says so from now on)
+                        stage._ended = True
                     if start in skip:
                         stage._skipped(start)
                     elif group:

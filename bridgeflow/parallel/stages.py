@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,7 +41,7 @@ from typing import Any
 from .._renamed import renamed_keywords
 from ..base import DataFlow, epoch_live, unordered_stage
 from ..errors import LengthUnknownError
-from ..state import StateError, StateMismatchError, child_state, held_then, pack_held, unpack_held
+from ..state import StateError, StateMismatchError, child_state, pack_held, unpack_held
 from ..state_schema import Child, Count, Flag, Held, Part, Same, Value
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
 from ._transport.pool import WorkerContext, WorkerPool
@@ -95,6 +96,36 @@ def _check_pair(flow: Any, partial: list) -> None:
         raise StateMismatchError(f"damaged 'partial' entry {partial!r:.60} in the state")
 
 
+_NONE = object()
+
+
+class _HeldFirst:
+    """Datapoints a resumed stage has already (held by the state over an unordered stage, or read ahead of the
+    saved position), then ``rest``'s (None: no more): those not given yet are still in flight, and a state
+    taken now counts them again."""
+
+    def __init__(self, items: list, rest: Iterator | None) -> None:
+        self.items, self.rest = collections.deque(items), rest
+
+    def __iter__(self) -> Iterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.items:
+            return self.items.popleft()
+        if self.rest is None:
+            raise StopIteration
+        return next(self.rest)
+
+    def left(self) -> list:
+        return list(self.items)
+
+    def close(self) -> None:
+        self.items.clear()
+        if self.rest is not None:
+            _close(self.rest)
+
+
 def _close(it: Iterator) -> None:
     """Close a carried stream: a generator; the held datapoints of an ended epoch are a plain iterator."""
     close = getattr(it, "close", None)
@@ -109,7 +140,7 @@ class _MapStage(ParallelStage):
         Child("source"), Count("replay"), Value("skip", list, check_runs), Count("taken"),
         Part("batch", (Count("size", 1 << 16, "batches of at most 65536 in the workers"), Count("offset"),
                        Count("held"), Value("partial", list, _check_pair, none=True)), none=True),
-        Held(), Flag("ended", optional=True),
+        Held(), Flag("ended", optional=True), Count("ahead", optional=True),
     )
 
     def __init__(self, ds: DataFlow, num_workers: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
@@ -139,7 +170,8 @@ class _MapStage(ParallelStage):
         self._loose: str | None | bool = False  # the unordered stage under this one (False: not looked yet)
         self._pulls: collections.deque = collections.deque()  # over an unordered stage: datapoints pulled from
         self._pulls_from = 0  # this pull index on, while not received (the state holds those in flight)
-        self._ended = False  # over an unordered stage: the (strict) source's epoch ended
+        self._ended = False  # the (strict) source's epoch ended: the stream gives no more
+        self._held_first: _HeldFirst | None = None  # after a resume over an unordered stage: the held datapoints
         self._partial: tuple[int, int, int] | None = None  # a fused group delivered in part before a resume (or
         # before the stream went back): (first pull index, mapped datapoints delivered, batch size)
         self._align = 0  # fused: where in an epoch of the source the next plan's first group starts
@@ -175,7 +207,7 @@ class _MapStage(ParallelStage):
         """The unordered stage under this one, if any (its state then holds the datapoints in flight)."""
         if self._loose is False:
             self._loose = unordered_stage(self)
-        return self._loose  # type: ignore[return-value]
+        return self._loose  # type: ignore[return-value]  # never False here: looked up just above
 
     def _new_ledger(self) -> SourceLedger:
         """Positions of a new stream of the source, starting where the source is now."""
@@ -185,6 +217,8 @@ class _MapStage(ParallelStage):
         self._index_of.clear()
         self._pulls.clear()
         self._pulls_from = 0
+        self._ended = False
+        self._held_first = None
         loose = self._source_loose() is not None  # the source's state is taken when asked, not noted as it goes
         self._ledger = SourceLedger(self.ds, every=float("inf") if loose else SNAPSHOT_EVERY)
         return self._ledger
@@ -194,7 +228,6 @@ class _MapStage(ParallelStage):
         and the end of the source's epoch noted (the source's state then starts its next epoch)."""
         if self._source_loose() is None:
             return source
-        self._ended = False
         return self._kept(source)
 
     def _kept(self, source: Iterator) -> Iterator:
@@ -207,7 +240,6 @@ class _MapStage(ParallelStage):
                         self._pulls_from += 1
                 pulls.append(dp)
                 yield dp
-            self._ended = True
         finally:
             close = getattr(source, "close", None)
             if close is not None:
@@ -276,18 +308,23 @@ class _MapStage(ParallelStage):
             pool.discard_outstanding()
         if held is None:
             held = unpack_held(resume["held"]) if resume.get("held") is not None else []
-        if resume.get("ended"):  # over an unordered stage, the source's epoch had ended: only the held are left
-            source = iter(held)
+        ended = bool(resume.get("ended"))
+        loose = self._source_loose() is not None
+        first = None
+        source: Iterator
+        if ended and loose:  # over an unordered stage, the source's epoch had ended: only the held are left
+            source = first = _HeldFirst(held, None)
         else:  # the datapoints in flight over an unordered stage come first
             source = iter(self.ds) if size is None else forever(self.ds, type(self).__name__, resumed=True)
-            source = held_then(held, source) if held else source
+            if held:
+                source = first = _HeldFirst(held, source)
         source = self._stream(source)
         if size is not None:
             if self._carry is not None:
                 _close(self._carry)
             self._carry = source
         ledger = self._new_ledger()
-        if self._source_loose() is None:
+        if not loose:
             ledger.snapshot()  # the loaded state, as the source gives it back
         replay = resume["replay"]
         for i in range(replay):
@@ -297,6 +334,10 @@ class _MapStage(ParallelStage):
                 raise StateMismatchError(f"resuming replays {replay} datapoints of the source after its saved "
                                          f"state, but it ended after {i}") from None
         ledger.pulled = ledger.low = replay
+        ahead = resume.get("ahead") or 0
+        if (ahead or ended) and not loose:
+            source = first = self._read_ahead(source, ahead, ended)
+        self._ended, self._held_first = ended, first
         for offset, length in resume["skip"]:
             ledger.done[replay + offset] = length
             self._skips.append((replay + offset, length))
@@ -307,6 +348,31 @@ class _MapStage(ParallelStage):
         self._partial = (replay + partial[0], partial[1], partial[2]) if partial is not None else None
         self._align = resume.get("align", batch["offset"] if batch is not None else 0)
         return source
+
+    def _read_ahead(self, source: Iterator, ahead: int, ended: bool) -> _HeldFirst:
+        """The source read as far as the saved stage had read it (``ahead`` datapoints past the saved position,
+        and to its end when ``ended``), at once: a strict epoch closed before it takes them again (a
+        RandomMixData, JoinData or RandomChooseData done with this flow) leaves the source where the saved
+        one left it, and the source's next epoch is the same (its generators drew as much). The datapoints
+        read are the work in flight, redone from a list."""
+        rest = list(itertools.islice(source, ahead))
+        if len(rest) < ahead:
+            raise StateMismatchError(f"the state says the stage had read {ahead} datapoints past its saved "
+                                     f"position, but the source ends after {len(rest)}")
+        if not ended:
+            return _HeldFirst(rest, source)
+        extra = next(source, _NONE)
+        _close(source)
+        if extra is not _NONE:
+            raise StateMismatchError(f"the state says the source's epoch had ended {ahead} datapoints past its "
+                                     "saved position, but the source gives more")
+        return _HeldFirst(rest, None)
+
+    def _most_in_flight(self, batch: dict | None) -> int:
+        """The most source datapoints a state can have pulled past its position: ``buffer_size`` tasks (of a
+        fused batch's datapoints each) in flight, pulled since the last snapshot."""
+        per = 1 if batch is None else max(1, batch["size"])
+        return SNAPSHOT_EVERY + (self.buffer_size + 1) * per
 
     def _skipped(self, start: int) -> None:
         """A fused group received before a resume was pulled again and not sent."""
@@ -362,6 +428,9 @@ class _MapStage(ParallelStage):
     # --- iteration ----------------------------------------------------------------------------------
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
+        if self._held_first is not None and self._epoch_size() is None:  # a strict epoch's source ends with it,
+            self._held_first.close()  # begun or not (one closed before its first datapoint never ran its finally)
+            self._held_first = None
         pool = self._live_pool()
         batching, self._batching = self._batching, None
         if batching is not None:  # an epoch of batches made in the workers
@@ -398,6 +467,7 @@ class _MapStage(ParallelStage):
                     self._put(pool, source)
                 except StopIteration:
                     more = False
+                    self._ended = True
 
         try:
             refill()
@@ -445,11 +515,14 @@ class _MapStage(ParallelStage):
         ledger = self._ledger
         if ledger is None:
             return {**head, "source": child_state(self.ds), "replay": 0, "skip": [], "taken": 0, "batch": None,
-                    "held": None, "ended": False}
+                    "held": None, "ended": False, "ahead": 0}
         loose = self._source_loose()
+        ahead = 0
         if loose is None:
             source, replay, skip = ledger.position()
             held = None
+            if self._epoch_size() is None:  # strict: how far the source was read, for a resumed epoch to match
+                ahead = ledger.pulled - ledger.low + (len(self._held_first.left()) if self._held_first else 0)
         else:  # the source's state now, and what was pulled from it and not received
             source, replay, skip = child_state(self.ds), 0, sorted([s - ledger.low, n] for s, n in ledger.done.items())
             held = pack_held(self._in_flight(ledger), loose)
@@ -466,7 +539,7 @@ class _MapStage(ParallelStage):
                 batch = {"size": self._fused_size, "offset": self._align, "held": 0,
                          "partial": None if pending is None else [pending[0] - ledger.low, pending[1]]}
         return {**head, "source": source, "replay": replay, "skip": skip, "taken": taken, "batch": batch,
-                "held": held, "ended": loose is not None and self._ended}
+                "held": held, "ended": self._ended, "ahead": ahead}
 
     def _in_flight(self, ledger: SourceLedger) -> list:
         """The datapoints pulled from the source and not received, by pull index from ``ledger.low`` (None
@@ -475,14 +548,15 @@ class _MapStage(ParallelStage):
         items = [pulls[i] for i in range(start, min(len(pulls), ledger.pulled - self._pulls_from))]
         for s, n in ledger.done.items():
             items[s - ledger.low:s - ledger.low + n] = [None] * n
+        if self._held_first is not None:  # held by the loaded state and not pulled again yet: still in flight
+            items += self._held_first.left()
         return items
 
     def _take_state(self, state: dict) -> None:
         """The bounds that depend on the fused batch size (a task holds a batch's datapoints), and order."""
         batch = state["batch"]
         per = 1 if batch is None else max(1, batch["size"])
-        # in flight: at most buffer_size tasks (of a fused batch's datapoints each), pulled since the last snapshot
-        most = SNAPSHOT_EVERY + (self.buffer_size + 1) * per
+        most = self._most_in_flight(batch)
         if batch is not None:
             why = "the datapoints a stage can have in flight"
             for key in ("offset", "held"):
@@ -491,11 +565,15 @@ class _MapStage(ParallelStage):
                 raise StateMismatchError(f"damaged 'partial' entry {batch['partial']!r:.60} in the state")
         check_source_position(state, most, f"buffer_size={self.buffer_size} in flight and {SNAPSHOT_EVERY} pulls "
                                            "between two snapshots")
+        Count("ahead", most, "the datapoints a stage can have in flight").check(self, state.get("ahead") or 0)
+        if state.get("ahead") and (state.get("held") is not None or self._epoch_size() is not None):
+            raise StateMismatchError("the state says the source was read ahead, which only a strict stage over an "
+                                     "ordered flow saves")
         if self.ordered and state["skip"]:
             raise StateMismatchError("an ordered stage's state lists datapoints received out of order")
-        if state.get("ended") and self._source_loose() is None:  # only a stage holding what is in flight ends so
-            raise StateMismatchError("the state says the source's epoch ended with datapoints held, which only a "
-                                     "stage over an unordered stage saves")
+        if state.get("ended") and self._epoch_size() is not None:
+            raise StateMismatchError("the state says the source's epoch ended, which a carried stage's stream "
+                                     "never does")
         size = self._epoch_size()
         Count("taken", None if size is None else -(-size // per) if batch is not None else size,
               "the epoch's length").check(self, state["taken"])
@@ -511,8 +589,10 @@ class _MapStage(ParallelStage):
         source would refuse its next iteration)."""
         for plan in {id(p): p for p in (self._batched, self._plan) if p is not None}.values():
             plan.close()
+        if self._held_first is not None:
+            self._held_first.close()
         carry = self._carry
-        self._batched = self._plan = self._carry = self._ledger = None
+        self._batched = self._plan = self._carry = self._ledger = self._held_first = None
         if carry is not None:
             _close(carry)
 
@@ -523,7 +603,7 @@ class _MapStage(ParallelStage):
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         # generators and positions of this process's iteration
-        state["_carry"] = state["_batched"] = state["_plan"] = state["_ledger"] = None
+        state["_carry"] = state["_batched"] = state["_plan"] = state["_ledger"] = state["_held_first"] = None
         state["_skips"], state["_index_of"], state["_pulls"] = collections.deque(), {}, collections.deque()
         return state
 

@@ -194,7 +194,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
     total = None
     if epochs is not None:
         try:
-            total = len(df) * epochs  # type: ignore[arg-type]
+            total = len(df) * epochs  # type: ignore[arg-type]  # a flow without len(): TypeError, caught
         except TypeError:
             total = None
     bar = None

@@ -77,20 +77,20 @@ def check_superblock(pin: PinnedFile, name: str, *, trust_old_format: bool = Fal
     raise CorruptDataError(f"{name}: damaged HDF5 superblock (version {version})")
 
 
-def is_variable_length(type_id: object) -> bool:
-    """Whether an h5py ``TypeID`` holds variable-length data (read from a global heap)."""
+def is_variable_length(type_id: Any) -> bool:
+    """Whether an h5py ``TypeID`` (untyped: h5py ships no types) holds variable-length data (read from a
+    global heap)."""
     from h5py import h5t
 
-    cls = type_id.get_class()  # type: ignore[attr-defined]
+    cls = type_id.get_class()
     if cls == h5t.VLEN:
         return True
     if cls == h5t.STRING:
-        return bool(type_id.is_variable_str())  # type: ignore[attr-defined]
+        return bool(type_id.is_variable_str())
     if cls in (h5t.COMPOUND,):
-        return any(is_variable_length(type_id.get_member_type(i))  # type: ignore[attr-defined]
-                   for i in range(type_id.get_nmembers()))  # type: ignore[attr-defined]
+        return any(is_variable_length(type_id.get_member_type(i)) for i in range(type_id.get_nmembers()))
     if cls == h5t.ARRAY:
-        return is_variable_length(type_id.get_super())  # type: ignore[attr-defined]
+        return is_variable_length(type_id.get_super())
     return False
 
 

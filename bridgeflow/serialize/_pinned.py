@@ -91,7 +91,7 @@ class PinnedFile:
                 pass
             self.fd = None  # not ours to close: it names something else in this process
         self._open()
-        return self.fd  # type: ignore[return-value]
+        return self.fd  # type: ignore[return-value]  # _open() set it (or raised)
 
     def size(self) -> int:
         """The file's real size now (``fstat`` of the descriptor, never a new look at the path)."""

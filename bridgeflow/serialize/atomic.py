@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: no locks, stale files are kept
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # not POSIX: the module is absent, checked before use
 
 from .errors import DatasetWriteError, SerializationError, TargetExistsError
 

@@ -18,6 +18,8 @@ and every key against its datapoint; it keeps where each value lies (12 bytes a 
 readers of one file in a process and by forked workers). A datapoint is then one ``pread`` of its value
 into a ``bytearray`` the datapoint owns (no transaction, no cursor, nothing to re-open after ``fork``),
 its CRC checked on that copy, decoded zero-copy: arrays are writable and valid after the file is closed.
+Small values (under 16 KiB) are read, checked and decoded a batch at a time instead
+(:mod:`bridgeflow.serialize._lmdb_rows`: one CRC call and one decode a batch).
 A file cut short in place while it is read (by any process) gives a short read, hence a
 :class:`CorruptDataError` naming the file, never a SIGBUS. Writing uses the ``lmdb`` package; reading needs
 nothing but numpy.
@@ -61,6 +63,7 @@ from ..order import IndexedSource
 from ._checksum import crc32
 from ._common import classes_json, existing_path, iterate_source, normalize_index, note_datapoint, parse_classes
 from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray, new_bytearray_function
+from ._lmdb_rows import SMALL_VALUE, SmallValueReads, gather_rows, rows_crc
 from ._lmdb_tree import LMDBTree, walk_lmdb, written_error
 from ._pinned import PinnedFile
 from .atomic import atomic_path, write_error
@@ -81,7 +84,7 @@ CHECKSUM = b"crc32"
 _INITIAL_MAP = 256 << 20
 _BATCH_BYTES = 64 << 20  # commit at least this often, whatever write_frequency says
 _CLASSES_MAX = 16 << 20
-_SMALL_VALUE = 16 << 10  # sequential epochs read values smaller than this in blocks
+_SMALL_VALUE = SMALL_VALUE  # sequential epochs read values smaller than this in blocks
 _BLOCK_BYTES = 256 << 10  # of values lying within this distance of the first
 _BLOCK_ITEMS = 1024  # at most this many datapoints
 _PAGE = 4096  # (or, where they lie apart, of the values in the first one's page)
@@ -338,7 +341,7 @@ def _index(tree_of: Any, pin: PinnedFile, p: str, fmt: str | None) -> _Index:
     return made
 
 
-class LMDBDataset(IndexedSource, PinnedLMDB):
+class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
     """Datapoints of an LMDB dataset: ``len()``, ``ds[i]``, and iteration in order or shuffled.
 
     Reads files written by :class:`LMDBSerializer` and by tensorpack's ``LMDBSerializer.save`` (values
@@ -476,7 +479,9 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
         fd, get = self._fd(), self._get
         for it, run, _skip in self._order.iters(runs, pos):
             if self.shuffle or not self._index.small:  # each value read alone
-                if self.format == "bridgeflow" and self._crc:
+                if self.format == "bridgeflow" and self._crc and self._index.small and not self._unpickle:
+                    yield from self._read_batches(fd, it, run, _skip)  # see SmallValueReads
+                elif self.format == "bridgeflow" and self._crc:
                     yield from self._read_each(fd, it)
                 else:
                     for i in it:
@@ -484,27 +489,33 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
                 continue
             assert isinstance(run, range)  # not shuffled: a run is a range of datapoints
             stop = run.stop
-            at = end = 0  # datapoints at..end-1 lie in ``block``, read from byte ``base`` of the file
-            batch = None  # and decoded together, when they are alike
             for i in it:
-                if not at <= i < end:
-                    at, end, base, block = self._block(fd, i, stop)
-                    batch = self._decode_block(at, end, base, block)
-                if i >= end:  # a large value: read alone
+                at, end, base, block = self._block(fd, i, stop)  # datapoints at..end-1 lie in ``block``
+                if end == at:  # a large value, or one lying apart: read alone
                     yield get(fd, i)
                     continue
-                if batch is not None:
-                    yield batch[i - at]
-                    continue
-                assert block is not None  # i < end: it lies in the block
-                a, size = self._offsets[i] - base, self._sizes[i]
-                if self.format == "tensorpack":
-                    yield self._finish(i, bytes(block[a:a + size]), None)
-                elif self._crc:
-                    n = a + size - _CRC.size
-                    yield self._finish(i, bytearray(block[a:n]), block[n:n + _CRC.size])
-                else:
-                    yield self._finish(i, bytearray(block[a:a + size]), None)
+                assert block is not None  # end > at: they lie in it
+                items = self._block_items(at, end, base, block)
+                yield next(items)  # datapoint i
+                for dp, _ in zip(items, it):  # ``it`` advances with each one handed out, in C
+                    yield dp
+
+    def _block_items(self, at: int, end: int, base: int, block: memoryview) -> Iterator[Any]:
+        """The datapoints ``at..end-1`` whose values lie in ``block`` (read from byte ``base``): decoded
+        together where they are alike (:meth:`_decode_block`), else each in turn."""
+        batch = self._decode_block(at, end, base, block)
+        if batch is not None:
+            yield from batch
+            return
+        for i in range(at, end):
+            a, size = self._offsets[i] - base, self._sizes[i]
+            if self.format == "tensorpack":
+                yield self._finish(i, bytes(block[a:a + size]), None)
+            elif self._crc:
+                n = a + size - _CRC.size
+                yield self._finish(i, bytearray(block[a:n]), block[n:n + _CRC.size])
+            else:
+                yield self._finish(i, bytearray(block[a:a + size]), None)
 
     def _read_each(self, fd: int, it: Iterator[int]) -> Iterator[Any]:
         """:meth:`_get` for each of ``it``, inlined (the common case: bridgeflow's format, checksums)."""
@@ -538,13 +549,11 @@ class LMDBDataset(IndexedSource, PinnedLMDB):
             return None
         starts = self._index.offsets[at:end] - base
         length = size - _CRC.size if self._crc else size
-        if self._crc:
-            crc32_of = crc32()
-            got = np.fromiter((crc32_of(block[s:s + length]) for s in starts.tolist()), np.uint32, len(starts))
-            raw = np.frombuffer(block, np.uint8)
-            stored = raw[(starts + length)[:, None] + np.arange(_CRC.size)].copy().view("<u4").ravel()
-            if (got != stored).any():
+        if self._crc:  # the values end to end: one CRC call checks them all
+            rows = gather_rows(block, starts.tolist(), size)
+            if crc32()(rows) != rows_crc(end - at, size):
                 return None
+            block, starts = memoryview(rows), np.arange(0, len(rows), size, dtype=np.int64)
         try:
             return decode_many(block, starts, length)
         except DECODE_ERRORS:

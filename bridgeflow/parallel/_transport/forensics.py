@@ -168,7 +168,7 @@ def describe_worker(pid: int, dump: DumpPipe | None, wait: float = 1.0) -> tuple
 
 def describe_thread(thread: threading.Thread) -> str:
     """The Python stack of a live thread, most recent call first, in faulthandler's format."""
-    frame: Any = sys._current_frames().get(thread.ident)  # type: ignore[arg-type]
+    frame: Any = sys._current_frames().get(thread.ident) if thread.ident is not None else None
     lines = [f"Thread {thread.name} (most recent call first):"]
     while frame is not None:
         code = frame.f_code

@@ -202,8 +202,8 @@ class ControlSegment:
         fd, self.fd = self.fd, -1
         if fd >= 0:
             os.close(fd)
-        self.view = None  # type: ignore[assignment]
-        self.mapping = None  # type: ignore[assignment]
+        self.view = None  # type: ignore[assignment]  # closed: neither is read after close()
+        self.mapping = None  # type: ignore[assignment]  # (same)
 
 
 def forget_inherited_controls() -> None:

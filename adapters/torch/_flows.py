@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, Protocol, TypeGuard, cast
 
 from bridgeflow.augment import AugmentImageComponent, AugmentImageComponents
 from bridgeflow.base import DataFlow, reset_once
@@ -40,9 +41,9 @@ from bridgeflow.pipeline import iter_flows
 from bridgeflow.rng import worker_seed_scope
 from bridgeflow.transforms import FilterData, MapData, MapDataComponent, SelectComponent
 
-from ._compat import get_worker_info, torch
-from .fetch import ITERABLE, close_source, make_fetcher
-from .state import EpochRecord, flow_state
+from ._compat import Dataset, IterableDataset, get_worker_info
+from ._fetch import ITERABLE, close_source, make_fetcher
+from ._state import EpochRecord, flow_state
 
 __all__ = ["DoubleShuffleWarning", "FlowItems", "FlowShards", "StreamReads", "UnsplitFlowWarning", "indexable",
            "split_source", "warn_double_shuffle", "warn_unsplit"]
@@ -61,7 +62,7 @@ class UnsplitFlowWarning(UserWarning):
     ``warnings.simplefilter("ignore", UnsplitFlowWarning)``."""
 
 
-def _maps_by_index(flow: Any) -> bool:
+def _maps_by_index(flow: Any) -> TypeGuard[MapData | MapDataComponent]:
     """A MapData/MapDataComponent (or a subclass that iterates as it does), whose ``flow[i]`` maps its child's."""
     cls = type(flow)
     return any(isinstance(flow, m) and cls.__iter__ is m.__iter__ and cls.__getitem__ is m.__getitem__ for m in _MAPS)
@@ -128,7 +129,11 @@ def warn_unsplit(flow: DataFlow, num_workers: int) -> bool:
     return True
 
 
-class FlowItems(torch.utils.data.Dataset):
+class _RandomAccess(Protocol):
+    def __getitem__(self, index: int) -> Any: ...
+
+
+class FlowItems(Dataset):
     """A random-access flow as a map-style dataset: ``flow[i]``, the flow reset once in each process."""
 
     def __init__(self, flow: DataFlow) -> None:
@@ -138,7 +143,8 @@ class FlowItems(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.flow)
 
-    def _ready(self) -> DataFlow:
+    def _ready(self) -> _RandomAccess:
+        """The flow, reset in this process; random-access (:func:`indexable` chose this dataset for it)."""
         if self._pid != os.getpid():
             info = get_worker_info()
             if info is not None:  # a worker's copy: its own random streams
@@ -147,7 +153,7 @@ class FlowItems(torch.utils.data.Dataset):
             else:
                 reset_once(self.flow)
             self._pid = os.getpid()
-        return self.flow
+        return cast(_RandomAccess, self.flow)
 
     def __getitem__(self, index: int) -> Any:
         dp = self._ready()[index]
@@ -165,7 +171,8 @@ class _Stream:
     """A worker's iteration of its copy of the flow, with the flow's state (its position in the piece)."""
 
     def __init__(self, flow: DataFlow) -> None:
-        self.flow, self._it = flow, None
+        self.flow = flow
+        self._it: Iterator[Any] | None = None
 
     def __iter__(self) -> _Stream:
         return self
@@ -187,14 +194,17 @@ class _Stream:
         self.flow.load_state_dict(state)
 
 
-class FlowShards(torch.utils.data.IterableDataset):
+class FlowShards(IterableDataset):
     """A splittable length-free flow as an iterable dataset: worker ``k`` of ``n`` reads the flow over piece
     ``k`` of its source's epoch; without workers, the whole flow. ``epoch`` (the epoch the next fresh
     iteration's workers read, saved in the loader's state) follows the flow's own epochs."""
 
     def __init__(self, flow: DataFlow) -> None:
+        source = split_source(flow)
+        if source is None:
+            raise ValueError(f"FlowShards: {type(flow).__name__} cannot be split across workers (see split_source)")
         self.flow = flow
-        self.source = split_source(flow)
+        self.source = source
         self.epoch: int | None = None  # the next fresh epoch
         self.reading = 0  # the epoch this iteration's workers read
         self._pid: int | None = None

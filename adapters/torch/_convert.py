@@ -15,7 +15,7 @@ the value for the first leaf that does not pickle, so the error can name it.
 Example:
     >>> import io, pickle
     >>> import torch
-    >>> from bridgeflow.adapters.torch.convert import reduce_tensor
+    >>> from bridgeflow.adapters.torch._convert import reduce_tensor
     >>> out = io.BytesIO(); p = pickle.Pickler(out, protocol=5)
     >>> p.dispatch_table = {torch.Tensor: reduce_tensor}
     >>> p.dump({"x": torch.arange(3, dtype=torch.bfloat16)})
@@ -79,7 +79,7 @@ def _rebuild(obj: Any, items: Any) -> Any:
         if type(obj) is dict:
             return items
         try:
-            clone = copy.copy(obj)
+            clone: Any = copy.copy(obj)  # any mapping type: one without update() is rebuilt as a dict
             clone.update(items)
             return clone
         except (TypeError, AttributeError):
@@ -96,7 +96,7 @@ def _rebuild(obj: Any, items: Any) -> Any:
     if type(obj) is list:
         return items
     try:
-        clone = copy.copy(obj)
+        clone = copy.copy(obj)  # any sequence type: one without slice assignment is rebuilt as a list
         clone[:] = items
         return clone
     except TypeError:

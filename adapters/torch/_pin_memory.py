@@ -1,14 +1,14 @@
 """Pinning: batches copied into page-locked memory, and the loader's pin thread.
 
 :class:`BatchPinner` copies every CPU tensor of a batch into page-locked memory taken from torch's pinned
-caching allocator, splitting large copies across a few threads (:class:`~.staging.ParallelCopier`).
+caching allocator, splitting large copies across a few threads (:class:`~._staging.ParallelCopier`).
 Tensors already pinned by that allocator pass through. Tensors that view a *registered* shared-memory slab
 (see :mod:`.pinning`) are pinned too, but the loader's user may start a non-blocking copy from them and
 drop them at once; torch tracks such copies only for memory its own allocator gave out, so the slab could
 go back to its worker while the copy still reads it. So they are copied as well, unless ``zero_copy=True``
-says the consumer keeps each batch until its copies are done (as :class:`~.prefetcher.CUDAPrefetcher` does).
+says the consumer keeps each batch until its copies are done (as :class:`~._prefetcher.CUDAPrefetcher` does).
 
-:class:`PinThread` is a batch source (see :mod:`.sources`) wrapped around the worker pool's when a loader
+:class:`PinThread` is a batch source (see :mod:`._sources`) wrapped around the worker pool's when a loader
 with workers pins (``pin_memory=True``), as torch's loader pins in a background thread: the thread sends
 the tasks the epoch iterator queues, receives the batches and pins them, while the iterator (in the
 user's thread) draws every task and keeps the epoch's record, so the loader's state counts exactly the
@@ -32,9 +32,9 @@ from bridgeflow.parallel._transport.background import Producer
 
 from . import _compat
 from ._compat import torch
-from .convert import map_structure
-from .result import BATCH, FAILED, Result
-from .staging import ParallelCopier
+from ._convert import map_structure
+from ._result import BATCH, FAILED, Result
+from ._staging import ParallelCopier
 
 __all__ = ["BatchPinner", "PinThread", "loader_pinner", "pins", "update_pinner"]
 
@@ -203,7 +203,7 @@ class PinThread:
         self._inbox.tasks.append((task, worker, seq))
         self._inbox.wake.set()
 
-    def get(self, between: Callable[[], None] | None = None) -> tuple[int, int, Result]:
+    def get(self, between: Callable[[], None] | None = None) -> tuple[int | None, int, Result]:
         return self._thread.get()
 
     def reset(self, shared_seed: int | None) -> list[tuple[int, Any]]:

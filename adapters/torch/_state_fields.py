@@ -3,7 +3,7 @@
 :func:`check_fields` checks every field of a state that ``load_state_dict()`` was given: its type, its range
 and its agreement with the other fields and with the loader (how many workers, whether the dataset has a
 state, how many batches an epoch has, the size of each RNG state). A bad field raises
-:class:`~bridgeflow.adapters.torch.state.ResumeStateError` naming the field and its value, so a damaged or
+:class:`~bridgeflow.adapters.torch._state.ResumeStateError` naming the field and its value, so a damaged or
 crafted state is refused at ``load_state_dict()``, where nothing has started yet (no worker, no shared
 memory), instead of replaying or skipping batches silently or failing later inside ``iter()``.
 The dataset's and a DataFlow's own states are theirs to check (their ``load_state_dict()``).
@@ -16,7 +16,7 @@ import binascii
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["LoaderFacts", "check_fields", "fields_checksum"]
 
@@ -53,7 +53,7 @@ class _Checker:
     def __init__(self, facts: LoaderFacts) -> None:
         self.facts = facts
 
-    def fail(self, field: str, value: Any, why: str) -> None:
+    def fail(self, field: str, value: Any, why: str) -> NoReturn:
         raise self.facts.error(f"DataLoader.load_state_dict: state[{field}] = {_show(value)}: {why}")
 
     def integer(self, field: str, value: Any, low: int | None = None, high: int | None = None) -> int:

@@ -1,17 +1,17 @@
 """What a task gives back: one tagged type, :class:`Result`, for every outcome of a task.
 
-A worker's task function (:class:`~.fetch.WorkerTask`), the batch sources (:mod:`.sources`) and the pin thread
-(:mod:`.pin_memory`) hand the epoch iterator a :class:`Result` whose ``tag`` says what happened:
+A worker's task function (:class:`~._fetch.WorkerTask`), the batch sources (:mod:`._sources`) and the pin thread
+(:mod:`._pin_memory`) hand the epoch iterator a :class:`Result` whose ``tag`` says what happened:
 
 - ``BATCH``: ``value`` is a batch;
 - ``ENDED``: the worker's stream ran out (an iterable dataset, or a worker whose start-up failed);
 - ``STOPPED``: a map-style dataset raised ``StopIteration`` (torch ends the epoch there);
 - ``FAILED``: ``value`` is the exception the dataset, the collation or the pinning raised, to be raised to
   the user in the batch's place;
-- ``STARTED``: a persistent worker started another epoch (the answer to :class:`~.fetch.Reset`).
+- ``STARTED``: a persistent worker started another epoch (the answer to :class:`~._fetch.Reset`).
 
 ``state`` is the worker's dataset state right after the task (torchdata's convention, see
-:meth:`~.fetch.Fetcher.state`): None when the dataset has none, an exception when reading it failed.
+:meth:`~._fetch.Fetcher.state`): None when the dataset has none, an exception when reading it failed.
 
 Example:
     >>> r = Result(BATCH, [1, 2])

@@ -7,7 +7,7 @@ rank's copy of the objects it was given (Accelerate's ``register_for_checkpointi
 refuses (another ``rank``). :class:`AllRanksState` wraps the loader: its ``state_dict()`` gathers every
 rank's state (a collective call: every rank calls it, as ``save_state()`` does), and ``load_state_dict()``
 gives each rank its own. A state from another world size is refused with a
-:class:`~bridgeflow.adapters.torch.state.ResumeStateError` naming both sizes.
+:class:`~bridgeflow.adapters.torch._state.ResumeStateError` naming both sizes.
 
 Example:
     >>> from accelerate import Accelerator                                   # doctest: +SKIP
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._compat import torch
-from .state import ResumeStateError
+from ._state import ResumeStateError
 
 __all__ = ["AllRanksState"]
 

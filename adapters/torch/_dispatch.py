@@ -3,11 +3,11 @@
 torch keeps ``prefetch_factor * num_workers`` tasks in flight and sends each to the next worker, in turn, that
 has not run out (an iterable dataset's worker runs out when its stream ends); with ``in_order=False`` a
 map-style task goes to the least busy worker and its batch is handed out as soon as it is ready.
-:class:`Dispatcher` does that bookkeeping over a batch source (:mod:`.sources`); the epoch iterator draws the
-tasks (:mod:`.draws`) and hands out the results (:mod:`.epoch`).
+:class:`Dispatcher` does that bookkeeping over a batch source (:mod:`._sources`); the epoch iterator draws the
+tasks (:mod:`._draws`) and hands out the results (:mod:`._epoch`).
 
 Example:
-    >>> from bridgeflow.adapters.torch.dispatch import Dispatcher
+    >>> from bridgeflow.adapters.torch._dispatch import Dispatcher
     >>> class Echo:                                         # a batch source answering at once
     ...     def __init__(self): self.out = []
     ...     def put(self, task, worker, seq): self.out.append((worker, seq, task))
@@ -26,7 +26,7 @@ import collections
 import itertools
 from typing import Any
 
-from .result import Result
+from ._result import Result
 
 __all__ = ["Dispatcher"]
 

@@ -13,7 +13,7 @@ times both on its first large copies and keeps the faster; ``threads=N`` fixes t
 
 Example:
     >>> import torch
-    >>> from bridgeflow.adapters.torch.staging import ParallelCopier
+    >>> from bridgeflow.adapters.torch._staging import ParallelCopier
     >>> src, dst = torch.arange(10, dtype=torch.float32), torch.empty(10)
     >>> with ParallelCopier(threads=2, min_bytes=0) as copier:
     ...     _ = copier.copy(dst, src)

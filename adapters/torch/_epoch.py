@@ -4,20 +4,20 @@ batch source.
 :class:`EpochIterator` does, in the thread that calls ``next()``, what torch's iterators do there, with one
 part for each idea:
 
-- :class:`~.draws.DrawOrder`: the random draws of an epoch's start in torch's order, and the sampler's indices;
-- :class:`~.dispatch.Dispatcher`: ``prefetch_factor * num_workers`` tasks in flight, each to the next worker
+- :class:`~._draws.DrawOrder`: the random draws of an epoch's start in torch's order, and the sampler's indices;
+- :class:`~._dispatch.Dispatcher`: ``prefetch_factor * num_workers`` tasks in flight, each to the next worker
   whose stream has not ended (the task replacing a batch is sent when that batch is handed out);
-- :class:`~.resume.ResumePlan`: for a loaded state, how the epoch goes on;
-- :class:`~.flows.StreamReads`: a DataFlow read as one stream here, one batch of samples per task;
-- :class:`~.state.EpochRecord`: where the epoch is, for ``loader.state_dict()``;
+- :class:`~._resume.ResumePlan`: for a loaded state, how the epoch goes on;
+- :class:`~._flows.StreamReads`: a DataFlow read as one stream here, one batch of samples per task;
+- :class:`~._state.EpochRecord`: where the epoch is, for ``loader.state_dict()``;
 - :class:`EpochStats`: the figures of ``loader.stats()``, kept by the loader after the iterator is gone.
 
-What turns a task into a batch is a *batch source* (:mod:`.sources`): :class:`~.sources.LocalSource` reads in
-this process (``num_workers=0``), :class:`~.sources.PoolSource` in worker processes, and
-:class:`~.pin_memory.PinThread` wraps the pool source when batches are pinned: its thread receives and pins
+What turns a task into a batch is a *batch source* (:mod:`._sources`): :class:`~._sources.LocalSource` reads in
+this process (``num_workers=0``), :class:`~._sources.PoolSource` in worker processes, and
+:class:`~._pin_memory.PinThread` wraps the pool source when batches are pinned: its thread receives and pins
 batches while this iterator keeps drawing the tasks, so the sampler and a DataFlow are read exactly as far as
 without the thread, and the record changes only in this thread. Every task's outcome is a
-:class:`~.result.Result`.
+:class:`~._result.Result`.
 
 These iterators are ``_BaseDataLoaderIter`` subclasses (frameworks recognise DataLoader iterators by class;
 torch's private names are :class:`~._compat.TorchIteratorNames`'s), but none of torch's iterator code runs.
@@ -34,15 +34,15 @@ from typing import Any
 from bridgeflow.errors import BridgeflowError
 
 from . import _compat
-from .dispatch import Dispatcher
-from .draws import DrawOrder
-from .fetch import COLLATE, ITERABLE, MAP, WorkerSpec
-from .flows import StreamReads
-from .pin_memory import PinThread, loader_pinner, pins, update_pinner
-from .result import ENDED, FAILED, STOPPED
-from .resume import ResumePlan
-from .sources import LocalSource, PoolSource
-from .state import EpochRecord
+from ._dispatch import Dispatcher
+from ._draws import DrawOrder
+from ._fetch import COLLATE, ITERABLE, MAP, WorkerSpec
+from ._flows import StreamReads
+from ._pin_memory import PinThread, loader_pinner, pins, update_pinner
+from ._result import ENDED, FAILED, STOPPED
+from ._resume import ResumePlan
+from ._sources import LocalSource, PoolSource
+from ._state import EpochRecord
 
 __all__ = ["EpochIterator", "EpochStats", "LoaderStateError"]
 
@@ -101,7 +101,7 @@ class EpochStats:
 
 class EpochIterator(_compat.TorchIteratorNames):
     """An epoch of a DataLoader (every epoch, with ``persistent_workers``); ``plan`` resumes an epoch in
-    progress (see :mod:`.resume`), None starts a fresh one."""
+    progress (see :mod:`._resume`), None starts a fresh one."""
 
     def __init__(self, loader: Any, record: EpochRecord, plan: ResumePlan | None = None) -> None:
         workers = loader.num_workers
@@ -134,6 +134,7 @@ class EpochIterator(_compat.TorchIteratorNames):
         else:
             self.draws.resume(loader, record, plan.state, plan.first_task)
         world_size, rank = _compat.distributed_settings()
+        assert self.draws.base_seed is not None  # drawn or kept by start(), the saved one by resume()
         spec = WorkerSpec(
             kind=self._kind, dataset=None if self._kind == COLLATE else self.draws.dataset,
             auto_collation=_compat.auto_collation(loader), collate_fn=loader.collate_fn, drop_last=loader.drop_last,
@@ -168,6 +169,7 @@ class EpochIterator(_compat.TorchIteratorNames):
         self._record = record
         self._len_called = _compat.iterable_length_seen(loader)
         self._pull_error: Exception | None = None  # the flow or sampler failed: raised after what came before
+        self._ahead: frozenset[int]  # tasks of a resumed epoch delivered already (in_order=False): skipped
         if plan is None:
             self.yielded, self._seq, self._ahead, self._discard = 0, 0, frozenset(), 0
             record.ahead = set() if self._dispatch.unordered else None
@@ -255,7 +257,7 @@ class EpochIterator(_compat.TorchIteratorNames):
                     try:
                         raise error
                     finally:
-                        error = None
+                        del error
                 self._end_epoch()
                 raise StopIteration
             try:
@@ -266,6 +268,7 @@ class EpochIterator(_compat.TorchIteratorNames):
             if result.state is not None and worker is not None:
                 record.note_worker_state(worker, max(1, n), result.state)
             if result.tag == ENDED:  # the worker's stream ran out: no more tasks for it this epoch
+                assert worker is not None  # only a dataset error (FAILED) comes without its worker
                 dispatch.retire(worker)
                 record.note_exhausted(worker, max(1, n))
                 continue
@@ -288,7 +291,7 @@ class EpochIterator(_compat.TorchIteratorNames):
                 try:
                     raise error
                 finally:  # no cycle through this frame: the iterator goes when the user drops it
-                    error = result = None
+                    del error, result
             return result.value
 
     def _end_epoch(self) -> None:

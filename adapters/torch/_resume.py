@@ -1,11 +1,11 @@
 """Taking up a loaded state at the next ``iter()``: what to restore first, and how the epoch goes on.
 
-``loader.load_state_dict(state)`` only checks the state (:func:`~.state.check_state`); the next ``iter()``
+``loader.load_state_dict(state)`` only checks the state (:func:`~._state.check_state`); the next ``iter()``
 calls :func:`take_up`, which restores what comes before any iterator (the dataset's and the DataFlow's own
 states, the chain of global-RNG draws, and at an epoch boundary the generators and the seeds and states of
 persistent workers) and, for a state taken inside an epoch, returns a :class:`ResumePlan`: the seeds, which
 tasks to replay or skip, which worker gets the next task, and the workers' dataset states. How each kind of
-dataset resumes is described in :mod:`.state`.
+dataset resumes is described in :mod:`._state`.
 
 Example:
     >>> from bridgeflow.adapters.torch import DataLoader
@@ -23,8 +23,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .fetch import ITERABLE
-from .state import EpochRecord, apply_generators, chain_from
+from ._fetch import ITERABLE
+from ._state import EpochRecord, apply_generators, chain_from
 
 __all__ = ["ResumePlan", "take_up"]
 

@@ -10,7 +10,7 @@ A fetcher reads one task's samples from the dataset and collates them, with torc
   only collation runs in the workers).
 
 A dataset (or the iterator ``iter(dataset)`` returns) with ``state_dict()``/``load_state_dict()`` has its
-state read after each batch (:meth:`Fetcher.state`) and sent along with it (:class:`~.result.Result`'s
+state read after each batch (:meth:`Fetcher.state`) and sent along with it (:class:`~._result.Result`'s
 ``state``), and restored when a fetcher is made from a saved state: torchdata's convention.
 
 :func:`init_worker` is the pool's ``init_fn``: it seeds ``random``, ``torch`` and ``numpy`` and sets
@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _compat, convert
+from . import _compat, _convert
 from ._compat import torch
-from .result import BATCH, ENDED, STARTED, STOPPED, Result
-from .state import is_stateful
+from ._result import BATCH, ENDED, STARTED, STOPPED, Result
+from ._state import is_stateful
 
 __all__ = [
     "COLLATE",
@@ -96,12 +96,14 @@ class Fetcher:
     def _read_iterable(self, task: Any) -> Any:
         if self.ended:
             raise StopIteration
+        it = self.iterator
+        assert it is not None  # made in __init__ for an ITERABLE fetcher
         if not self.auto_collation:
-            return next(self.iterator)
+            return next(it)
         samples = []
         for _ in task:
             try:
-                samples.append(next(self.iterator))
+                samples.append(next(it))
             except StopIteration:
                 self.ended = True
                 break
@@ -125,6 +127,9 @@ def make_fetcher(kind: str, dataset: Any, auto_collation: bool, collate_fn: Call
         dataset.load_state_dict(saved["dataset"])
     fetcher = Fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
     if saved is not None and saved.get("iter") is not None:
+        if fetcher.iterator is None:
+            raise ValueError(f"a saved dataset state holds an iterator's state, but this {kind} dataset is not "
+                             "read through an iterator")
         fetcher.iterator.load_state_dict(saved["iter"])
     if saved is not None and saved.get("ended"):  # the stream ran out while the last batch was read
         fetcher.ended = True
@@ -190,7 +195,7 @@ class WorkerTask:
     """The task function of one worker (``in_worker``), or of the in-process reader of ``num_workers=0``
     (no ``worker_init_fn``, collation as outside workers, batches returned as they are): holds its fetcher
     and a pending start-up error. In a worker, ``writer`` is its result writer: batches are collated into
-    the shared memory they are sent in, and tensors are sent out of band (:func:`.convert.install`)."""
+    the shared memory they are sent in, and tensors are sent out of band (:func:`._convert.install`)."""
 
     def __init__(self, spec: WorkerSpec, worker_id: int, dataset: Any, in_worker: bool = True,
                  writer: Any = None) -> None:
@@ -202,7 +207,7 @@ class WorkerTask:
         self.fetcher: Fetcher | None = None
         self.failed: BaseException | None = None  # the start-up error, once reported
         if writer is not None:
-            convert.install(writer)
+            _convert.install(writer)
         self.collate_fn = resolve_collate(spec.collate_fn, in_worker, None if writer is None else writer.alloc)
         # torch's own collation of map-style samples: a value it cannot take is named by its sample's index
         self._names_samples = spec.kind == MAP and (isinstance(self.collate_fn, FastCollate)
@@ -244,24 +249,24 @@ class WorkerTask:
                 f"DataLoader worker {self.worker_id} cannot load data: its start-up failed earlier with "
                 f"{self.failed!r} (raised with its first batch)") from self.failed
         try:
-            data = self._fetch(task)
+            data = self._fetch(self.fetcher, task)
         except StopIteration:
             return Result(ENDED if self.spec.kind == ITERABLE else STOPPED, state=self._state())
         return Result(BATCH, data, self._state())
 
     def _state(self) -> Any:
         """The dataset's state now (None without one; the exception if reading it failed)."""
-        if not self.fetcher.stateful:
+        fetcher = self.fetcher
+        if fetcher is None or not fetcher.stateful:
             return None
         try:
-            return self.fetcher.state()
+            return fetcher.state()
         except Exception as exc:
             return exc
 
-    def _fetch(self, task: Any) -> Any:
+    def _fetch(self, fetcher: Fetcher, task: Any) -> Any:
         """Read the task's samples and collate them: nothing more per sample than torch does. When torch's
         collation fails on a value that could not be sent either, the error names that value's sample."""
-        fetcher = self.fetcher
         samples = fetcher.read(task)
         try:
             return fetcher.collate_fn(samples)
@@ -287,7 +292,7 @@ class WorkerTask:
         return self._unsendable_error(result.value, what)
 
     def _unsendable_error(self, value: Any, what: str) -> TypeError | None:
-        found = convert.unsendable(value)
+        found = _convert.unsendable(value)
         if found is None:
             return None
         leaf, exc = found

@@ -1,11 +1,11 @@
 """Batch sources: what turns the epoch iterator's tasks into batches.
 
-The protocol, which :class:`~.pin_memory.PinThread` also follows:
+The protocol, which :class:`~._pin_memory.PinThread` also follows:
 
 - ``put(task, worker, seq)`` queues a task for a worker (``None``: the least busy one, for ``in_order=False``);
   ``seq`` is the task's number in the epoch;
 - ``get()`` returns ``(worker, seq, result)`` for the oldest task (or, unordered, the first ready), ``result`` a
-  :class:`~.result.Result`; an error of the source itself (a dead worker, a timeout) is raised;
+  :class:`~._result.Result`; an error of the source itself (a dead worker, a timeout) is raised;
 - ``reset(shared_seed)`` starts another epoch on the same workers; ``close()`` ends them;
 - ``reads_ahead``: whether tasks are sent ahead of ``next()`` (workers) or one at a time (in-process).
 
@@ -13,7 +13,7 @@ The protocol, which :class:`~.pin_memory.PinThread` also follows:
   time, so both sources give the same values and markers;
 - :class:`PoolSource` sends tasks to a bridgeflow :class:`~bridgeflow.parallel.WorkerPool` of processes
   and receives their batches through shared memory, tensors rebuilt without a copy as they are unpickled
-  (:mod:`.convert`). A dead worker or the loader's ``timeout`` ends it with torch's words; a wait in a
+  (:mod:`._convert`). A dead worker or the loader's ``timeout`` ends it with torch's words; a wait in a
   reading thread is cut into short slices (``between`` runs between them) so that stopping never waits for
   a slow worker.
 """
@@ -31,8 +31,8 @@ from typing import Any
 from bridgeflow.errors import WorkerError, WorkerTimeoutError
 from bridgeflow.parallel._transport.pool import EXHAUSTED, WorkerPool
 
-from .fetch import Reset, WorkerSpec, WorkerTask, close_source, init_worker
-from .result import ENDED, FAILED, Result
+from ._fetch import Reset, WorkerSpec, WorkerTask, close_source, init_worker
+from ._result import ENDED, FAILED, Result
 
 __all__ = ["LocalSource", "PoolSource"]
 
@@ -128,8 +128,9 @@ class PoolSource:
             self.close()
             self._put_error = with_torch_wording(exc)
 
-    def get(self, between: Callable[[], None] | None = None) -> tuple[int, int, Result]:
-        """The next result; ``between()`` runs between short waits (it may raise to stop waiting)."""
+    def get(self, between: Callable[[], None] | None = None) -> tuple[int | None, int, Result]:
+        """The next result; ``between()`` runs between short waits (it may raise to stop waiting). The worker
+        is None for a dataset's error (the pool raises it without saying which worker)."""
         if self._put_error is not None:
             error, self._put_error = self._put_error, None
             raise error
@@ -145,7 +146,7 @@ class PoolSource:
             self.close()
             raise with_torch_wording(exc) from exc.__cause__
         except Exception as exc:  # the dataset's error
-            return None, self._seqs.pop(self._pool.last_task_id, -1), Result(FAILED, exc)  # type: ignore[return-value]
+            return None, self._seqs.pop(self._pool.last_task_id, -1), Result(FAILED, exc)
         seq = self._seqs.pop(self._pool.last_task_id, -1)
         return worker, seq, Result(ENDED) if value is EXHAUSTED else value
 
@@ -179,7 +180,7 @@ class PoolSource:
                 return self._pool.get(timeout=slice_s if left is None else max(0.0, min(slice_s, left)))
             except WorkerTimeoutError as exc:
                 waited = time.monotonic() - started
-                if left is not None and waited >= timeout:
+                if timeout is not None and waited >= timeout:
                     raise
                 if warn_at is not None and waited >= warn_at:
                     log.warning("DataLoader: no batch from the workers for %.0f s: %s", waited, exc)
@@ -191,11 +192,12 @@ class PoolSource:
         pool = self._pool
         while pool.outstanding > 0:
             self.get()
-        for worker in range(pool.num_workers):
-            pool.put(Reset(shared_seed), worker=worker)
+        for w in range(pool.num_workers):
+            pool.put(Reset(shared_seed), worker=w)
         started = []
         for _ in range(pool.num_workers):
             worker, _, result = self.get()
+            assert worker is not None  # a Reset task does not fail: WorkerTask reports its errors later
             started.append((worker, result.state))
         self._seqs.clear()
         return started

@@ -14,7 +14,7 @@ Where the host bytes come from:
   with no host copy at all. Its :class:`~.pinning.SlabPinner` says ``zero_copy``, so a ``pin_memory=True``
   loader hands tensors in registered slabs out as they are.
 - **Pageable** (in-process flows, user iterables): the batch is first copied into reused pinned buffers,
-  large tensors by several threads at once (:class:`~.staging.ParallelCopier`). There are
+  large tensors by several threads at once (:class:`~._staging.ParallelCopier`). There are
   ``num_stages + 1`` sets of buffers, so staging the next batch never waits for the copy of this one.
 
 No early reuse: host memory a copy reads (a staging buffer, or the batch's own tensors, and with them the
@@ -42,7 +42,7 @@ import functools
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
 import numpy as np
@@ -53,9 +53,9 @@ from bridgeflow.parallel._transport.background import BackgroundIterator, Produc
 from bridgeflow.shard import warn_if_unsharded
 
 from ._compat import torch
-from .convert import map_structure
+from ._convert import map_structure
+from ._staging import ParallelCopier
 from .pinning import CudaHostRegistrar, SlabPinner, attach_pinner
-from .staging import ParallelCopier
 
 __all__ = ["CUDAPrefetcher", "DeviceUnavailableError"]
 
@@ -210,7 +210,10 @@ class CUDAPrefetcher:
                              "supported")
 
     def __len__(self) -> int:
-        return len(self.loader)
+        loader = self.loader
+        if not isinstance(loader, Sized):  # as len() itself: a TypeError
+            raise TypeError(f"CUDAPrefetcher: the loader, a {type(loader).__name__}, has no len()")
+        return len(loader)
 
     def stats(self) -> dict[str, Any]:
         """Tensors copied straight from where they lay (``zero_copy``: pinned or in a registered slab)

@@ -11,17 +11,17 @@ torch's, and frameworks that re-create a loader from its ``__init__`` arguments 
 :class:`~bridgeflow.parallel.WorkerPool` through reused shared memory, with torch's random streams (worker
 seeds, shuffles drawn from ``generator``), ``get_worker_info()``, DataPipe sharding and task-to-worker
 assignment, so the same arguments give the same batches. ``state_dict()``/``load_state_dict()`` resume an
-epoch exactly (see :mod:`bridgeflow.adapters.torch.state`).
+epoch exactly (see :mod:`bridgeflow.adapters.torch._state`).
 
 Differences, on purpose:
 
-- a bridgeflow :class:`~bridgeflow.DataFlow` is accepted as ``dataset`` (see :mod:`.flows`): a random-access
+- a bridgeflow :class:`~bridgeflow.DataFlow` is accepted as ``dataset`` (see :mod:`._flows`): a random-access
   one (``len()`` and ``flow[i]``) is read as a map-style dataset, each worker reading and mapping its own
   indices (a flow that shuffles itself is read in the order the loader draws); a length-free one made of
   datapoint transforms over a random-access source is split across the workers, each reading its piece of
   every epoch; any other is iterated once per epoch in this process, and
   with ``num_workers > 0`` only ``collate_fn`` runs in the workers (said once,
-  :class:`~.flows.UnsplitFlowWarning`). A length-free flow has one reader at a time: a new ``iter(loader)``
+  :class:`~._flows.UnsplitFlowWarning`). A length-free flow has one reader at a time: a new ``iter(loader)``
   ends the previous iterator's epoch (persistent workers restart it, as torch's do);
 - ``in_order=False`` hands out map-style batches as they are ready, as torch does, and ``state_dict()``
   resumes such an epoch with exactly the batches not yet handed out; iterable datasets and DataFlows keep
@@ -59,11 +59,11 @@ from bridgeflow.shard import warn_if_unsharded
 
 from . import _compat
 from ._compat import torch
-from .epoch import EpochIterator, EpochStats
-from .fetch import COLLATE, ITERABLE, MAP
-from .flows import FlowItems, FlowShards, indexable, shuffles_itself, split_source, warn_double_shuffle, warn_unsplit
-from .resume import ResumePlan, take_up
-from .state import EpochRecord, check_state, export_state
+from ._epoch import EpochIterator, EpochStats
+from ._fetch import COLLATE, ITERABLE, MAP
+from ._flows import FlowItems, FlowShards, indexable, shuffles_itself, split_source, warn_double_shuffle, warn_unsplit
+from ._resume import ResumePlan, take_up
+from ._state import EpochRecord, check_state, export_state
 
 __all__ = ["DataLoader"]
 
@@ -133,7 +133,7 @@ class Internals:
 _LOCAL = ("record", "stats", "latest", "reader", "mapping_hooks", "iters")
 
 
-class DataLoader(_tud.DataLoader[T_co]):
+class DataLoader(_compat.TorchDataLoader[T_co]):
     """Drop-in replacement for ``torch.utils.data.DataLoader`` running on bridgeflow's worker pool.
 
     Takes exactly torch's arguments (see the module docstring for the few differences), plus torchdata
@@ -200,7 +200,10 @@ class DataLoader(_tud.DataLoader[T_co]):
 
     @property
     def start_method(self) -> str:
-        """The start method the workers use: the context's, else multiprocessing's default."""
+        """The start method the workers use (``"fork"``, ``"spawn"`` or ``"forkserver"``).
+
+        It is the ``multiprocessing_context``'s when one is given, else multiprocessing's default.
+        """
         ctx = self.multiprocessing_context
         if ctx is not None:
             return ctx.get_start_method()

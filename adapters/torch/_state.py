@@ -43,7 +43,7 @@ from bridgeflow.state import StateMismatchError
 
 from . import _compat
 from ._compat import InfiniteConstantSampler, torch
-from .state_fields import LoaderFacts, check_fields, fields_checksum
+from ._state_fields import LoaderFacts, check_fields, fields_checksum
 
 __all__ = [
     "FORMAT",
@@ -106,7 +106,8 @@ def _decode(text: str) -> Any:
 
 def _sampler_chain(loader: Any) -> list[tuple[str, Any]]:
     """``(path, sampler)`` from the index sampler down its ``.sampler`` attributes."""
-    chain, seen = [], set()
+    chain: list[tuple[str, Any]] = []
+    seen: set[int] = set()
     obj = _compat.index_sampler(loader)
     path = "batch_sampler" if _compat.auto_collation(loader) else "sampler"
     while obj is not None and id(obj) not in seen and len(chain) < 6:
@@ -274,8 +275,7 @@ def _export_state(loader: Any, record: EpochRecord | None) -> dict:
     if rng_next is not None:
         state["rng_next"] = rng_next
         state["rng_saved"] = _encode(torch.get_rng_state())
-    boundary = record is None or record.finished or (is_flow and record.at_flow_end())
-    if boundary:
+    if record is None or record.finished or (is_flow and record.at_flow_end()):  # at an epoch boundary
         state["finished"] = record is not None
         it = _compat.held_iterator(loader)
         if record is not None and loader.persistent_workers and it is not None and not it.closed:
@@ -337,7 +337,6 @@ def check_state(loader: Any, state: Any) -> dict:
         dataset_stateful=is_stateful(loader._bf.items), rng_sizes=sizes, generators=gens,
         epoch_rngs=gens | ({GLOBAL_RNG} if _uses_global_rng(loader) else set()),
         draws_global=draws_global(loader), error=ResumeStateError, rng_valid=_valid_rng))
-    gens = _generators(loader)
     for path in list(state.get("rng_now") or ()) + list(state.get("rng_first") or ()):
         if path != GLOBAL_RNG and path not in gens:
             raise ResumeStateError(f"DataLoader.load_state_dict: the state has the RNG state of a torch "

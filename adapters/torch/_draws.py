@@ -5,9 +5,9 @@ point as torch's iterators draw it. When an epoch starts, :class:`DrawOrder` dra
 ``generator`` (torch's global RNG without one): a DataPipe's shuffle seed (its graph reshuffled with it), then
 the workers' base seed (kept instead by persistent workers and by a state taken between their epochs). The
 sampler's iterator draws the epoch's order at its first index, so the RNG states it may draw from are
-snapshotted just before (:meth:`~.state.EpochRecord.snapshot_rngs`): a resumed epoch replays the sampler from
-them (:func:`~.state.replayed_indices`). Draws from torch's global RNG go through
-:func:`~.state.loader_draws`, which keeps the chain of epochs of a resumed loader.
+snapshotted just before (:meth:`~._state.EpochRecord.snapshot_rngs`): a resumed epoch replays the sampler from
+them (:func:`~._state.replayed_indices`). Draws from torch's global RNG go through
+:func:`~._state.loader_draws`, which keeps the chain of epochs of a resumed loader.
 
 Example:
     >>> import torch
@@ -23,8 +23,8 @@ from typing import Any
 
 from . import _compat
 from ._compat import torch
-from .fetch import MAP
-from .state import EpochRecord, apply_generators, loader_draws, replayed_indices
+from ._fetch import MAP
+from ._state import EpochRecord, apply_generators, loader_draws, replayed_indices
 
 __all__ = ["DrawOrder"]
 

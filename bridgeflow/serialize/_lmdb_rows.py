@@ -1,0 +1,201 @@
+"""Small LMDB values checked and decoded a batch at a time, as *rows*: values of one size laid end to end.
+
+At a few hundred bytes a value, what a read costs is the Python around it: a call to check each CRC, one
+to decode each value, one ``pread`` to watch for a writer. A batch of ``k`` values of ``s`` bytes each
+(the encoding and its 4-byte CRC-32, as :mod:`bridgeflow.serialize.lmdb_format` stores them), gathered into
+one buffer, is instead checked by one CRC-32 call over the whole buffer and decoded by
+:func:`~bridgeflow.serialize.codec.decode_many`. Sequential epochs gather a batch from a run of leaf pages
+read at once; shuffled ones (:class:`SmallValueReads`) from the *region*, the bytes holding every value
+the epoch reads, read with one ``preadv`` when it is at most :data:`REGION_BYTES` (64 MiB) and at least
+half values (a small dataset), else with one ``preadv`` a value, which at 300 bytes costs more than the
+rest of the read. Either way a file cut short or committed to while it is read is an error before any
+datapoint of the batch is handed out, as for values read one by one.
+
+Why one CRC over the rows checks every row: a value followed by its own CRC-32 (little-endian) has the same
+CRC-32, whatever the value (the CRC's residue), and the CRC-32 of two buffers end to end depends only on
+the CRC-32 of each and the second's length (zlib's ``crc32_combine``). So ``k`` sound rows of ``s`` bytes
+always have one CRC-32, that of ``k`` copies of any sound row (:func:`rows_crc`). Damage to one row changes
+that row's CRC, and ``crc32_combine`` carries any change of one part's CRC into a change of the whole's:
+whatever a per-value check catches in one value, the batch check catches; damage to several values that
+cancels out exactly is a 2**-32 chance, as for one CRC over the whole. When the check fails, each row is
+checked alone, which names the damaged datapoint.
+
+Example:
+    >>> from bridgeflow.serialize._checksum import crc32
+    >>> body = b"some encoded value"
+    >>> row = body + crc32()(body).to_bytes(4, "little")
+    >>> crc32()(row * 3) == rows_crc(3, len(row))
+    True
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ._checksum import crc32
+from ._lmdb_file import new_bytearray
+from .codec import DECODE_ERRORS, decode_many
+from .errors import CorruptDataError
+
+__all__ = ["ROWS", "SMALL_VALUE", "SmallValueReads", "gather_rows", "read_rows", "rows_crc"]
+
+ROWS = 256  # values a batch: 256 values of 300 bytes is 77 KB, held while the batch is handed out
+SMALL_VALUE = 16 << 10  # values smaller than this are read in batches
+REGION_BYTES = 64 << 20  # a shuffled epoch of small values lying within this many bytes reads them at once
+_TAIL = 4  # the CRC-32 after each value
+_PAGE = 4096
+
+_crcs: dict[tuple[int, int], int] = {}
+_crcs_lock = threading.Lock()
+
+
+def rows_crc(k: int, s: int) -> int:
+    """The CRC-32 of ``k`` sound rows of ``s`` bytes each, end to end (see the module doc); ``s >= 4``."""
+    key = (k, s)
+    found = _crcs.get(key)
+    if found is not None:
+        return found
+    crc = crc32()
+    body = bytes(s - 4)
+    row = body + crc(body).to_bytes(4, "little")
+    value = crc(row * k)
+    with _crcs_lock:
+        if len(_crcs) >= 256:
+            _crcs.clear()
+        _crcs[key] = value
+    return value
+
+
+def read_rows(fd: int, offsets: list[int], s: int) -> tuple[bytearray, int]:
+    """The ``s``-byte values at ``offsets`` of the file ``fd``, read one ``preadv`` each into one buffer;
+    and how many were read whole (``len(offsets)`` unless the file was cut under the reader)."""
+    buf = new_bytearray(len(offsets) * s)
+    mv = memoryview(buf)
+    preadv = os.preadv
+    at = 0
+    for a, off in enumerate(offsets):
+        if preadv(fd, [mv[at:at + s]], off) != s:
+            return buf, a
+        at += s
+    return buf, len(offsets)
+
+
+def gather_rows(block: memoryview, starts: list[int], s: int) -> bytearray:
+    """The ``s``-byte values lying at ``starts`` in ``block`` (a run of leaf pages read at once), end to end."""
+    return bytearray().join([block[a:a + s] for a in starts])
+
+
+class SmallValueReads:
+    """The shuffled-epoch reads of :class:`~bridgeflow.serialize.lmdb_format.LMDBDataset` for small values
+    of bridgeflow's format with checksums: a batch of :data:`ROWS` at a time, gathered from the epoch's
+    :meth:`_region` (or read one ``preadv`` each), checked by one CRC call and decoded together. The reader
+    provides ``_index`` (``offsets``, ``sizes``), ``_pin``, ``_watch_at``/``_watch``, and ``_get``,
+    ``_finish``, ``_cut``, ``_written``.
+    """
+
+    _index: Any
+    _pin: Any
+    _watch_at: int
+    _watch: bytes
+    _get: Callable[[int, int], Any]
+    _finish: Callable[[int, Any, Any], Any]
+    _cut: Callable[[int, int, str], CorruptDataError]
+    _written: Callable[[], Exception]
+
+    def _read_batches(self, fd: int, it: Iterator[int], run: Any, skip: int) -> Iterator[Any]:
+        """Small values in any order (a shuffled epoch), :data:`ROWS` at a time: gathered into one buffer
+        (from the epoch's :meth:`_region`, else one ``preadv`` each), the writer's watch read once, checked
+        and decoded together (:meth:`_rows`). ``it`` yields
+        ``run[skip:]``; a batch is read ahead of it, and ``it`` advances with each datapoint handed out, so
+        the reader's position is that of those."""
+        region = self._region(fd, run, skip)
+        j = skip
+        for _ in it:
+            end = min(len(run), j + ROWS)
+            batch, failed = self._rows(fd, list(run[j:end]), region)
+            if batch:
+                yield batch[0]
+                for dp, _ in zip(itertools.islice(batch, 1, None), it):
+                    yield dp
+            if failed is not None:  # a damaged value: the ones before it were handed out
+                raise failed
+            j = end
+
+    def _region(self, fd: int, run: Any, skip: int) -> tuple[int, memoryview] | None:
+        """``(lo, bytes)``: the file from byte ``lo`` on, holding every value ``run[skip:]`` reads, read at
+        once, where they lie within :data:`REGION_BYTES` and fill at least half of it (a small dataset,
+        or a shard of one that lies together); ``None`` else. A shuffled epoch then gathers its values
+        from memory instead of one ``pread`` each; it holds the region until it ends."""
+        at = np.asarray(run[skip:], np.int64)
+        if not len(at):
+            return None
+        offsets, sizes = self._index.offsets[at], self._index.sizes[at]
+        lo, hi = int(offsets.min()), int((offsets + sizes).max())
+        if hi - lo > REGION_BYTES or hi - lo > 2 * int(sizes.sum(dtype=np.int64)) + _PAGE:
+            return None
+        buf = new_bytearray(hi - lo)
+        if os.preadv(fd, [buf], lo) != hi - lo:
+            raise self._cut(lo, hi - lo, "the values of this epoch")
+        return lo, memoryview(buf)
+
+    def _rows(self, fd: int, idx: list[int], region: tuple[int, memoryview] | None) -> tuple[list, Exception | None]:
+        """The datapoints ``idx`` (small values of bridgeflow's format with checksums) read (from ``region``
+        where given), checked and decoded as one batch where their values have one size, else each alone;
+        with the error of the first damaged one, the list then stopping before it. The watch (and, for a
+        region read earlier, the file's size) is checked before any is handed out, so a file a writer
+        commits to or someone cuts while it is read is an error, as it is for values read one by one."""
+        at = np.array(idx, np.int64)
+        sizes = self._index.sizes[at]
+        s = int(sizes[0])
+        if s >= SMALL_VALUE or (sizes != s).any():
+            return self._each(fd, idx)
+        offsets = self._index.offsets[at]
+        if region is not None:
+            lo, mv = region
+            if self._pin.size() < lo + len(mv):
+                raise self._cut(lo, len(mv), "the values of this epoch")
+            buf = gather_rows(mv, (offsets - lo).tolist(), s)
+        else:
+            buf, got = read_rows(fd, offsets.tolist(), s)
+            if got != len(idx):
+                raise self._cut(int(offsets[got]), s, f"datapoint {idx[got]}")
+        if os.pread(fd, 8, self._watch_at) != self._watch:
+            raise self._written()
+        return self._decode_rows(idx, buf, s)
+
+    def _each(self, fd: int, idx: list[int]) -> tuple[list, Exception | None]:
+        out = []
+        for i in idx:
+            try:
+                out.append(self._get(fd, i))
+            except CorruptDataError as exc:
+                return out, exc
+        return out, None
+
+    def _decode_rows(self, idx: list[int], buf: bytearray, s: int) -> tuple[list, Exception | None]:
+        """Datapoints ``idx`` from their values end to end in ``buf`` (``s`` bytes each, CRC included):
+        their CRCs checked by one call (:mod:`bridgeflow.serialize._lmdb_rows`), decoded together; where
+        that check fails or they do not decode together, each alone (which names a damaged one)."""
+        k = len(idx)
+        sound = crc32()(buf) == rows_crc(k, s)
+        if sound and k > 1:
+            try:
+                got = decode_many(buf, np.arange(0, k * s, s, dtype=np.int64), s - _TAIL)
+            except DECODE_ERRORS:
+                got = None
+            if got is not None:
+                return got, None
+        mv, n, out = memoryview(buf), s - _TAIL, []
+        for a, i in enumerate(idx):
+            at = a * s
+            try:
+                out.append(self._finish(i, bytearray(mv[at:at + n]), None if sound else mv[at + n:at + s]))
+            except CorruptDataError as exc:
+                return out, exc
+        return out, None
