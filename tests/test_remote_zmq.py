@@ -430,26 +430,27 @@ def _produce_big(addr, sizes, whole=False):
 
 @pytest.mark.parametrize("whole", [False, True])
 def test_a_large_datapoint_over_a_slow_link_is_not_a_lost_producer(whole, leak_check):
-    """6 MB through a 2 MB/s link with timeout=1 s: 3 s for one datapoint, and bytes arrive all along.
+    """10 MB through a 2 MB/s link with timeout=2 s: 5 s for one datapoint, and bytes arrive all along (a 1 MiB
+    piece each half second: 4x inside the timeout, so a busy machine's pauses do not end it).
     Sent whole (as producers did before pieces), it reached the consumer only once complete, which took it
     for dead; now ZeroMQ refuses a frame larger than any producer sends before buffering it."""
     addr = free_tcp()
-    producer = FORK.Process(target=_produce_big, args=(addr, [1000, 6_000_000, 1000], whole), daemon=True)
+    producer = FORK.Process(target=_produce_big, args=(addr, [1000, 10_000_000, 1000], whole), daemon=True)
     producer.start()
     proxy = ThrottledProxy(addr, rate=2_000_000)
     try:
-        with RemoteDataZMQ(proxy.addr, timeout=1.0) as df:
+        with RemoteDataZMQ(proxy.addr, timeout=2.0) as df:
             df.reset_state()
             if whole:
                 with pytest.raises(ProducerLostError, match="sent nothing"):
                     list(df)
-                assert proxy.forwarded < 1_000_000  # refused at the frame's header: the 6 MB never came in
+                assert proxy.forwarded < 1_000_000  # refused at the frame's header: the 10 MB never came in
                 return
             t0 = time.monotonic()
             got = list(df)
-            assert time.monotonic() - t0 > 2.5  # it did take the link's time
+            assert time.monotonic() - t0 > 4.0  # it did take the link's time
         assert [dp[1] for dp in got] == [0, 1, 2]
-        assert [dp[0].nbytes for dp in got] == [1000, 6_000_000, 1000]
+        assert [dp[0].nbytes for dp in got] == [1000, 10_000_000, 1000]
         for i, (arr, _) in enumerate(got):
             assert (arr == i + 1).all()
         assert got[1][0].flags.writeable
