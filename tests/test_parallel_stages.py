@@ -935,12 +935,18 @@ def test_a_runner_over_an_unshuffled_flow_warns_of_the_repeats_it_yields(leak_ch
                                                   r"of the flow, and nothing in it shuffles") as caught:
         df = MultiProcessRunnerZMQ(bf.DataFromList(list(range(2000)), shuffle=False), 2)
     assert caught[0].filename == __file__  # names the line that made the stage
+    # what the warning is about: an epoch repeats datapoints, once both workers give their copies (a loaded
+    # machine may let one worker give whole epochs before the other is scheduled: epochs are read until one
+    # repeats, within PROMPTLY_S; a run that never repeats means one worker never gave anything)
+    sizes, repeated, t0 = [], False, time.monotonic()
     with df:
         df.reset_state()
-        epochs = [[dp for dp in df] for _ in range(2)]
-    # what the warning is about: an epoch repeats datapoints (in the first, a loaded machine may have let one
-    # worker give all 2000 before the other started; by the second, both have been giving their copies)
-    assert [len(e) for e in epochs] == [2000, 2000] and any(len(set(e)) < 2000 for e in epochs)
+        while not repeated and time.monotonic() - t0 < PROMPTLY_S:
+            epoch = [dp for dp in df]
+            sizes.append(len(epoch))
+            repeated = len(set(epoch)) < len(epoch)
+    assert repeated, f"{len(sizes)} epochs in {PROMPTLY_S} s without a repeated datapoint"
+    assert set(sizes) == {2000}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         MultiProcessRunner(bf.DataFromList(list(range(20)), shuffle=True), 4, 2).close()  # random: i.i.d.
