@@ -436,7 +436,8 @@ def _fields(fmt: str) -> list[tuple[int, str]]:
 def _vectors_and_values(raw: np.ndarray, prefix: np.ndarray, at: np.ndarray, size: int, plan: Plan,
                         pair: tuple) -> list | None:
     """``[vector, number]`` datapoints of a batch (see :func:`decode_many`): the vectors' lengths checked
-    and their numbers read as columns of the prefixes, the vectors copied into one array, one row each."""
+    and their numbers read as columns of the prefixes, the vectors rows of one array (a view of ``raw``
+    where :func:`_rows_of` can give one, else a copy)."""
     dt, dims, value = pair
     fields = _fields(plan.full.format)
     count, rest = divmod(size, dt.itemsize)
