@@ -221,6 +221,7 @@ def test_lightning_ddp_spawn_with_the_import_inside_the_hook(tmp_path):
     for rec in ranks:
         assert rec["class"] == "bridgeflow.adapters.torch._loader.DataLoader"
         assert rec["sampler"] == "DistributedSampler"
+        assert rec["start_method"] == "spawn"  # its worker started as the rank was, importing Lightning again
     for epoch in range(2):
         shards = [set(rec["ids"][epoch]) for rec in ranks]
         assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(22))
