@@ -91,6 +91,11 @@ def _say_strict(saved: Any, have: Any) -> str:
             f"{'strict' if have else 'carried'} (strict=, or a source without len())")
 
 
+def _check_costs(flow: Any, costs: list) -> None:
+    if not (len(costs) == 2 and all(type(v) in (int, float) and 0 <= v < 1 << 62 for v in costs)):
+        raise StateMismatchError(f"damaged 'costs' entry {costs!r:.60} in the state")
+
+
 def _check_pair(flow: Any, partial: list) -> None:
     if not (len(partial) == 2 and all(type(v) is int and v >= 0 for v in partial)):
         raise StateMismatchError(f"damaged 'partial' entry {partial!r:.60} in the state")
@@ -141,6 +146,7 @@ class _MapStage(ParallelStage):
         Part("batch", (Count("size", 1 << 16, "batches of at most 65536 in the workers"), Count("offset"),
                        Count("held"), Value("partial", list, _check_pair, none=True)), none=True),
         Held(), Flag("ended", optional=True), Count("ahead", optional=True),
+        Value("costs", list, _check_costs, none=True, optional=True),
     )
 
     def __init__(self, ds: DataFlow, num_workers: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
@@ -176,6 +182,8 @@ class _MapStage(ParallelStage):
         # before the stream went back): (first pull index, mapped datapoints delivered, batch size)
         self._align = 0  # fused: where in an epoch of the source the next plan's first group starts
         self._fused_size = 0  # fused: the batch size of the last plan (0: none)
+        self._began_strict = False  # the epoch in progress began strict (its source's length unknown then: a
+        # CacheData filling knows it once filled, and the rest of that epoch stays strict)
 
     def _new_pool(self) -> WorkerPool:
         if self._processes and self.start_method not in (None, "fork"):
@@ -306,6 +314,8 @@ class _MapStage(ParallelStage):
             plan.close()
         if pool.outstanding:
             pool.discard_outstanding()
+        if resume.get("costs") is not None:
+            pool.assume_costs(resume["costs"])
         if held is None:
             held = unpack_held(resume["held"]) if resume.get("held") is not None else []
         ended = bool(resume.get("ended"))
@@ -438,6 +448,7 @@ class _MapStage(ParallelStage):
         if self._batched is not None:  # groups of a fused BatchData are in flight: not datapoints
             self._drop_in_flight(pool)
         size = self._epoch_size()
+        self._began_strict = size is None
         self._taken = 0
         self._plan = None
         if resume is not None:
@@ -511,22 +522,26 @@ class _MapStage(ParallelStage):
         """The source's state at the oldest datapoint the consumer has not received, and the stage's place
         in its epoch (see :mod:`bridgeflow.parallel.progress`). Costs a few dict entries: the source's
         state was taken as the stage read it."""
-        head = {"strict": self._epoch_size() is None, "ordered": bool(self.ordered)}
+        live = epoch_live(self)
+        strict = self._began_strict if live else self._epoch_size() is None
+        head = {"strict": strict, "ordered": bool(self.ordered)}
         ledger = self._ledger
         if ledger is None:
             return {**head, "source": child_state(self.ds), "replay": 0, "skip": [], "taken": 0, "batch": None,
-                    "held": None, "ended": False, "ahead": 0}
+                    "held": None, "ended": False, "ahead": 0, "costs": None}
         loose = self._source_loose()
-        ahead = 0
+        ahead, costs = 0, None
         if loose is None:
             source, replay, skip = ledger.position()
             held = None
-            if self._epoch_size() is None:  # strict: how far the source was read, for a resumed epoch to match
+            if strict:  # how far the source was read, for a resumed epoch to match
                 ahead = ledger.pulled - ledger.low + (len(self._held_first.left()) if self._held_first else 0)
+                # and what the pool learned its tasks cost: a fresh one would read less far ahead until its
+                # first result, and leave the source elsewhere if the epoch is closed before it takes more
+                costs = self._pool.costs() if self._pool is not None else None
         else:  # the source's state now, and what was pulled from it and not received
             source, replay, skip = child_state(self.ds), 0, sorted([s - ledger.low, n] for s, n in ledger.done.items())
             held = pack_held(self._in_flight(ledger), loose)
-        live = epoch_live(self)
         plan = self._plan if live else self._batched
         pending = self._partial[:2] if self._partial is not None else None
         if plan is not None and plan.ledger is ledger:
@@ -539,7 +554,7 @@ class _MapStage(ParallelStage):
                 batch = {"size": self._fused_size, "offset": self._align, "held": 0,
                          "partial": None if pending is None else [pending[0] - ledger.low, pending[1]]}
         return {**head, "source": source, "replay": replay, "skip": skip, "taken": taken, "batch": batch,
-                "held": held, "ended": self._ended, "ahead": ahead}
+                "held": held, "ended": self._ended, "ahead": ahead, "costs": costs}
 
     def _in_flight(self, ledger: SourceLedger) -> list:
         """The datapoints pulled from the source and not received, by pull index from ``ledger.low`` (None
