@@ -189,7 +189,11 @@ class _MapStage(ParallelStage):
         self._pulls.clear()
         self._pulls_from = 0
         self._ended = False
-        self._held_first = None
+        first = self._held_first
+        if first is not None and first.items:  # a resumed stream goes on without the runs received before the
+            # state (its ledger is new): the held datapoints still come first, less the received ones (None)
+            first.items = collections.deque(dp for dp in first.items if dp is not None)
+        self._held_first = first if first is not None and first.items else None
         loose = self._source_loose() is not None  # the source's state is taken when asked, not noted as it goes
         self._ledger = SourceLedger(self.ds, every=float("inf") if loose else SNAPSHOT_EVERY)
         return self._ledger
