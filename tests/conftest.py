@@ -139,6 +139,16 @@ if _HANG_LOG and os.environ.get("PYTEST_XDIST_WORKER"):
 _hang_file = open(_HANG_LOG, "w") if _HANG_LOG else None  # open for the whole run
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (tens of seconds: a training framework's processes, a type check) run first, in
+    the order collected, the rest after them as collected. Under pytest-xdist (``-n 2``) a long test started
+    last keeps one process busy after the other has finished everything else; started first, it runs beside
+    the short tests, which then fill both processes to the end. Tests whose cost is a module-scoped fixture
+    (a live tensorpack run, a Ray cluster) are not marked: moved apart from their module, each test process
+    would build the fixture again."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: collection order kept
+
+
 def pytest_collection_finish(session):
     """Once every test file is imported (torch, TensorFlow, Lightning: ~600,000 objects the collector tracks),
     move what survives a full collection out of the collector's reach for the rest of the run: each later

@@ -335,7 +335,7 @@ class WorkerPool:
             self._pending[worker] = pending
             self._sent_open += n
             if not self._channel.send(worker, chunk):
-                self._raise_dead(worker)
+                self._last_words(worker)
             self._task_cost = _cost(self._task_cost, self._channel.sent_bytes, n)
             force = False
 
@@ -449,7 +449,17 @@ class WorkerPool:
                 raise
             if msg is not None:
                 break
-        worker, results = msg
+        self._file(*msg)
+
+    def _last_words(self, worker: int) -> NoReturn:
+        """``worker`` is gone (its task pipe is closed). What it sent before it went may still be waiting,
+        the error that made it stop among it: file that (raising the error) before calling it dead."""
+        while (results := self._channel.leftover(worker)) is not None:
+            self._file(worker, results)
+        self._raise_dead(worker)
+
+    def _file(self, worker: int, results: list | None) -> None:
+        """File one message of ``worker`` (``None``: its end-of-file, a death); raise the error it reports."""
         if results is None:
             self._raise_dead(worker)
         self.results_received += len(results)
