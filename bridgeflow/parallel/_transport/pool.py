@@ -291,6 +291,20 @@ class WorkerPool:
             self._flush(worker)
         return task_id
 
+    def costs(self) -> list[float] | None:
+        """What a task and its result cost in bytes, as learned from the results (None until one came back,
+        and for threads, which copy nothing): a stage's state carries them, so that a pool resumed from it
+        reads ahead as far as this one does (see :meth:`assume_costs`)."""
+        return [self._task_cost, self._result_cost] if self._learned and self.processes else None
+
+    def assume_costs(self, costs: list[float]) -> None:
+        """Start from the costs another pool learned (:meth:`costs`), unless this one learned its own: a fresh
+        pool sends one task a worker until a result says what results cost, and so reads its source less far
+        ahead than the pool whose state it resumes from."""
+        if not self._learned:
+            self._task_cost, self._result_cost = float(costs[0]), float(costs[1])
+            self._learned = True
+
     def _solo(self) -> bool:
         """Tasks go one a message: their cost is not known yet, or a chunk of them would be large."""
         return not self._learned or self._task_cost + self._result_cost >= _SOLO_BYTES
