@@ -49,7 +49,9 @@ States, the contract:
   fills them in once it is reset, so the state it gives back before its next epoch says the same later. A
   parallel stage that reads its source ahead of its consumer and begins its source's epochs afresh (a strict
   one) also saves how far it had read (``ahead``): resumed, it reads that far at once, so an epoch left before
-  its first datapoint leaves the source where the saved one did and the source's next epoch is the same.
+  its first datapoint leaves the source where the saved one did and the source's next epoch is the same; and
+  what its process pool learned its tasks cost (``costs``), so that the resumed pool goes on reading as far
+  ahead as the saved one (a fresh pool holds back until its first result).
 - **Over an unordered stage, a multiset.** A map stage with ``ordered=False`` or a runner of several
   workers delivers in an order its workers' timing makes, so its state promises the epoch's *multiset*:
   what was delivered is never given again, what is in flight and what is still to read is each given exactly
@@ -64,10 +66,11 @@ States, the contract:
   whose copies hold an unordered stage; a held datapoint the codec cannot store); ``ShardData`` over an
   unordered stage is refused when built (the ranks would keep overlapping parts). Randomness inside
   ``map_func`` is not replayed.
-- **What a load checks, before anything uses the state.** The header; each declared field's type and
-  range (a count no larger than the epoch, a replay no longer than what a stage can have in flight, a
-  valid generator state...); no missing or unknown field; the flow's own checks between fields; the
-  children's states, each the same way; then, once every field of the tree passed, the outermost
+- **What a load checks, before anything uses the state.** The header; the children's states, each the
+  same way (first: a flow's length may follow from its children's states, a ``CacheData`` loaded filled);
+  each declared field's type and range (a count no larger than the epoch, a replay no longer than what a
+  stage can have in flight, a valid generator state...); no missing or unknown field; the flow's own checks
+  between fields; then, once every field of the tree passed, the outermost
   ``check`` (so a field changed into another valid value is refused too, and the flows are left as they
   were; a state without ``check``, made by hand, is taken on its fields).
 - **The errors.** :class:`~bridgeflow.state.StateMismatchError` (a ``ValueError``): a state of another

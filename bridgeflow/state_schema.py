@@ -2,10 +2,11 @@
 
 A flow that saves its own position declares ``state_fields``, a tuple of :class:`Field`\\ s, beside its
 ``_own_state()`` (which returns exactly those fields). ``load_state_dict`` then, before anything else uses
-the state: checks the header (class, version), refuses a field the flow does not save and a missing one,
-checks each field's type and range (the bound and where it comes from are part of the declaration), runs
-the flow's ``_take_state`` (checks between fields, if any) and loads the children's states; the outermost
-load then checks the checksum of the whole tree. A refusal is a :class:`~bridgeflow.state.StateMismatchError`
+the state: checks the header (class, version), loads the children's states (each checked the same way:
+a bound may follow from what a child loaded), refuses a field the flow does not save and a missing one,
+checks each field's type and range (the bound and where it comes from are part of the declaration) and runs
+the flow's ``_take_state`` (checks between fields, if any); the outermost load then checks the checksum of
+the whole tree. A refusal is a :class:`~bridgeflow.state.StateMismatchError`
 naming the flow's path, the field and its value, e.g. ``BatchData/MapData/DataFromList: field 'pos' of the
 state is 14, above 12, the most this flow can save: the epoch's length``.
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from .state import (
     RESERVED,
+    StateError,
     StateMismatchError,
     load_child,
     rng_state,
@@ -299,11 +301,19 @@ def check_fields(flow: Any, state: dict, fields: Sequence[Field], reserved: Sequ
 
 
 def apply_fields(flow: Any, state: dict, fields: Sequence[Field]) -> None:
-    """What ``load_state_dict`` does with a declared state: check the fields, run the flow's own checks
-    between fields (``_take_state``), then load the children's states (the outermost load then checks the
-    tree's checksum)."""
-    check_fields(flow, state, fields)
-    flow._take_state(state)
-    for f in fields:
-        if f.name in state:
+    """What ``load_state_dict`` does with a declared state: load the children's states (each checked the same
+    way), then check the fields and run the flow's own checks between fields (``_take_state``); the outermost
+    load then checks the tree's checksum. The children come first because a bound or a setting may follow
+    from what they loaded (a stage over a ``CacheData`` whose loaded cache is filled has a length, so its
+    epochs are carried); a refusal after they loaded takes their states back."""
+    loaders = [f for f in fields if type(f).load is not Field.load and f.name in state]
+    for f in loaders:
+        f.check(flow, state[f.name])
+    try:
+        for f in loaders:
             f.load(flow, state[f.name])
+        check_fields(flow, state, fields)
+        flow._take_state(state)
+    except StateError:
+        flow._forget_loaded()
+        raise

@@ -8,6 +8,7 @@ import faulthandler
 import functools
 import gc
 import importlib
+import importlib.util
 import os
 import re
 import signal
@@ -79,15 +80,20 @@ def docs_module(name: str):
     return imported()
 
 
-def need(module: str) -> ModuleType:
+def need(module: str, import_it: bool = True) -> ModuleType | None:
     """Import ``module`` (``"torch"``, ``"lightning.pytorch"``) for the test or test file that calls this; when
     it is not installed, skip with the extra that installs it, or fail under CI when the job installed it.
 
     At the top of a test file (before the imports from that package) it skips the whole file; in a test,
-    that test.
+    that test. With ``import_it=False`` only a top-level package is looked up, not imported (None): for a file
+    whose tests run the package in subprocesses, or import it themselves.
     """
     __tracebackhide__ = True  # a skip names the test file that needs the package, not this one
     try:
+        if not import_it:
+            if importlib.util.find_spec(module) is None:
+                raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+            return None
         return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         top = module.split(".")[0]
@@ -137,6 +143,16 @@ _HANG_LOG = os.environ.get("BRIDGEFLOW_TEST_HANG_LOG")
 if _HANG_LOG and os.environ.get("PYTEST_XDIST_WORKER"):
     _HANG_LOG += "." + os.environ["PYTEST_XDIST_WORKER"]
 _hang_file = open(_HANG_LOG, "w") if _HANG_LOG else None  # open for the whole run
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` (tens of seconds: a training framework's processes, a type check) run first, in
+    the order collected, the rest after them as collected. Under pytest-xdist (``-n 2``) a long test started
+    last keeps one process busy after the other has finished everything else; started first, it runs beside
+    the short tests, which then fill both processes to the end. Tests whose cost is a module-scoped fixture
+    (a live tensorpack run, a Ray cluster) are not marked: moved apart from their module, each test process
+    would build the fixture again."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: collection order kept
 
 
 def pytest_collection_finish(session):

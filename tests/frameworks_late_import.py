@@ -1,19 +1,20 @@
 """Lightning ``ddp_spawn`` (2 CPU ranks) with bridgeflow imported inside ``train_dataloader()``, for
-tests/test_torch_frameworks.py: nothing here imports bridgeflow at the top, so its DataLoader class is first
+tests/test_torch_frameworks.py: nothing imports bridgeflow at the top, so its DataLoader class is first
 defined while Lightning records the arguments of DataLoaders built in its hook (issue 21: the recorded
-positional call and the injected ``sampler=`` collided). Each rank writes its sample ids and the class and
-sampler it trained from to ``OUT/late-<rank>.json``.
+positional call and the injected ``sampler=`` collided). Each rank writes its sample ids and the class, sampler
+and worker start method it trained from to ``OUT/late-<rank>.json``.
+
+The model lives in tests/frameworks_late_model.py and Lightning is imported only when this runs as the script:
+a spawned loader worker re-runs this file and unpickles ``Ids`` from it, and so does not import Lightning
+(seconds of CPU each).
 
 ``python tests/frameworks_late_import.py OUT``
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 
-import lightning.pytorch as pl
 import torch
 import torch.utils.data as tud
 
@@ -28,40 +29,15 @@ class Ids(tud.Dataset):
         return torch.tensor([float(i)]), i
 
 
-class Model(pl.LightningModule):
-    def __init__(self, out: str) -> None:
-        super().__init__()
-        self.out = out
-        self.layer = torch.nn.Linear(1, 1)
-        self.seen: list[list[int]] = []
+def main(out: str) -> None:
+    import lightning.pytorch as pl
+    from frameworks_late_model import Model
 
-    def train_dataloader(self):
-        from bridgeflow.adapters.torch import DataLoader  # first imported here, inside Lightning's hook
-
-        return DataLoader(Ids(), batch_size=BATCH, shuffle=True, num_workers=2)
-
-    def on_train_epoch_start(self) -> None:
-        self.seen.append([])
-
-    def training_step(self, batch, batch_idx):
-        x, ids = batch
-        self.seen[-1].extend(int(i) for i in ids)
-        return self.layer(x).sum()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    def on_train_end(self) -> None:
-        loader = self.trainer.train_dataloader
-        record = {"rank": self.global_rank, "ids": self.seen,
-                  "class": f"{type(loader).__module__}.{type(loader).__qualname__}",
-                  "sampler": type(loader.sampler).__name__}
-        with open(os.path.join(self.out, f"late-{self.global_rank}.json"), "w") as f:
-            json.dump(record, f)
-
-
-if __name__ == "__main__":
     pl.seed_everything(7)
     trainer = pl.Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, max_epochs=2, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Model(sys.argv[1]))
+    trainer.fit(Model(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -49,8 +49,13 @@ class Recorder(pl.LightningModule):
 
 def lightning_ddp(out: str) -> None:
     pl.seed_everything(SEED, workers=True)
+    # The workers are forked from their rank: a rank started by ddp_spawn spawns its children by default, and
+    # each spawned worker imports Lightning again to unpickle its worker_init_fn (seconds of CPU, 8 workers a
+    # run). What this run checks (the sampler injected into bridgeflow's class, each rank's shard, torch's
+    # order) is decided in the rank; spawned workers under ddp_spawn are frameworks_late_import.py's.
     loaders = {"torch": tud.DataLoader(Ids(), batch_size=BATCH, shuffle=True),
-               "bridgeflow": DataLoader(Ids(), batch_size=BATCH, shuffle=True, num_workers=2)}
+               "bridgeflow": DataLoader(Ids(), batch_size=BATCH, shuffle=True, num_workers=2,
+                                        multiprocessing_context="fork")}
     trainer = pl.Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, max_epochs=2, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Recorder(out), train_dataloaders=loaders)

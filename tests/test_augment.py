@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 
-import albumentations as A
 import numpy as np
 import pytest
 
@@ -216,6 +215,7 @@ def test_plain_function():
 
 
 def test_albumentations_pipeline_shared_and_seeded():
+    A = need("albumentations")  # here, not at the top: seconds of import in every test process otherwise
     pipeline = A.Compose([A.HorizontalFlip(p=0.5), A.RandomBrightnessContrast(p=1.0)])
     src = [[img, img.copy(), i] for img, i in images(12)]
 

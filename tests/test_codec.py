@@ -197,6 +197,7 @@ def test_random_bytes_behind_a_valid_magic_raise_only_library_errors(tail, cid):
             pass
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(trees, st.binary(max_size=400), st.integers(0, 400))
 def test_real_skeletons_over_random_values_raise_only_corrupt_data(obj, body, heap_len):

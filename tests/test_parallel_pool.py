@@ -14,7 +14,7 @@ import pytest
 from bridgeflow.errors import BridgeflowError, WorkerError
 from bridgeflow.parallel import EXHAUSTED, WorkerContext, WorkerPool
 from bridgeflow.parallel._transport import shm as shm_mod
-from conftest import PROMPTLY_S, InterruptAfterRead, shm_entries
+from conftest import PROMPTLY_S, InterruptAfterRead, shm_entries, wait_for
 
 
 def scale_init(factor, ctx):
@@ -90,6 +90,21 @@ def test_init_failure_is_raised_by_get(processes, leak_check):
         with pytest.raises(RuntimeError, match="cannot open the dataset in worker [01]") as info:
             pool.get()
     assert "while starting" in "".join(getattr(info.value, "__notes__", [])) or info.value.__cause__
+
+
+def test_a_worker_that_reported_its_error_and_exited_is_not_called_dead(leak_check):
+    """A worker that cannot start (its control segment is gone: removed here while it was being spawned)
+    sends why and exits with code 0. A task sent after it exited meets a closed pipe; the worker's message is
+    still waiting to be read, and is what the consumer gets, not "worker 0 exited with code 0 without
+    reporting an error". The task is sent only once the worker has gone: the order that lost the message."""
+    with WorkerPool(context_init, 1, processes=True, name="Loader", start_method="spawn") as pool:
+        pool.start()
+        os.unlink(os.path.join(shm_mod.SHM_DIR, pool._channel.prefix + "ctl"))  # before the spawned worker opens it
+        assert wait_for(lambda: pool.worker_processes[0].exitcode is not None)
+        assert pool.worker_processes[0].exitcode == 0
+        with pytest.raises(WorkerError, match="stopped: .*control segment .* vanished before the worker started"):
+            pool.put(1)
+            pool.get()
 
 
 def test_timeout(leak_check):

@@ -217,6 +217,7 @@ def test_a_commit_since_opening_is_an_error_never_another_keys_value(tmp_path, l
         assert all(check(layout, dp) for dp in again if layout != "raw" or not dp[0].startswith(b"new"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["raw", "bridgeflow"])
 def test_reading_while_a_writer_commits(tmp_path, layout):
     """A writer process committing while readers open and read: each value read is right, or the read

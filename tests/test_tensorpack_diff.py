@@ -212,6 +212,7 @@ def test_tensorpack_producer_is_refused_clearly(tmp_path):
 
     addr = f"ipc://{tmp_path}/tp.sock"
     sender = ("import sys\nfrom tensorpack.dataflow import DataFromList, send_dataflow_zmq\n"
+              "print('ready', flush=True)\n"
               "send_dataflow_zmq(DataFromList([[1, 'a']] * 3, shuffle=False), sys.argv[1])\n")
     exe = tensorpack_python()
     ctx = zmq.Context()
@@ -219,14 +220,19 @@ def test_tensorpack_producer_is_refused_clearly(tmp_path):
     push.setsockopt(zmq.LINGER, 0)
     proc = None
     try:
+        if exe is not None:  # started and imported before the consumer's timeout runs: it connects, then sends
+            proc = subprocess.Popen([exe, "-c", sender, addr], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                    text=True)
+            for line in proc.stdout:  # tensorpack prints its own notes first; at EOF the sender failed
+                if line == "ready\n":
+                    break
+            else:
+                pytest.fail(f"the tensorpack sender exited ({proc.wait()}) before it was ready")
         with RemoteDataZMQ(addr, bind=True, timeout=5) as df:
             df.reset_state()
             if exe is None:  # no tensorpack here: the bytes tensorpack's default serializer sends
                 push.connect(addr)
                 push.send(pickle.dumps([1, "a"], protocol=-1))
-            else:
-                proc = subprocess.Popen([exe, "-c", sender, addr], stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
             with pytest.raises(ProducerLostError, match=r"message\(s\) not from bridgeflow's "
                                                         r"send_dataflow_zmq.*dropped \(tensorpack's producer"):
                 next(iter(df))

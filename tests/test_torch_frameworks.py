@@ -25,12 +25,10 @@ import bridgeflow
 from conftest import need
 
 need("torch")
-need("lightning")
+need("lightning", import_it=False)  # imported by the tests that run it here, in one test process (below)
 
-import lightning.pytorch as pl
 import torch
 import torch.utils.data as tud
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 from bridgeflow.adapters.torch import DataLoader
 
@@ -56,40 +54,19 @@ class Ids(tud.Dataset):
         return torch.tensor([float(i)]), i
 
 
-class Recorder(pl.LightningModule):
-    """Records the sample ids of every training batch, epoch by epoch, and the loader it trained from."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.epochs: list[list[list[int]]] = []
-        self.loader_class: type | None = None
-
-    def on_train_epoch_start(self) -> None:
-        self.epochs.append([])
-        self.loader_class = type(self.trainer.train_dataloader)
-
-    def training_step(self, batch, batch_idx):
-        x, ids = batch
-        if not self.epochs:  # resumed mid-epoch: Lightning does not start that epoch again
-            self.epochs.append([])
-        self.epochs[-1].append([int(i) for i in ids])
-        return self.layer(x.float().reshape(-1, 1)).sum()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+# Lightning is imported by the three tests below, not at collection: the import costs each pytest-xdist
+# process ~6 s, so they share one process (xdist_group, with the README's --dist loadgroup) and the other
+# process never pays it. The module they import holds the LightningModule.
+IN_PROCESS = pytest.mark.xdist_group("lightning")
 
 
-def trainer(**kwargs) -> pl.Trainer:
-    kwargs.setdefault("enable_checkpointing", False)
-    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                      enable_model_summary=False, **kwargs)
-
-
+@IN_PROCESS
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_lightning_trains_on_torchs_batches(num_workers, leak_check):
     """Under seed_everything, shuffled from torch's global RNG: the same order as torch's loader, so
     Lightning neither draws an extra seed nor starts an extra worker pool for bridgeflow's loader."""
+    from frameworks_inprocess import Recorder, pl, trainer
+
     runs = []
     for cls in (tud.DataLoader, DataLoader):
         pl.seed_everything(0)
@@ -101,11 +78,14 @@ def test_lightning_trains_on_torchs_batches(num_workers, leak_check):
     assert runs[1].epochs[0] != runs[1].epochs[1]
 
 
+@IN_PROCESS
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_lightning_trains_from_a_dataflow_for_several_epochs(num_workers, tmp_path, leak_check):
     """A sized flow: Lightning ends each epoch after len() batches, without StopIteration, and starts the
     next with a new iter() while the old iterator is still held; with checkpointing on, the loader's
     state is taken at each epoch's end."""
+    from frameworks_inprocess import Recorder, trainer
+
     flow = bridgeflow.DataFromList([[np.float32(i), np.int64(i)] for i in range(8)], shuffle=True, seed=3)
     model = Recorder()
     loader = DataLoader(flow, batch_size=3, num_workers=num_workers)
@@ -119,8 +99,11 @@ def test_lightning_trains_from_a_dataflow_for_several_epochs(num_workers, tmp_pa
     flow.close()
 
 
+@IN_PROCESS
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_lightning_resumes_mid_epoch_from_a_checkpoint(num_workers, tmp_path, leak_check):
+    from frameworks_inprocess import ModelCheckpoint, Recorder, trainer
+
     def loader():
         return DataLoader(Ids(), batch_size=3, shuffle=True, num_workers=num_workers,
                           generator=torch.Generator().manual_seed(1))
@@ -221,6 +204,7 @@ def test_lightning_ddp_spawn_with_the_import_inside_the_hook(tmp_path):
     for rec in ranks:
         assert rec["class"] == "bridgeflow.adapters.torch._loader.DataLoader"
         assert rec["sampler"] == "DistributedSampler"
+        assert rec["start_method"] == "spawn"  # its worker started as the rank was, importing Lightning again
     for epoch in range(2):
         shards = [set(rec["ids"][epoch]) for rec in ranks]
         assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(22))
@@ -233,7 +217,7 @@ def test_accelerate_resumes_every_rank_with_bridgeflows_workers(tmp_path):
     checkpointing): save_state() after step 4, every rank SIGKILLed at step 6, load_state() in new
     processes; each rank's remaining steps over 2 epochs (sample ids and a draw from its global RNG, which
     Accelerate restores) equal the uninterrupted run's."""
-    for phase, ok in (("full", True), ("killed", False), ("resume", True)):
+    for phase, ok in (("full+killed", False), ("resume", True)):  # full, then killed, in the same processes
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "frameworks_run.py",

@@ -17,7 +17,7 @@ import pytest
 from test_torch_loader import ArrayDataset, assert_same, failing_init_fn, outcomes
 
 import bridgeflow
-from conftest import PROMPTLY_S, need
+from conftest import PROMPTLY_S, need, wait_for
 
 need("torch")
 
@@ -145,8 +145,9 @@ def test_a_worker_found_dead_when_its_next_task_is_sent_says_so_in_torchs_words(
     loader._bf.pin_backend = FakePinnedMemory() if pinned else None
     it = iter(loader)
     assert int(next(it)) == 0
-    time.sleep(0.5)  # every task sent so far is done: its result waits in a pipe
     pool = (it._source._source if pinned else it._source)._pool
+    # every task sent so far is done (the workers' counters say so): its result waits in a pipe
+    assert wait_for(lambda: pool.results_received + pool._channel.unread(pool.results_received) >= pool._next_task)
     pid = pool.pids[1]
     os.kill(pid, signal.SIGKILL)
     time.sleep(0.2)

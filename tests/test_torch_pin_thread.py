@@ -107,17 +107,22 @@ def test_the_sampler_is_read_as_far_as_without_the_thread_and_in_the_consumers_t
     """torch sends the task replacing a batch when that batch is handed out: at most prefetch_factor *
     num_workers batches in flight, pinned or not. So a reading thread draws no index earlier than torch
     would, and an epoch left early has drawn exactly as many (later epochs' shuffles do not depend on how
-    far a thread happened to run)."""
+    far a thread happened to run). Each count is read once the thread has pinned every batch in flight
+    (handed out or not): as far as it can read ahead, and past the point where a thread that sent tasks
+    itself would have drawn for them."""
     drawn = {}
     for pinned in (False, True):
         sampler = RecordingSampler(40)
+        backend = FakePinnedMemory()
         kwargs = dict(batch_size=2, num_workers=2, sampler=sampler, prefetch_factor=2)
-        loader = pinned_loader(Tagged(40), **kwargs) if pinned else DataLoader(Tagged(40), **kwargs)
+        loader = pinned_loader(Tagged(40), backend, **kwargs) if pinned else DataLoader(Tagged(40), **kwargs)
         it = iter(loader)
         counts = []
-        for _ in range(5):
-            next(it)
-            time.sleep(0.3)  # time for a reading thread to run ahead, if it could
+        for k in range(5):
+            batch = next(it)
+            if pinned:  # k + 1 batches handed out, 2 workers x prefetch_factor 2 in flight behind them
+                want = len(tensors(batch)) * (k + 1 + 4)  # pinned tensors
+                assert wait_for(lambda b=backend, want=want: b.allocations >= want)
             counts.append(len(sampler.draws))
         drawn[pinned] = counts
         assert set(sampler.draws) == {threading.current_thread().name}

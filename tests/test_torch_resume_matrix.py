@@ -159,6 +159,7 @@ def test_the_matrix_holds_for_torchdata_too(kind, workers, persistent):
         check(kind, StatefulDataLoader, workers, persistent, gen)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 @pytest.mark.parametrize("persistent", [False, True])
 def test_iterable_epochs_equal_torchdatas(persistent):

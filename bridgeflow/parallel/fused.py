@@ -330,6 +330,7 @@ class WorkerBatching(ProxyDataFlow):
         stage = self.ds
         batch_size, use_list, pad_value = self.batch_size, self.use_list, self.pad_value
         size = stage._epoch_size()
+        stage._began_strict = size is None
         plan = stage._batched
         stage._batched = None  # this epoch owns the groups in flight until it completes
         if stage._plan is not None and stage._plan is not plan:  # an epoch left before it began: let its source go

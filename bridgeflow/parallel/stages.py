@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -41,9 +40,10 @@ from typing import Any
 from .._renamed import renamed_keywords
 from ..base import DataFlow, epoch_live, unordered_stage
 from ..errors import LengthUnknownError
-from ..state import StateError, StateMismatchError, child_state, pack_held, unpack_held
+from ..state import StateMismatchError, child_state, pack_held, unpack_held
 from ..state_schema import Child, Count, Flag, Held, Part, Same, Value
 from ..transforms import _DATAPOINT_TYPES, check_datapoint
+from ._resume_plan import HeldFirst, close_stream, drop_in_flight, most_in_flight, read_ahead, resume_source
 from ._transport.pool import WorkerContext, WorkerPool
 from .common import (
     ParallelStage,
@@ -91,46 +91,14 @@ def _say_strict(saved: Any, have: Any) -> str:
             f"{'strict' if have else 'carried'} (strict=, or a source without len())")
 
 
+def _check_costs(flow: Any, costs: list) -> None:
+    if not (len(costs) == 2 and all(type(v) in (int, float) and 0 <= v < 1 << 62 for v in costs)):
+        raise StateMismatchError(f"damaged 'costs' entry {costs!r:.60} in the state")
+
+
 def _check_pair(flow: Any, partial: list) -> None:
     if not (len(partial) == 2 and all(type(v) is int and v >= 0 for v in partial)):
         raise StateMismatchError(f"damaged 'partial' entry {partial!r:.60} in the state")
-
-
-_NONE = object()
-
-
-class _HeldFirst:
-    """Datapoints a resumed stage has already (held by the state over an unordered stage, or read ahead of the
-    saved position), then ``rest``'s (None: no more): those not given yet are still in flight, and a state
-    taken now counts them again."""
-
-    def __init__(self, items: list, rest: Iterator | None) -> None:
-        self.items, self.rest = collections.deque(items), rest
-
-    def __iter__(self) -> Iterator:
-        return self
-
-    def __next__(self) -> Any:
-        if self.items:
-            return self.items.popleft()
-        if self.rest is None:
-            raise StopIteration
-        return next(self.rest)
-
-    def left(self) -> list:
-        return list(self.items)
-
-    def close(self) -> None:
-        self.items.clear()
-        if self.rest is not None:
-            _close(self.rest)
-
-
-def _close(it: Iterator) -> None:
-    """Close a carried stream: a generator; the held datapoints of an ended epoch are a plain iterator."""
-    close = getattr(it, "close", None)
-    if close is not None:
-        close()
 
 
 class _MapStage(ParallelStage):
@@ -141,6 +109,7 @@ class _MapStage(ParallelStage):
         Part("batch", (Count("size", 1 << 16, "batches of at most 65536 in the workers"), Count("offset"),
                        Count("held"), Value("partial", list, _check_pair, none=True)), none=True),
         Held(), Flag("ended", optional=True), Count("ahead", optional=True),
+        Value("costs", list, _check_costs, none=True, optional=True),
     )
 
     def __init__(self, ds: DataFlow, num_workers: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
@@ -171,11 +140,13 @@ class _MapStage(ParallelStage):
         self._pulls: collections.deque = collections.deque()  # over an unordered stage: datapoints pulled from
         self._pulls_from = 0  # this pull index on, while not received (the state holds those in flight)
         self._ended = False  # the (strict) source's epoch ended: the stream gives no more
-        self._held_first: _HeldFirst | None = None  # after a resume over an unordered stage: the held datapoints
+        self._held_first: HeldFirst | None = None  # after a resume over an unordered stage: the held datapoints
         self._partial: tuple[int, int, int] | None = None  # a fused group delivered in part before a resume (or
         # before the stream went back): (first pull index, mapped datapoints delivered, batch size)
         self._align = 0  # fused: where in an epoch of the source the next plan's first group starts
         self._fused_size = 0  # fused: the batch size of the last plan (0: none)
+        self._began_strict = False  # the epoch in progress began strict (its source's length unknown then: a
+        # CacheData filling knows it once filled, and the rest of that epoch stays strict)
 
     def _new_pool(self) -> WorkerPool:
         if self._processes and self.start_method not in (None, "fork"):
@@ -218,7 +189,11 @@ class _MapStage(ParallelStage):
         self._pulls.clear()
         self._pulls_from = 0
         self._ended = False
-        self._held_first = None
+        first = self._held_first
+        if first is not None and first.items:  # a resumed stream goes on without the runs received before the
+            # state (its ledger is new): the held datapoints still come first, less the received ones (None)
+            first.items = collections.deque(dp for dp in first.items if dp is not None)
+        self._held_first = first if first is not None and first.items else None
         loose = self._source_loose() is not None  # the source's state is taken when asked, not noted as it goes
         self._ledger = SourceLedger(self.ds, every=float("inf") if loose else SNAPSHOT_EVERY)
         return self._ledger
@@ -252,127 +227,11 @@ class _MapStage(ParallelStage):
             self._new_ledger()
         return self._carry
 
-    def _drop_in_flight(self, pool: WorkerPool, plan: BatchPlan | None = None) -> None:
-        """Drop the work in flight (an epoch of batches was left early, or the next epoch is batched otherwise).
-        An ordered stage's carried stream goes back to the oldest datapoint not received, so the dropped work
-        is read again, as it is by a stage resumed from a state saved there (it went on after it, so the next
-        epochs were other than a resumed run's). An unordered stage's epochs are its timing's, and its stream
-        (or one that cannot go back) goes on after the dropped work. ``plan``: the fused plan of the epoch
-        left, whose holder may have delivered a group in part."""
-        batched, self._batched = self._batched, None
-        if batched is not None:
-            batched.close()
-        plan = plan or batched
-        ledger, size = self._ledger, self._epoch_size()
-        if self._carry is not None and ledger is not None and size is not None and ledger.pulled > ledger.low \
-                and self.ordered:
-            try:
-                if self._source_loose() is None:
-                    source, replay, skip = ledger.position()
-                    held: list = []
-                else:
-                    source, replay, skip = child_state(self.ds), 0, sorted([s - ledger.low, n]
-                                                                          for s, n in ledger.done.items())
-                    held = self._in_flight(ledger)
-                partial, align = None, self._align
-                if plan is not None and plan.ledger is ledger:
-                    align = (ledger.low - plan.block_base) % size
-                    if plan.held and plan.held[0][3]:
-                        partial = [plan.held[0][0] - ledger.low, plan.held[0][3], plan.batch_size]
-                if partial is None and self._partial is not None:
-                    partial = [self._partial[0] - ledger.low, *self._partial[1:]]
-                carry, self._carry = self._carry, None
-                _close(carry)
-                self.ds.load_state_dict(source)
-            except StateError:
-                log.debug("%s: the source cannot go back; the dropped work is lost", type(self).__name__,
-                          exc_info=True)
-            else:
-                self._resume(pool, {"replay": replay, "skip": skip, "partial": partial, "align": align}, size,
-                             held=held)
-                return
-        if pool.outstanding:
-            pool.discard_outstanding()
-            if self._carry is not None:
-                self._new_ledger()
-
-    def _resume(self, pool: WorkerPool, resume: dict, size: int | None, held: list | None = None) -> Iterator:
-        """Take a loaded state: the source (loaded already) is at a snapshot; pull and discard the datapoints
-        received after it; the runs received above are skipped when they come. Returns the source stream.
-        Over an unordered stage the source is where the state was saved and the state holds the datapoints in
-        flight (or ``held``), which come first."""
-        plan, self._batched = self._batched, None
-        if plan is not None:
-            plan.close()
-        if pool.outstanding:
-            pool.discard_outstanding()
-        if held is None:
-            held = unpack_held(resume["held"]) if resume.get("held") is not None else []
-        ended = bool(resume.get("ended"))
-        loose = self._source_loose() is not None
-        first = None
-        source: Iterator
-        if ended and loose:  # over an unordered stage, the source's epoch had ended: only the held are left
-            source = first = _HeldFirst(held, None)
-        else:  # the datapoints in flight over an unordered stage come first
-            source = iter(self.ds) if size is None else forever(self.ds, type(self).__name__, resumed=True)
-            if held:
-                source = first = _HeldFirst(held, source)
-        source = self._stream(source)
-        if size is not None:
-            if self._carry is not None:
-                _close(self._carry)
-            self._carry = source
-        ledger = self._new_ledger()
-        if not loose:
-            ledger.snapshot()  # the loaded state, as the source gives it back
-        replay = resume["replay"]
-        for i in range(replay):
-            try:
-                next(source)
-            except StopIteration:
-                raise StateMismatchError(f"resuming replays {replay} datapoints of the source after its saved "
-                                         f"state, but it ended after {i}") from None
-        ledger.pulled = ledger.low = replay
-        ahead = resume.get("ahead") or 0
-        if (ahead or ended) and not loose:
-            source = first = self._read_ahead(source, ahead, ended)
-        self._ended, self._held_first = ended, first
-        for offset, length in resume["skip"]:
-            ledger.done[replay + offset] = length
-            self._skips.append((replay + offset, length))
-        partial = resume.get("partial")
-        batch = resume.get("batch")
-        if partial is None and batch is not None and batch["partial"] is not None:
-            partial = [*batch["partial"], batch["size"]]
-        self._partial = (replay + partial[0], partial[1], partial[2]) if partial is not None else None
-        self._align = resume.get("align", batch["offset"] if batch is not None else 0)
-        return source
-
-    def _read_ahead(self, source: Iterator, ahead: int, ended: bool) -> _HeldFirst:
-        """The source read as far as the saved stage had read it (``ahead`` datapoints past the saved position,
-        and to its end when ``ended``), at once: a strict epoch closed before it takes them again (a
-        RandomMixData, JoinData or RandomChooseData done with this flow) leaves the source where the saved
-        one left it, and the source's next epoch is the same (its generators drew as much). The datapoints
-        read are the work in flight, redone from a list."""
-        rest = list(itertools.islice(source, ahead))
-        if len(rest) < ahead:
-            raise StateMismatchError(f"the state says the stage had read {ahead} datapoints past its saved "
-                                     f"position, but the source ends after {len(rest)}")
-        if not ended:
-            return _HeldFirst(rest, source)
-        extra = next(source, _NONE)
-        _close(source)
-        if extra is not _NONE:
-            raise StateMismatchError(f"the state says the source's epoch had ended {ahead} datapoints past its "
-                                     "saved position, but the source gives more")
-        return _HeldFirst(rest, None)
-
-    def _most_in_flight(self, batch: dict | None) -> int:
-        """The most source datapoints a state can have pulled past its position: ``buffer_size`` tasks (of a
-        fused batch's datapoints each) in flight, pulled since the last snapshot."""
-        per = 1 if batch is None else max(1, batch["size"])
-        return SNAPSHOT_EVERY + (self.buffer_size + 1) * per
+    # the resume planning, in bridgeflow.parallel._resume_plan: where a resumed or gone-back source stands
+    _drop_in_flight = drop_in_flight
+    _resume = resume_source
+    _read_ahead = read_ahead
+    _most_in_flight = most_in_flight
 
     def _skipped(self, start: int) -> None:
         """A fused group received before a resume was pulled again and not sent."""
@@ -438,6 +297,7 @@ class _MapStage(ParallelStage):
         if self._batched is not None:  # groups of a fused BatchData are in flight: not datapoints
             self._drop_in_flight(pool)
         size = self._epoch_size()
+        self._began_strict = size is None
         self._taken = 0
         self._plan = None
         if resume is not None:
@@ -511,22 +371,26 @@ class _MapStage(ParallelStage):
         """The source's state at the oldest datapoint the consumer has not received, and the stage's place
         in its epoch (see :mod:`bridgeflow.parallel.progress`). Costs a few dict entries: the source's
         state was taken as the stage read it."""
-        head = {"strict": self._epoch_size() is None, "ordered": bool(self.ordered)}
+        live = epoch_live(self)
+        strict = self._began_strict if live else self._epoch_size() is None
+        head = {"strict": strict, "ordered": bool(self.ordered)}
         ledger = self._ledger
         if ledger is None:
             return {**head, "source": child_state(self.ds), "replay": 0, "skip": [], "taken": 0, "batch": None,
-                    "held": None, "ended": False, "ahead": 0}
+                    "held": None, "ended": False, "ahead": 0, "costs": None}
         loose = self._source_loose()
-        ahead = 0
+        ahead, costs = 0, None
         if loose is None:
             source, replay, skip = ledger.position()
             held = None
-            if self._epoch_size() is None:  # strict: how far the source was read, for a resumed epoch to match
+            if strict:  # how far the source was read, for a resumed epoch to match
                 ahead = ledger.pulled - ledger.low + (len(self._held_first.left()) if self._held_first else 0)
+                # and what the pool learned its tasks cost: a fresh one would read less far ahead until its
+                # first result, and leave the source elsewhere if the epoch is closed before it takes more
+                costs = self._pool.costs() if self._pool is not None else None
         else:  # the source's state now, and what was pulled from it and not received
             source, replay, skip = child_state(self.ds), 0, sorted([s - ledger.low, n] for s, n in ledger.done.items())
             held = pack_held(self._in_flight(ledger), loose)
-        live = epoch_live(self)
         plan = self._plan if live else self._batched
         pending = self._partial[:2] if self._partial is not None else None
         if plan is not None and plan.ledger is ledger:
@@ -539,7 +403,7 @@ class _MapStage(ParallelStage):
                 batch = {"size": self._fused_size, "offset": self._align, "held": 0,
                          "partial": None if pending is None else [pending[0] - ledger.low, pending[1]]}
         return {**head, "source": source, "replay": replay, "skip": skip, "taken": taken, "batch": batch,
-                "held": held, "ended": self._ended, "ahead": ahead}
+                "held": held, "ended": self._ended, "ahead": ahead, "costs": costs}
 
     def _in_flight(self, ledger: SourceLedger) -> list:
         """The datapoints pulled from the source and not received, by pull index from ``ledger.low`` (None
@@ -594,7 +458,7 @@ class _MapStage(ParallelStage):
         carry = self._carry
         self._batched = self._plan = self._carry = self._ledger = self._held_first = None
         if carry is not None:
-            _close(carry)
+            close_stream(carry)
 
     def close(self) -> None:
         self._drop_iteration()

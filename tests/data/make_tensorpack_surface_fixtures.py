@@ -31,6 +31,9 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPECTED = "tensorpack_surface.json"
 SEED = 1234
+# In a forked child of in_child(), the flows it built, kept until it leaves with os._exit: collected earlier,
+# tensorpack's runners join their threads in __del__, several seconds each, for nothing the child reports.
+KEPT: list | None = None
 
 # Every name whose parameters are compared: tensorpack's positional parameters must be the first ones of
 # bridgeflow's, in the same order (bridgeflow may take more after them).
@@ -143,6 +146,8 @@ def workers_started(df_module, expr: str) -> dict:
     close = getattr(df, "close", None)
     if close is not None:
         close()
+    if KEPT is not None:
+        KEPT.append(df)
     return out
 
 
@@ -164,6 +169,8 @@ def constructed(df_module, expr: str) -> dict:
     close = getattr(df, "close", None)
     if close is not None:
         close()
+    if KEPT is not None:
+        KEPT.append(df)
     return out
 
 
@@ -276,6 +283,8 @@ def in_child(fn, *args):
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
+        global KEPT
+        KEPT = []
         code = 0
         try:
             os.close(read)

@@ -96,9 +96,16 @@ class ThreadChannel:
             return self.results.get(timeout=wait_for)
         except queue.Empty:
             for w, t in enumerate(self.threads):
-                if not t.is_alive():
-                    return w, None
+                if not t.is_alive():  # what it put before it ended is queued by now: that comes first
+                    try:
+                        return self.results.get_nowait()
+                    except queue.Empty:
+                        return w, None
             return None
+
+    def leftover(self, worker: int) -> list | None:
+        """Nothing: a thread's task queue never closes, so the pool never asks (see ProcessChannel's)."""
+        return None
 
     def alive(self) -> bool:
         return bool(self.threads) and all(t.is_alive() for t in self.threads)
@@ -271,9 +278,8 @@ class ProcessChannel:
             if is_conn:
                 return w, self._read(w)
             dead.append(w)
-        for w in dead:  # a sentinel: the process ended; its last results may still be in the pipe
-            if not conns[w].poll(0):
-                return w, None
+        for w in dead:  # a sentinel: the process ended; what it sent before is in the pipe, then end-of-file
+            return w, self._read(w) if conns[w].poll(0) else None
         if not events and worker is not None:
             # Only the owner of the next task was watched. Check the others now: a sibling that died would
             # otherwise surface only after the owner's (possibly endless) task. A dead worker's pipe gives
@@ -282,6 +288,13 @@ class ProcessChannel:
                 if proc.exitcode is not None:
                     return w, self._read(w)
         return None
+
+    def leftover(self, worker: int) -> list | None:
+        """A message a worker that has gone (its task pipe closed) sent before it went, or None: at the pipe's
+        end-of-file, or nothing there. Its process has closed every end it held, so nothing more comes."""
+        if not self.result_conns[worker].poll(0):
+            return None
+        return self._read(worker)
 
     def _read(self, worker: int) -> list | None:
         """The next message of a worker whose pipe is readable; None at end-of-file (it died)."""

@@ -291,6 +291,20 @@ class WorkerPool:
             self._flush(worker)
         return task_id
 
+    def costs(self) -> list[float] | None:
+        """What a task and its result cost in bytes, as learned from the results (None until one came back,
+        and for threads, which copy nothing): a stage's state carries them, so that a pool resumed from it
+        reads ahead as far as this one does (see :meth:`assume_costs`)."""
+        return [self._task_cost, self._result_cost] if self._learned and self.processes else None
+
+    def assume_costs(self, costs: list[float]) -> None:
+        """Start from the costs another pool learned (:meth:`costs`), unless this one learned its own: a fresh
+        pool sends one task a worker until a result says what results cost, and so reads its source less far
+        ahead than the pool whose state it resumes from."""
+        if not self._learned:
+            self._task_cost, self._result_cost = float(costs[0]), float(costs[1])
+            self._learned = True
+
     def _solo(self) -> bool:
         """Tasks go one a message: their cost is not known yet, or a chunk of them would be large."""
         return not self._learned or self._task_cost + self._result_cost >= _SOLO_BYTES
@@ -321,7 +335,7 @@ class WorkerPool:
             self._pending[worker] = pending
             self._sent_open += n
             if not self._channel.send(worker, chunk):
-                self._raise_dead(worker)
+                self._last_words(worker)
             self._task_cost = _cost(self._task_cost, self._channel.sent_bytes, n)
             force = False
 
@@ -435,7 +449,17 @@ class WorkerPool:
                 raise
             if msg is not None:
                 break
-        worker, results = msg
+        self._file(*msg)
+
+    def _last_words(self, worker: int) -> NoReturn:
+        """``worker`` is gone (its task pipe is closed). What it sent before it went may still be waiting,
+        the error that made it stop among it: file that (raising the error) before calling it dead."""
+        while (results := self._channel.leftover(worker)) is not None:
+            self._file(worker, results)
+        self._raise_dead(worker)
+
+    def _file(self, worker: int, results: list | None) -> None:
+        """File one message of ``worker`` (``None``: its end-of-file, a death); raise the error it reports."""
         if results is None:
             self._raise_dead(worker)
         self.results_received += len(results)
