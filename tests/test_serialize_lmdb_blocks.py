@@ -219,3 +219,97 @@ def test_rows_crc_is_the_crc_of_sound_rows_end_to_end_and_catches_one_flipped_bi
             rows[bit // 8] ^= 1 << (bit % 8)
             assert zlib.crc32(rows) != rows_crc(k, s)
             rows[bit // 8] ^= 1 << (bit % 8)
+
+
+# --- large values: read one by one, the writer's watch read once a batch (``LMDBDataset._read_each``) ----
+
+def _large(i: int) -> list:
+    return [np.full(20_000 + i % 7, i % 251, np.uint8), i]  # overflow pages: read one value at a time
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_large_values_read_a_batch_at_a_time_resume_mid_batch_exactly(shuffle, tmp_path):
+    """Large values come a batch of ~4 MiB (about 200 of these) at a time: each is the one its index names,
+    a state taken mid-batch resumes with the next one, and the arrays are the datapoints' own."""
+    from bridgeflow.serialize import lmdb_format
+
+    n = 500
+    rows = [_large(i) for i in range(n)]
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False)
+    per_batch = lmdb_format._EACH_BYTES // 20_000
+    assert 2 < per_batch < n // 2  # the epoch spans several batches
+    with LMDBSerializer.load(path, shuffle=shuffle, seed=5) as ds:
+        assert not ds._index.small
+        ds.reset_state()
+        got = list(ds)
+        order = list(ds._order.runs(0)[0])
+        assert [dp[1] for dp in got] == order
+        for i, dp in zip(order, got):
+            _same(dp, rows[i])
+        it = iter(ds)
+        stop = per_batch + 7  # inside the second batch
+        first = [next(it) for _ in range(stop)]
+        state = ds.state_dict()
+        rest = list(it)
+        epoch_order = list(ds._order.runs(1)[0])
+    with LMDBSerializer.load(path, shuffle=shuffle, seed=5) as again:
+        again.load_state_dict(state)
+        again.reset_state()
+        resumed = list(again)
+    assert [dp[1] for dp in first + rest] == epoch_order
+    assert [dp[1] for dp in resumed] == epoch_order[stop:]
+    for a, b in zip(rest, resumed):
+        _same(a, b)
+    got[0][0][...] = 7  # independent: writing one changes no other datapoint
+    _same(got[1], rows[order[1]])
+
+
+@pytest.mark.parametrize("where", ["array", "crc", "header"])
+def test_a_damaged_large_value_is_named_after_the_sound_ones_of_its_batch(where, tmp_path):
+    n = 400
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList([_large(i) for i in range(n)], shuffle=False), path, progress=False)
+    with LMDBSerializer.load(path, shuffle=True, seed=0) as ds:
+        ds.reset_state()
+        off, size = int(ds._index.offsets[277]), int(ds._index.sizes[277])
+        at = ds._order.runs(0)[0].index(277)
+    pos = {"array": off + size // 2, "crc": off + size - 2, "header": off + 3}[where]
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0x04]))
+    for shuffle in (True, False):
+        with LMDBSerializer.load(path, shuffle=shuffle, seed=0) as ds:
+            ds.reset_state()
+            seen = []
+            with pytest.raises(CorruptDataError, match="d.lmdb: datapoint 277: checksum mismatch"):
+                for dp in ds:
+                    seen.append(dp[1])
+        want = at if shuffle else 277
+        assert len(seen) == want and 277 not in seen  # every datapoint before it in the order, not it
+
+
+def test_a_commit_while_large_values_are_read_is_an_error_at_the_next_batch(tmp_path):
+    """The watch is read once a batch, after the batch's values and before any is handed out: what is handed
+    out was read from the file as opened, and the first batch read after a commit raises."""
+    import lmdb
+
+    from bridgeflow.serialize import DatasetChangedError
+
+    n = 600
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList([_large(i) for i in range(n)], shuffle=False), path, progress=False)
+    with LMDBSerializer.load(path, shuffle=True, seed=2) as ds:
+        ds.reset_state()
+        it = iter(ds)
+        seen = [next(it) for _ in range(10)]
+        with lmdb.open(path, subdir=False, lock=False, map_size=1 << 30) as env, env.begin(write=True) as txn:
+            txn.put((3).to_bytes(8, "big"), b"x" * 50)  # another value where datapoint 3's lay
+        with pytest.raises(DatasetChangedError, match="being written"):
+            for dp in it:
+                seen.append(dp)
+    assert len(seen) < n
+    for dp in seen:
+        _same(dp, _large(dp[1]))

@@ -401,7 +401,7 @@ def decode_many(buf: Any, starts: np.ndarray, length: int) -> list | None:
     size = t0[-1]
     if off + size != length:
         return None
-    prefix = raw[starts[:, None] + np.arange(plan.hstart)]  # header, skeleton, values, buffer length of each
+    prefix = _prefixes(raw, starts, plan.hstart)  # header, skeleton, values, buffer length of each
     fixed = np.r_[0:32 + len(plan.key), plan.hstart - 8:plan.hstart]  # all but the values (dims and numbers)
     if not (prefix[:, fixed] == prefix[0, fixed]).all():
         return None
@@ -436,7 +436,8 @@ def _fields(fmt: str) -> list[tuple[int, str]]:
 def _vectors_and_values(raw: np.ndarray, prefix: np.ndarray, at: np.ndarray, size: int, plan: Plan,
                         pair: tuple) -> list | None:
     """``[vector, number]`` datapoints of a batch (see :func:`decode_many`): the vectors' lengths checked
-    and their numbers read as columns of the prefixes, the vectors copied into one array, one row each."""
+    and their numbers read as columns of the prefixes, the vectors rows of one array (a view of ``raw``
+    where :func:`_rows_of` can give one, else a copy)."""
     dt, dims, value = pair
     fields = _fields(plan.full.format)
     count, rest = divmod(size, dt.itemsize)
@@ -445,8 +446,31 @@ def _vectors_and_values(raw: np.ndarray, prefix: np.ndarray, at: np.ndarray, siz
         return None
     o, code = fields[value]
     numbers = prefix[:, o:o + 8].copy().view("<i8" if code == "q" else "<f8").ravel().tolist()
-    vectors = _gather(raw, at, size).view(dt).reshape(len(at), count)
+    vectors = _rows_of(raw, at, size, dt, count)
     return [[v, x] for v, x in zip(list(vectors), numbers)]  # list(): the row views made in C, faster
+
+
+def _prefixes(raw: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    """The first ``length`` bytes at each of ``starts`` in ``raw``, one row each: a strided view where the
+    starts are evenly spaced at least ``length`` apart (rows laid end to end), else a copy."""
+    n = len(starts)
+    step = int(starts[1] - starts[0]) if n > 1 else length
+    if step >= length and (n < 3 or (np.diff(starts) == step).all()):
+        return np.lib.stride_tricks.as_strided(raw[int(starts[0]):], (n, length), (step, 1), writeable=False)
+    return raw[starts[:, None] + np.arange(length)]
+
+
+def _rows_of(raw: np.ndarray, at: np.ndarray, size: int, dt: np.dtype, count: int) -> np.ndarray:
+    """The ``count`` items of ``dt`` at each of ``at`` in ``raw``, one row each: a view of ``raw`` where the
+    rows lie evenly spaced and aligned for ``dt`` in writable memory (rows gathered end to end, as a batch
+    of LMDB values is), else a copy (:func:`_gather`)."""
+    n = len(at)
+    step = int(at[1] - at[0]) if n > 1 else size
+    if raw.flags.writeable and step >= size and step % dt.alignment == 0 and \
+            (raw.ctypes.data + int(at[0])) % dt.alignment == 0 and (n < 3 or (np.diff(at) == step).all()):
+        rows = np.lib.stride_tricks.as_strided(raw[int(at[0]):], (n, size), (step, 1))
+        return rows.view(dt)
+    return _gather(raw, at, size).view(dt).reshape(n, count)
 
 
 def _gather(raw: np.ndarray, at: np.ndarray, size: int) -> np.ndarray:

@@ -56,6 +56,7 @@ from ..order import IndexedSource
 from ._columns import Column, assemble
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes, source_length
 from ._hdf5_check import check_global_heaps, check_stored, check_superblock, contained_dataset, is_variable_length
+from ._hdf5_rows import DirectRows, direct_rows
 from ._hdf5_write import (
     CRC,
     FLAT,
@@ -357,6 +358,8 @@ class HDF5Data(IndexedSource):
         crcs = self._whole(f, f"{CRC}/{c.name}", (self._len,), np.uint32)
         if c.kind == "scalar" and self._len * ds.dtype.itemsize <= _SCALARS_IN_MEMORY:
             ds = self._whole(f, c.name, (self._len,), ds.dtype)  # read once: a row is then no libhdf5 call
+        if c.kind == "array" and ds.dtype == np.dtype(c.dtype):  # rows read straight from the file, if they lie so
+            ds = direct_rows(ds, self._held.pin, self.path) or ds
         if c.kind not in FLAT:
             return c, ds, None, crcs, None
         offsets = self._whole(f, f"{OFFSETS}/{c.name}", (self._len + 1,), np.int64)
@@ -421,7 +424,7 @@ class HDF5Data(IndexedSource):
         if offsets is None:
             if self.version != FORMAT_VERSION:
                 return self._cell(c, ds[i], shapes[i] if shapes is not None else None, crcs, i)
-            v = ds[i]
+            v = ds.row(i) if isinstance(ds, DirectRows) else ds[i]
         else:
             v = ds[offsets[i]:offsets[i + 1]]
         if row_crc(v) != crcs[i]:
@@ -447,7 +450,7 @@ class HDF5Data(IndexedSource):
             shape_rows = shapes[start:stop] if shapes is not None else [None] * len(block)
             return [self._cell(c, v, sh, crcs, start + j) for j, (v, sh) in enumerate(zip(block, shape_rows))]
         if offsets is None:
-            block = ds[start:stop]
+            block = ds.rows(start, stop) if isinstance(ds, DirectRows) else ds[start:stop]
             bad = np.flatnonzero(rows_crc(block) != crcs[start:stop])
             if len(bad):
                 raise self._mismatch(start + int(bad[0]), c)

@@ -47,6 +47,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import struct
@@ -63,7 +64,7 @@ from ..order import IndexedSource
 from ._checksum import crc32
 from ._common import classes_json, existing_path, iterate_source, normalize_index, note_datapoint, parse_classes
 from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray, new_bytearray_function
-from ._lmdb_rows import SMALL_VALUE, SmallValueReads, gather_rows, rows_crc
+from ._lmdb_rows import ROWS, SMALL_VALUE, SmallValueReads, gather_rows, rows_crc
 from ._lmdb_tree import LMDBTree, walk_lmdb, written_error
 from ._pinned import PinnedFile
 from .atomic import atomic_path, write_error
@@ -88,6 +89,7 @@ _SMALL_VALUE = SMALL_VALUE  # sequential epochs read values smaller than this in
 _BLOCK_BYTES = 256 << 10  # of values lying within this distance of the first
 _BLOCK_ITEMS = 1024  # at most this many datapoints
 _PAGE = 4096  # (or, where they lie apart, of the values in the first one's page)
+_EACH_BYTES = 4 << 20  # large values read a batch of about this many bytes at a time (then the watch, once)
 
 
 def _key(i: int) -> bytes:
@@ -482,7 +484,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
                 if self.format == "bridgeflow" and self._crc and self._index.small and not self._unpickle:
                     yield from self._read_batches(fd, it, run, _skip)  # see SmallValueReads
                 elif self.format == "bridgeflow" and self._crc:
-                    yield from self._read_each(fd, it)
+                    yield from self._read_each(fd, it, run, _skip)
                 else:
                     for i in it:
                         yield get(fd, i)
@@ -495,18 +497,15 @@ class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
                     yield get(fd, i)
                     continue
                 assert block is not None  # end > at: they lie in it
-                items = self._block_items(at, end, base, block)
+                batch = self._decode_block(at, end, base, block)
+                items = iter(batch) if batch is not None else self._block_items(at, end, base, block)
                 yield next(items)  # datapoint i
                 for dp, _ in zip(items, it):  # ``it`` advances with each one handed out, in C
                     yield dp
 
     def _block_items(self, at: int, end: int, base: int, block: memoryview) -> Iterator[Any]:
-        """The datapoints ``at..end-1`` whose values lie in ``block`` (read from byte ``base``): decoded
-        together where they are alike (:meth:`_decode_block`), else each in turn."""
-        batch = self._decode_block(at, end, base, block)
-        if batch is not None:
-            yield from batch
-            return
+        """The datapoints ``at..end-1`` whose values lie in ``block`` (read from byte ``base``), each in turn
+        (where :meth:`_decode_block` could not decode them together: this names a damaged one)."""
         for i in range(at, end):
             a, size = self._offsets[i] - base, self._sizes[i]
             if self.format == "tensorpack":
@@ -517,25 +516,48 @@ class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
             else:
                 yield self._finish(i, bytearray(block[a:a + size]), None)
 
-    def _read_each(self, fd: int, it: Iterator[int]) -> Iterator[Any]:
-        """:meth:`_get` for each of ``it``, inlined (the common case: bridgeflow's format, checksums)."""
+    def _read_each(self, fd: int, it: Iterator[int], run: Any, skip: int) -> Iterator[Any]:
+        """:meth:`_get` for each of ``it`` (``run[skip:]``; the common case of large values: bridgeflow's
+        format, checksums), inlined, a batch of up to :data:`_EACH_BYTES` (or :data:`ROWS` values) at a
+        time: each value read into memory it owns, its CRC checked while its bytes are in the CPU's cache
+        and decoded; then the writer's watch read once for the batch, before any of it is handed out (a
+        file committed to or cut while it is read is an error, as for one value); then the batch handed
+        out, ``it`` advancing with each (the reader's position), and the error of a damaged value, if any,
+        after the ones before it."""
         offsets, sizes, new, preadv = self._offsets, self._sizes, new_bytearray_function(), os.preadv
         crc32_of, stored, allow, tail = crc32(), _CRC.unpack, self._unpickle, _CRC.size
         pread, watch_at, watch = os.pread, self._watch_at, self._watch
-        for i in it:
-            off, size = offsets[i], sizes[i]
-            data, crc = new(size - tail), bytearray(tail)
-            if preadv(fd, [data, crc], off) != size:
-                raise self._cut(off, size, f"datapoint {i}")
+        j, n = skip, len(run)
+        for _ in it:
+            batch: list = []
+            failed: Exception | None = None
+            nbytes = 0
+            while j < n and nbytes < _EACH_BYTES and len(batch) < ROWS:
+                i = run[j]
+                off, size = offsets[i], sizes[i]
+                data, crc = new(size - tail), bytearray(tail)
+                if preadv(fd, [data, crc], off) != size:
+                    raise self._cut(off, size, f"datapoint {i}")
+                j += 1
+                nbytes += size
+                if crc32_of(data) != stored(crc)[0]:
+                    failed = CorruptDataError(f"{self.path}: datapoint {i}: checksum mismatch: the stored value "
+                                              "is damaged")
+                    break
+                try:
+                    batch.append(decode(data, allow_pickle=allow))
+                except DECODE_ERRORS as exc:
+                    failed = self._damaged(i, exc)
+                    failed.__cause__ = exc
+                    break
             if pread(fd, 8, watch_at) != watch:
                 raise self._written()
-            if crc32_of(data) != stored(crc)[0]:
-                raise CorruptDataError(f"{self.path}: datapoint {i}: checksum mismatch: the stored value is damaged")
-            try:
-                dp = decode(data, allow_pickle=allow)
-            except DECODE_ERRORS as exc:
-                raise self._damaged(i, exc) from exc
-            yield dp
+            if batch:
+                yield batch[0]
+                for dp, _ in zip(itertools.islice(batch, 1, None), it):
+                    yield dp
+            if failed is not None:  # a damaged value: the ones before it were handed out
+                raise failed
 
     def _decode_block(self, at: int, end: int, base: int, block: memoryview | None) -> list | None:
         """The datapoints ``at..end-1`` of a block of small values, their CRCs checked and their values decoded
@@ -550,7 +572,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
         starts = self._index.offsets[at:end] - base
         length = size - _CRC.size if self._crc else size
         if self._crc:  # the values end to end: one CRC call checks them all
-            rows = gather_rows(block, starts.tolist(), size)
+            rows = gather_rows(block, starts, size)
             if crc32()(rows) != rows_crc(end - at, size):
                 return None
             block, starts = memoryview(rows), np.arange(0, len(rows), size, dtype=np.int64)
