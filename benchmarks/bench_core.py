@@ -43,8 +43,8 @@ from collections.abc import Callable
 import numpy as np
 
 from bridgeflow import BatchData, DataFlow, DataFromList, FakeData, LocallyShuffleData, MapData, RNGDataFlow
-from bridgeflow.batch import batch_datapoints
-from bridgeflow.transforms import _DATAPOINT_TYPES, check_datapoint
+from bridgeflow._batch import batch_datapoints
+from bridgeflow._transforms import _DATAPOINT_TYPES, check_datapoint
 
 BATCH = 64
 SHAPE = (3, 224, 224)

@@ -34,7 +34,7 @@ import numpy as np
 
 import bridgeflow as bf
 from bridgeflow.parallel import MultiProcessMapData, MultiThreadMapData
-from bridgeflow.parallel.progress import SourceLedger
+from bridgeflow.parallel._progress import SourceLedger
 
 BANK_SIZE = 512  # 77 MB of images: more than the caches hold, as with a real dataset
 BATCH = 64

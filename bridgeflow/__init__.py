@@ -7,11 +7,11 @@ hand the result to PyTorch or TensorFlow while the model trains.
 Importing bridgeflow loads only numpy and the standard library.
 """
 
-from .augment import AugmentImageComponent, AugmentImageComponents, AugmentImageCoordinates
-from .base import DataFlow
-from .batch import BatchData, BatchDataByShape, UnbatchData, batch_datapoints
-from .combine import ConcatData, JoinData, LocallyShuffleData, RandomChooseData, RandomMixData
-from .errors import (
+from ._augment import AugmentImageComponent, AugmentImageComponents, AugmentImageCoordinates
+from ._base import DataFlow
+from ._batch import BatchData, BatchDataByShape, UnbatchData, batch_datapoints
+from ._combine import ConcatData, JoinData, LocallyShuffleData, RandomChooseData, RandomMixData
+from ._errors import (
     BatchError,
     BridgeflowError,
     DataFlowReentrantError,
@@ -22,8 +22,26 @@ from .errors import (
     WorkerError,
     WorkerTimeoutError,
 )
-from .image_sources import ImageFromFile
-from .iterables import as_dataflow
+from ._image_sources import ImageFromFile
+from ._iterables import as_dataflow
+from ._proxy import ProxyDataFlow
+from ._queues import DataFromQueue, MultiThreadPrefetchData
+from ._rng import RNGDataFlow, get_rng, worker_seed_scope
+from ._shard import ShardData, UnshardedWarning, rank_and_world
+from ._sources import DataFromGenerator, DataFromIterable, DataFromList, FakeData
+from ._speed import TestDataSpeed, collect_stats
+from ._state import NotResumableError, StateError, StateMismatchError
+from ._transforms import (
+    CacheData,
+    FilterData,
+    FixedSizeData,
+    MapData,
+    MapDataComponent,
+    PrintData,
+    RepeatedData,
+    RepeatedDataPoint,
+    SelectComponent,
+)
 from .parallel import (
     MultiProcessMapAndBatchData,
     MultiProcessMapAndBatchDataZMQ,
@@ -41,8 +59,6 @@ from .parallel import (
     WorkerPool,
 )
 from .pipeline import iter_flows
-from .proxy import ProxyDataFlow
-from .queues import DataFromQueue, MultiThreadPrefetchData
 from .remote import (
     MessageTooLargeError,
     ProducerError,
@@ -52,7 +68,6 @@ from .remote import (
     RemoteDataZMQ,
     send_dataflow_zmq,
 )
-from .rng import RNGDataFlow, get_rng, worker_seed_scope
 from .serialize import (
     CorruptDataError,
     DatasetChangedError,
@@ -69,21 +84,6 @@ from .serialize import (
     SerializationError,
     TargetExistsError,
     load_dataset,
-)
-from .shard import ShardData, UnshardedWarning, rank_and_world
-from .sources import DataFromGenerator, DataFromIterable, DataFromList, FakeData
-from .speed import TestDataSpeed, collect_stats
-from .state import NotResumableError, StateError, StateMismatchError
-from .transforms import (
-    CacheData,
-    FilterData,
-    FixedSizeData,
-    MapData,
-    MapDataComponent,
-    PrintData,
-    RepeatedData,
-    RepeatedDataPoint,
-    SelectComponent,
 )
 
 __version__ = "0.1.0"

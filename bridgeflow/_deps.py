@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .errors import MissingDependencyError
+from ._errors import MissingDependencyError
 
 # module name -> (extra, pip distribution)
 _EXTRAS = {
@@ -29,7 +29,7 @@ def require(module: str, feature: str = "") -> ModuleType:
         '[1]'
         >>> require("no_such_module", "MyReader")
         Traceback (most recent call last):
-        bridgeflow.errors.MissingDependencyError: MyReader needs no_such_module; install it with: ...
+        bridgeflow._errors.MissingDependencyError: MyReader needs no_such_module; install it with: ...
     """
     try:
         return importlib.import_module(module)

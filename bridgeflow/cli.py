@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .base import DataFlow
-from .commands import describe_error, load_object, run_command
+from ._base import DataFlow
+from ._commands import describe_error, load_object, run_command
 
 __all__ = ["describe_error", "load_object", "main", "parse_shapes", "run_command"]
 
@@ -77,16 +77,16 @@ def _seconds(text: str) -> float:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .batch import BatchData
-    from .sources import FakeData
-    from .speed import TestDataSpeed
+    from ._batch import BatchData
+    from ._sources import FakeData
+    from ._speed import TestDataSpeed
 
     if (args.target is None) == (args.fake is None):
         raise SystemExit("bridgeflow bench: give either TARGET (module:function or a dataset file) or --fake")
     if args.target is not None and ":" not in args.target:
         if not os.path.exists(args.target):
             raise FileNotFoundError(f"no such dataset file: {args.target} (and it is not MODULE:FUNCTION)")
-        from .serialize.cli import bench_file
+        from .serialize._cli import bench_file
 
         return bench_file(args.target, args)
     if args.fake is not None:
@@ -104,7 +104,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ._demo import run_demo
 
     return run_demo(size=args.size, workdir=args.workdir)
 
@@ -165,7 +165,7 @@ class _AboveProgressBars(logging.StreamHandler):
 
 
 # Modules that add their own sub-commands with ``register(subparsers)``.
-_COMMAND_MODULES: tuple[str, ...] = ("bridgeflow.serialize.cli", "bridgeflow.remote.cli")
+_COMMAND_MODULES: tuple[str, ...] = ("bridgeflow.serialize._cli", "bridgeflow.remote._cli")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import DataFlow
-from .errors import DataFlowReentrantError, LengthUnknownError
+from ._base import DataFlow
+from ._errors import DataFlowReentrantError, LengthUnknownError
 
 __all__ = ["assert_same_datapoints", "check_dataflow", "check_resumable", "datapoint_structure"]
 

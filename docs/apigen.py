@@ -6,7 +6,7 @@ import paths (``bridgeflow.serialize.LMDBSerializer``, ``bridgeflow.dataflow.LMD
 outside ``api_pages.NAMESPACES`` are internal: they get one line each in a module map for contributors
 (``api/internals.rst``), not entries.
 
-A docstring's cross-reference may name an object by any of its paths (``bridgeflow.serialize.lmdb_format.
+A docstring's cross-reference may name an object by any of its paths (``bridgeflow.serialize._lmdb_format.
 LMDBSerializer``, ``.pinning.SlabPinner``, or a bare ``WorkerError``): :func:`setup` sends each to the entry
 (or, for an internal object, to its module in the module map), and a reference that names a ``bridgeflow``
 path and leads nowhere is a warning, so the ``-W`` build fails on it.
@@ -326,7 +326,7 @@ def targets(the_plan: Plan, modules: dict[str, ModuleType]) -> Targets:
         for alias in aliases:
             out.public[alias] = entry
     bare: dict[str, set[str]] = {}
-    for name, module in modules.items():  # where the objects are defined or imported: bridgeflow.base.DataFlow
+    for name, module in modules.items():  # where the objects are defined or imported: bridgeflow._base.DataFlow
         for attr in defined_names(module) + list(getattr(module, "__all__", [])):
             obj = getattr(module, attr, None)
             entry = entry_of.get(key(obj, attr)) if obj is not None else None
@@ -450,7 +450,7 @@ def setup(app):  # a Sphinx extension: the pages exist before Sphinx looks for s
         return None
 
     def bases(app, name, obj, options, bases_list) -> None:
-        """Show base classes by their public name (``bridgeflow.DataFlow``, not ``bridgeflow.base.DataFlow``);
+        """Show base classes by their public name (``bridgeflow.DataFlow``, not ``bridgeflow._base.DataFlow``);
         an internal base gives way to its nearest public ancestors."""
         out: list = []
 

@@ -19,7 +19,7 @@ from bridgeflow import (
     imgaug,
     worker_seed_scope,
 )
-from bridgeflow.errors import DatapointError
+from bridgeflow._errors import DatapointError
 from bridgeflow.testing import check_dataflow
 from conftest import need
 
@@ -95,7 +95,7 @@ def test_catch_exceptions_drops_and_logs(caplog):
     with pytest.raises(ValueError, match=f"starting with {bad}"):
         run(AugmentImageComponent(DataFromList(src, shuffle=False), [FailOn(bad)]))
     df = AugmentImageComponent(DataFromList(src, shuffle=False), [FailOn(bad)], catch_exceptions=True)
-    with caplog.at_level(logging.ERROR, logger="bridgeflow.augment"):
+    with caplog.at_level(logging.ERROR, logger="bridgeflow._augment"):
         got = run(df)
     assert [dp[1] for dp in got] == [0, 1, 3, 4]
     assert df.stats() == {"AugmentImageComponent": {"augment_errors": 1.0}}  # by path: the stage itself
@@ -298,7 +298,7 @@ def test_augmented_flows_resume_with_the_same_random_draws():
 
 
 def test_augmented_state_names_a_different_pipeline():
-    from bridgeflow.state import StateMismatchError
+    from bridgeflow._state import StateMismatchError
 
     a = AugmentImageComponent(DataFromList(images(3), shuffle=False), [imgaug.RandomCrop(4)])
     a.reset_state()

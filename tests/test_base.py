@@ -24,7 +24,7 @@ from bridgeflow import (
     iter_flows,
     worker_seed_scope,
 )
-from bridgeflow.iterables import as_dataflow
+from bridgeflow._iterables import as_dataflow
 from bridgeflow.testing import check_dataflow
 
 
@@ -569,7 +569,7 @@ def test_bridgeflow_flows_fill_hooks_and_are_never_renamed():
     import pkgutil
 
     import bridgeflow
-    from bridgeflow import tensorpack_style
+    from bridgeflow import _tensorpack_style as tensorpack_style
 
     for info in pkgutil.walk_packages(bridgeflow.__path__, "bridgeflow."):
         if not info.name.endswith("__main__"):

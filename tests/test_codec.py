@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from bridgeflow.errors import BridgeflowError
-from bridgeflow.serialize.codec import (
+from bridgeflow._errors import BridgeflowError
+from bridgeflow.serialize._codec import (
     FORMAT_VERSION,
     decode,
     decode_frames,
@@ -20,7 +20,7 @@ from bridgeflow.serialize.codec import (
     encode_frames,
     peek_codec,
 )
-from bridgeflow.serialize.errors import (
+from bridgeflow.serialize._errors import (
     CorruptDataError,
     EncodeError,
     PickleNotAllowedError,

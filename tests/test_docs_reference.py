@@ -114,8 +114,8 @@ def test_a_docstring_reference_by_any_path_leads_to_the_entry_or_the_module_map(
         pytest.importorskip(framework, reason="the module map imports every module, the adapters' too")
     plan = apigen.plan()
     targets = apigen.targets(plan, apigen.all_modules())
-    assert targets.public["bridgeflow.serialize.lmdb_format.LMDBSerializer"] == "bridgeflow.LMDBSerializer"
-    assert targets.public["bridgeflow.base.DataFlow"] == "bridgeflow.DataFlow"
+    assert targets.public["bridgeflow.serialize._lmdb_format.LMDBSerializer"] == "bridgeflow.LMDBSerializer"
+    assert targets.public["bridgeflow._base.DataFlow"] == "bridgeflow.DataFlow"
     assert targets.public["bridgeflow.adapters.torch._loader.DataLoader"] == "bridgeflow.adapters.torch.DataLoader"
     assert targets.public["WorkerError"] == "bridgeflow.WorkerError"
     assert targets.public["PrefetchData"] == "bridgeflow.MultiProcessPrefetchData"
@@ -124,7 +124,7 @@ def test_a_docstring_reference_by_any_path_leads_to_the_entry_or_the_module_map(
     internal = set(apigen.internal_modules(apigen.all_modules()))
     assert not internal & set(apigen.NAMESPACES)
     assert {"bridgeflow.parallel._transport.wire", "bridgeflow.parallel._transport.pickling",
-            "bridgeflow.serialize.lmdb_format",
+            "bridgeflow.serialize._lmdb_format",
             "bridgeflow.adapters.torch._loader"} <= internal
     assert apigen.exists("bridgeflow.DataFlow.state_dict") and not apigen.exists("bridgeflow.DataFlow.nope")
 

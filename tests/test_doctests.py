@@ -44,7 +44,8 @@ MODULES = modules_with_examples()
 
 def test_the_examples_are_found():
     # Without this, an empty list (a moved package) would make the test below pass by running nothing.
-    assert {"bridgeflow.sources", "bridgeflow.serialize.codec", "bridgeflow.adapters.tensorflow.feed"} <= set(MODULES)
+    assert {"bridgeflow._sources", "bridgeflow.serialize._codec",
+            "bridgeflow.adapters.tensorflow._feed"} <= set(MODULES)
     assert len(MODULES) >= 30
 
 

@@ -118,7 +118,7 @@ def test_random_resize_by_hand(caplog):
     assert seeded(imgaug.RandomResize((10, 10), (6, 6), aspect_ratio_thres=0.5)).augment(img).shape == (6, 10, 1)
     assert seeded(imgaug.RandomResize((10, 10), (6, 6), minimum=(12, 0), aspect_ratio_thres=0.5)) \
         .augment(img).shape == (6, 12, 1)
-    with caplog.at_level(logging.WARNING, logger="bridgeflow.imgaug.geometry"):
+    with caplog.at_level(logging.WARNING, logger="bridgeflow.imgaug._geometry"):
         out = seeded(imgaug.RandomResize((10, 10), (6, 6), aspect_ratio_thres=0.1)).augment(img)
     assert out.shape == img.shape and "keeping its size" in caplog.text
     sizes = {seeded(imgaug.RandomResize((0.5, 1.5), (0.5, 1.5)), s).augment(grid(20, 20)).shape

@@ -23,8 +23,8 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("module", ["bridgeflow", "bridgeflow.parallel", "bridgeflow.testing", "bridgeflow.cli",
-                                    "bridgeflow.dataflow", "bridgeflow.serialize.tensorpack_codec",
-                                    "bridgeflow.serialize.lmdb_raw", "bridgeflow.queues"])
+                                    "bridgeflow.dataflow", "bridgeflow.serialize._tensorpack_codec",
+                                    "bridgeflow.serialize._lmdb_raw", "bridgeflow._queues"])
 def test_import_loads_no_heavy_module(module):
     out = run_python(f"""
         import json, sys

@@ -13,7 +13,7 @@ import pytest
 
 import bridgeflow as bf
 from bridgeflow import DataFlow, DataFromList, DatapointError, LengthUnknownError, LocallyShuffleData
-from bridgeflow.state import StateMismatchError
+from bridgeflow._state import StateMismatchError
 from bridgeflow.testing import check_dataflow, check_resumable
 
 KINDS = ["list", "tuple", "dict"]

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import bridgeflow as bf
-from bridgeflow.errors import WorkerError, WorkerTimeoutError
+from bridgeflow._errors import WorkerError, WorkerTimeoutError
 from bridgeflow.parallel import (
     MultiProcessMapData,
     MultiProcessRunner,

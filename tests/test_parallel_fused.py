@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bridgeflow as bf
-from bridgeflow.parallel.fused import BatchTask, Stacked, map_group
+from bridgeflow.parallel._fused import BatchTask, Stacked, map_group
 
 
 def _same(a, b) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import bridgeflow as bf
-from bridgeflow.errors import WorkerError
+from bridgeflow._errors import WorkerError
 from bridgeflow.parallel import MultiProcessMapData, WorkerPool
 from bridgeflow.parallel._transport import shm as shm_mod
 from conftest import wait_for

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from bridgeflow.errors import BridgeflowError, WorkerError
+from bridgeflow._errors import BridgeflowError, WorkerError
 from bridgeflow.parallel import EXHAUSTED, WorkerContext, WorkerPool
 from bridgeflow.parallel._transport import shm as shm_mod
 from conftest import PROMPTLY_S, InterruptAfterRead, shm_entries, wait_for

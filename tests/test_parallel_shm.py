@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from bridgeflow.errors import WorkerError
+from bridgeflow._errors import WorkerError
 from bridgeflow.parallel import WorkerPool
 from bridgeflow.parallel._transport import segments
 from bridgeflow.parallel._transport import shm as shm_mod

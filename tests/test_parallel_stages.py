@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import bridgeflow as bf
-from bridgeflow.errors import DataFlowTerminated, DatapointError, WorkerError
+from bridgeflow._errors import DataFlowTerminated, DatapointError, WorkerError
 from bridgeflow.parallel import (
     MultiProcessMapData,
     MultiProcessRunner,
@@ -24,7 +24,7 @@ from bridgeflow.parallel import (
     MultiThreadRunner,
     RemoteError,
 )
-from bridgeflow.parallel.common import usable_cpus
+from bridgeflow.parallel._common import usable_cpus
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 from conftest import PROMPTLY_S, InterruptAfterRead, child_pids, shm_entries, wait_for
 
@@ -898,7 +898,7 @@ def test_a_spawned_pipeline_without_the_main_guard_says_so(tmp_path):
                          cwd=str(tmp_path))
     assert out.returncode != 0
     # the parent's error; not always the last line: the other worker's own message may be written after it
-    ours = [ln for ln in out.stderr.splitlines() if ln.startswith("bridgeflow.errors.WorkerError: worker ")]
+    ours = [ln for ln in out.stderr.splitlines() if ln.startswith("bridgeflow._errors.WorkerError: worker ")]
     assert len(ours) == 1, out.stderr
     last = ours[0]
     assert "exited with code 1" in last

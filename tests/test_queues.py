@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromList, DataFromQueue, MultiThreadPrefetchData, MultiThreadRunner
-from bridgeflow.errors import DataFlowReentrantError, LengthUnknownError
+from bridgeflow._errors import DataFlowReentrantError, LengthUnknownError
 
 
 def test_endless_by_default_and_timeout_turns_silence_into_an_error():
@@ -99,7 +99,7 @@ def test_multi_thread_prefetch_data_takes_tensorpacks_order(leak_check):
 def test_a_queue_cannot_resume_and_says_why():
     import queue
 
-    from bridgeflow.state import NotResumableError
+    from bridgeflow._state import NotResumableError
 
     q = queue.Queue()
     df = DataFromQueue(q)

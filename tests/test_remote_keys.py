@@ -108,7 +108,7 @@ def test_keys_are_made_once_secrets_private_and_never_printed(tmp_path, caplog):
         generate_keys(folder)
     assert generate_keys(folder, overwrite=True) != made
     os.chmod(folder / "server.key_secret", 0o644)
-    with caplog.at_level(logging.WARNING, logger="bridgeflow.remote.keys"):
+    with caplog.at_level(logging.WARNING, logger="bridgeflow.remote._keys"):
         load_keys(folder)
     assert "can be read by other users" in caplog.text and "chmod 600" in caplog.text
     with pytest.raises(FileNotFoundError, match="no such key folder.*bridgeflow keys"):
@@ -302,7 +302,7 @@ except Exception as exc:
 @pytest.mark.parametrize("producer_binds", [True, False], ids=["producer-binds", "consumer-binds"])
 def test_different_key_folders_are_named_on_both_sides_with_fingerprints(leak_check, tmp_path, caplog,
                                                                         producer_binds):
-    from bridgeflow.remote.keys import fingerprint
+    from bridgeflow.remote._keys import fingerprint
 
     mine, theirs = generate_keys(tmp_path / "mine"), generate_keys(tmp_path / "theirs")
     addr = free_tcp()
@@ -311,7 +311,7 @@ def test_different_key_folders_are_named_on_both_sides_with_fingerprints(leak_ch
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "ready\n"
-        with caplog.at_level(logging.WARNING, logger="bridgeflow.remote.keys"):
+        with caplog.at_level(logging.WARNING, logger="bridgeflow.remote._keys"):
             with RemoteDataZMQ(addr, keys=mine, bind=not producer_binds, timeout=5.0,
                                producers=None if producer_binds else 1) as df:
                 df.reset_state()
@@ -343,7 +343,7 @@ def test_refused_peers_are_logged_at_most_once_a_minute(leak_check, keys, tmp_pa
     ctx = zmq.Context()
     socks = []
     try:
-        with caplog.at_level(logging.WARNING, logger="bridgeflow.remote.keys"):
+        with caplog.at_level(logging.WARNING, logger="bridgeflow.remote._keys"):
             with RemoteDataZMQ(addr, keys=keys, bind=True, timeout=30) as df:
                 df.reset_state()
                 for _ in range(20):
@@ -359,7 +359,7 @@ def test_refused_peers_are_logged_at_most_once_a_minute(leak_check, keys, tmp_pa
                 assert df._security.refused == 20
         refusals = [r.getMessage() for r in caplog.records if "refused a ZeroMQ peer" in r.getMessage()]
         assert len(refusals) == 1, refusals
-        from bridgeflow.remote.keys import fingerprint
+        from bridgeflow.remote._keys import fingerprint
 
         assert fingerprint(other.client_public) in refusals[0] and fingerprint(job.client_public) in refusals[0]
     finally:
@@ -371,13 +371,13 @@ def test_refused_peers_are_logged_at_most_once_a_minute(leak_check, keys, tmp_pa
 def test_throttle_logs_a_kind_once_per_period_with_the_count(caplog, monkeypatch):
     import types
 
-    from bridgeflow.remote import keys as keys_module
-    from bridgeflow.remote.keys import Throttle
+    from bridgeflow.remote import _keys as keys_module
+    from bridgeflow.remote._keys import Throttle
 
     now = [1000.0]  # the module's clock, moved by the test: a busy machine cannot stretch the 50 calls past it
     monkeypatch.setattr(keys_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     throttle = Throttle(period=0.3)
-    with caplog.at_level(logging.WARNING, logger="bridgeflow.remote.keys"):
+    with caplog.at_level(logging.WARNING, logger="bridgeflow.remote._keys"):
         for _ in range(50):
             throttle.warning("a", "peer refused")
             now[0] += 0.001

@@ -24,9 +24,9 @@ from bridgeflow.remote import (
     RemoteDataZMQ,
     send_dataflow_zmq,
 )
-from bridgeflow.remote.zmq_flow import _QUEUE_DEPTH
-from bridgeflow.serialize.codec import encode_frames
-from bridgeflow.serialize.errors import PickleNotAllowedError
+from bridgeflow.remote._zmq_flow import _QUEUE_DEPTH
+from bridgeflow.serialize._codec import encode_frames
+from bridgeflow.serialize._errors import PickleNotAllowedError
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 from conftest import PROMPTLY_S, exit_with_parent, free_tcp, wait_for
 
@@ -287,7 +287,8 @@ def test_import_bridgeflow_loads_neither_zmq_nor_ray():
 def test_a_bad_message_names_the_producer(leak_check, frames, error, message):
     import zmq
 
-    from bridgeflow.serialize import codec, errors
+    from bridgeflow.serialize import _codec as codec
+    from bridgeflow.serialize import _errors as errors
 
     if frames == "pickle":
         frames = codec.encode_frames([1], codec="pickle")

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from bridgeflow.serialize.cli import bench_file, detect_format, main, register
-from bridgeflow.serialize.errors import CorruptDataError
-from bridgeflow.serialize.hdf5_format import HDF5Data
-from bridgeflow.serialize.images import ImageFolderData
-from bridgeflow.serialize.lmdb_format import LMDBDataset
-from bridgeflow.serialize.npz_format import NumpyData
-from bridgeflow.sources import DataFromList
+from bridgeflow._sources import DataFromList
+from bridgeflow.serialize._cli import bench_file, detect_format, main, register
+from bridgeflow.serialize._errors import CorruptDataError
+from bridgeflow.serialize._hdf5_format import HDF5Data
+from bridgeflow.serialize._images import ImageFolderData
+from bridgeflow.serialize._lmdb_format import LMDBDataset
+from bridgeflow.serialize._npz_format import NumpyData
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 
 
@@ -105,7 +105,7 @@ def test_encoded_images_decode_with_cv2_as_tensorpack_code_does(image_folder, tm
 def test_files_written_with_bytes_images_still_load_as_bytes(image_folder, tmp_path):
     import cv2
 
-    from bridgeflow.serialize.lmdb_format import LMDBSerializer
+    from bridgeflow.serialize._lmdb_format import LMDBSerializer
 
     root, _ = image_folder
     old = tmp_path / "old.lmdb"  # as bridgeflow wrote image folders before: bytes
@@ -230,7 +230,7 @@ def test_register_adds_commands_to_a_parser():
 def test_python_dash_m_runs_the_script(image_folder, tmp_path):
     root, _ = image_folder
     out = tmp_path / "x.npz"
-    proc = subprocess.run([sys.executable, "-m", "bridgeflow.serialize.cli", "serialize", str(root), str(out)],
+    proc = subprocess.run([sys.executable, "-m", "bridgeflow.serialize._cli", "serialize", str(root), str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert len(NumpyData(out)) == 11 and "ETA" not in proc.stdout

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromGenerator, DataFromList
-from bridgeflow.errors import DatapointError
-from bridgeflow.serialize.errors import (
+from bridgeflow._errors import DatapointError
+from bridgeflow.serialize._errors import (
     CorruptDataError,
     DatasetNotFoundError,
     TargetExistsError,
     UnsupportedFormatError,
 )
-from bridgeflow.serialize.hdf5_format import HDF5Data, HDF5Serializer
+from bridgeflow.serialize._hdf5_format import HDF5Data, HDF5Serializer
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 from conftest import results_of_forked_children
 
@@ -194,8 +194,8 @@ def test_flipped_bytes_never_crash_the_process(tmp_path):
     path = save(tmp_path, every_kind(25))
     script = textwrap.dedent(f"""
         import os, random
-        from bridgeflow.errors import BridgeflowError
-        from bridgeflow.serialize.hdf5_format import HDF5Serializer
+        from bridgeflow._errors import BridgeflowError
+        from bridgeflow.serialize._hdf5_format import HDF5Serializer
         from bridgeflow.testing import assert_same_datapoints
         data = open({str(path)!r}, "rb").read()
         ref = list(HDF5Serializer.load({str(path)!r}, shuffle=False))
@@ -299,7 +299,7 @@ def test_format_version_1_files_still_load(tmp_path):
 
 HEAP_SCRIPT = """
 import sys
-from bridgeflow.serialize.hdf5_format import HDF5Data
+from bridgeflow.serialize._hdf5_format import HDF5Data
 try:
     HDF5Data(sys.argv[1], shuffle=False, verify=sys.argv[2] == "1")
 except Exception as exc:

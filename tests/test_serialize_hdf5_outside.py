@@ -16,8 +16,8 @@ import pytest
 
 from bridgeflow import DataFromList
 from bridgeflow.serialize import ExternalDataError, HDF5Serializer, load_dataset
-from bridgeflow.serialize.errors import CorruptDataError
-from bridgeflow.serialize.hdf5_format import HDF5Data
+from bridgeflow.serialize._errors import CorruptDataError
+from bridgeflow.serialize._hdf5_format import HDF5Data
 
 ROW = 32
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bridgeflow import DataFromList, LMDBSerializer
 from bridgeflow.serialize import CorruptDataError
-from bridgeflow.serialize.codec import decode_many, encode
+from bridgeflow.serialize._codec import decode_many, encode
 
 
 def _same(a, b) -> None:
@@ -88,7 +88,7 @@ def test_decode_many_equals_decode(n, length, dtype, label, data):
         block[s:s + len(v)] = v
     got = decode_many(memoryview(block), np.array(starts, np.int64), len(values[0]))
     assert got is not None
-    from bridgeflow.serialize.codec import decode
+    from bridgeflow.serialize._codec import decode
 
     for g, v in zip(got, values):
         _same(g, decode(bytearray(v)))
@@ -231,7 +231,7 @@ def _large(i: int) -> list:
 def test_large_values_read_a_batch_at_a_time_resume_mid_batch_exactly(shuffle, tmp_path):
     """Large values come a batch of ~4 MiB (about 200 of these) at a time: each is the one its index names,
     a state taken mid-batch resumes with the next one, and the arrays are the datapoints' own."""
-    from bridgeflow.serialize import lmdb_format
+    from bridgeflow.serialize import _lmdb_format as lmdb_format
 
     n = 500
     rows = [_large(i) for i in range(n)]

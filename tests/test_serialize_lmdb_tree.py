@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 
 from bridgeflow import DataFromList
 from bridgeflow.serialize import DatasetChangedError, LMDBData, LMDBSerializer
+from bridgeflow.serialize._errors import CorruptDataError
 from bridgeflow.serialize._lmdb_tree import walk_lmdb
 from bridgeflow.serialize._pinned import PinnedFile
-from bridgeflow.serialize.errors import CorruptDataError
 
 PSIZE = 4096
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromGenerator, DataFromList
-from bridgeflow.errors import DatapointError
-from bridgeflow.serialize.errors import (
+from bridgeflow._errors import DatapointError
+from bridgeflow.serialize._errors import (
     CorruptDataError,
     DatasetNotFoundError,
     TargetExistsError,
     UnsupportedFormatError,
 )
-from bridgeflow.serialize.npz_format import NumpyData, NumpySerializer
+from bridgeflow.serialize._npz_format import NumpyData, NumpySerializer
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 
 
@@ -135,7 +135,7 @@ def test_flipped_and_cut_files_give_the_saved_data_or_a_library_error(tmp_path):
     """The zip CRC of every member is checked (the whole member is read), so no flip goes unnoticed."""
     import random
 
-    from bridgeflow.errors import BridgeflowError
+    from bridgeflow._errors import BridgeflowError
 
     dps = every_kind(20)
     good = save(tmp_path, dps)

@@ -18,14 +18,14 @@ import pytest
 from tensorpack_reference import DATA
 
 from bridgeflow import LMDBData, LMDBDataPoint, LMDBDataset, LMDBSerializer, load_dataset
+from bridgeflow._sources import DataFromList
 from bridgeflow.serialize import decode_tensorpack
-from bridgeflow.serialize.errors import (
+from bridgeflow.serialize._errors import (
     CorruptDataError,
     DatasetChangedError,
     PickleNotAllowedError,
     UnsupportedFormatError,
 )
-from bridgeflow.sources import DataFromList
 from conftest import results_of_forked_children
 
 MSGPACK = os.path.join(DATA, "tensorpack_msgpack.lmdb")
@@ -185,7 +185,7 @@ def test_keys_out_of_place_or_missing_are_errors_not_silent_gaps(tmp_path):
 def test_past_the_sequential_limit_datapoints_are_found_by_number(tmp_path, monkeypatch):
     """Past 10**8 datapoints tensorpack's keys have 9 digits and sort among the 8-digit ones, so the reader
     finds each datapoint by the number in its key (the limit is lowered here: the path is the same)."""
-    from bridgeflow.serialize import tensorpack_lmdb
+    from bridgeflow.serialize import _tensorpack_lmdb as tensorpack_lmdb
 
     monkeypatch.setattr(tensorpack_lmdb, "TENSORPACK_SEQUENTIAL_LIMIT", 2)
     path = write_tp(tmp_path / "big.lmdb", [pack([i]) for i in range(5)])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import bridgeflow as bf
-from bridgeflow.shard import rank_and_world, resolve_shard, warn_if_unsharded
+from bridgeflow._shard import rank_and_world, resolve_shard, warn_if_unsharded
 from conftest import need
 
 N = 23

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromGenerator, DataFromIterable, DataFromList, FakeData, LengthUnknownError
-from bridgeflow.state import StateMismatchError
+from bridgeflow._state import StateMismatchError
 from bridgeflow.testing import check_dataflow
 
 KINDS = ["list", "tuple", "dict"]

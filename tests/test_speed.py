@@ -7,7 +7,7 @@ import io
 import pytest
 
 from bridgeflow import DataFlow, DataFromList, FakeData, MapData, TestDataSpeed
-from bridgeflow.speed import collect_stats, format_stats
+from bridgeflow._speed import collect_stats, format_stats
 
 
 class Epochs(DataFlow):

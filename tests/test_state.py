@@ -11,7 +11,7 @@ import pytest
 
 import bridgeflow as bf
 from bridgeflow import DataFlow, ProxyDataFlow, RNGDataFlow
-from bridgeflow.state import NotResumableError, StateMismatchError
+from bridgeflow._state import NotResumableError, StateMismatchError
 from bridgeflow.testing import assert_same_datapoints, check_resumable
 
 

@@ -18,8 +18,8 @@ import pytest
 
 import bridgeflow as bf
 from bridgeflow import RNGDataFlow, worker_seed_scope
+from bridgeflow._state import NotResumableError, StateMismatchError, checksum
 from bridgeflow.parallel import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData, MultiThreadRunner
-from bridgeflow.state import NotResumableError, StateMismatchError, checksum
 from bridgeflow.testing import check_resumable
 
 STAGES = {"threads": MultiThreadMapData, "processes": MultiProcessMapData}

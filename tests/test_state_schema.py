@@ -14,8 +14,8 @@ from test_state import FLOWS
 
 import bridgeflow as bf
 from bridgeflow import DataFlow
-from bridgeflow.state import RESERVED, NotResumableError, StateError, StateMismatchError, checksum
-from bridgeflow.state_schema import Child, Count, Same
+from bridgeflow._state import RESERVED, NotResumableError, StateError, StateMismatchError, checksum
+from bridgeflow._state_schema import Child, Count, Same
 from conftest import need
 
 
@@ -132,7 +132,7 @@ def test_the_checksum_is_the_crc_of_the_json_text_with_or_without_the_c_encoder(
     earlier still load, and a Python without the C encoder sums the same."""
     import zlib
 
-    from bridgeflow import state as state_module
+    from bridgeflow import _state as state_module
 
     tree = {"class": "X", "version": 1, "pos": 3, "f": 0.1, "nan": float("nan"), "s": "caf\u00e9\n\"", "none": None,
             "flag": True, "big": 2**70, "nested": [{"a": []}, [1, -2]], "t": (1, 2)}

@@ -85,7 +85,7 @@ def flow_differences(tp: dict, bf: dict) -> set[str]:
 
 
 # tensorpack vs bridgeflow, as "tensorpack vs bridgeflow" (the porting table, docs/tensorpack.md, lists them).
-# BatchData (bridgeflow/batch.py): Python ints become int64 (tensorpack: int32), floats float64 (float32),
+# BatchData (bridgeflow/_batch.py): Python ints become int64 (tensorpack: int32), floats float64 (float32),
 # bools bool (tensorpack: int32, as its int check comes first) and strings stay a list (tensorpack: a
 # numpy unicode array). BatchDataByShape: len() unknown (tensorpack: len(ds) // batch_size, which
 # ignores how the shapes group).

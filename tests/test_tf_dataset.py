@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import BatchData, DataFlow, DataFromGenerator, DataFromList, MapData
-from bridgeflow.errors import DatapointError
+from bridgeflow._errors import DatapointError
 from bridgeflow.testing import assert_same_datapoints
 from conftest import need
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromGenerator, DataFromList, MapData
-from bridgeflow.errors import DatapointError
+from bridgeflow._errors import DatapointError
 from conftest import need
 
 need("tensorflow")

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import BatchData, DataFlow, DataFromList, FakeData, MapData, MultiProcessMapData
-from bridgeflow.errors import DatapointError
+from bridgeflow._errors import DatapointError
 from bridgeflow.testing import assert_same_datapoints
 from conftest import PROMPTLY_S, need
 
@@ -221,7 +221,7 @@ def test_queue_fill_shows_which_side_is_slow(leak_check, caplog):
     assert full["queue_fill_frac"] > 0.5
     # slow producer: the queue stays nearly empty, and the periodic log line says so
     slow = MapData(FakeData([[4]], size=15), lambda dp: (time.sleep(0.02), dp)[1])
-    with caplog.at_level(logging.INFO, logger="bridgeflow.adapters.tensorflow.queue_input"):
+    with caplog.at_level(logging.INFO, logger="bridgeflow.adapters.tensorflow._queue_input"):
         with QueueInput(slow, queue_size=8, log_every_s=0.02) as qi:
             assert sum(1 for _ in qi) == 15
             empty = qi.stats()
@@ -272,7 +272,7 @@ def test_hand_written_graph_loop_gets_the_flow_error_when_the_with_block_ends(le
         qi = QueueInput(FailingWith(4, ValueError("record 4 is corrupt")), queue_size=2)
         x = qi.dequeue()[0]
         seen = []
-        with caplog.at_level(logging.WARNING, logger="bridgeflow.adapters.tensorflow.queue_input"):
+        with caplog.at_level(logging.WARNING, logger="bridgeflow.adapters.tensorflow._queue_input"):
             with tf.compat.v1.Session(graph=g) as sess, pytest.raises(ValueError, match="record 4 is corrupt"):
                 with qi:
                     qi.start(sess)

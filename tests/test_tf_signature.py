@@ -11,7 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import pytest
 
-from bridgeflow.errors import DatapointError
+from bridgeflow._errors import DatapointError
 from conftest import need
 
 need("tensorflow")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import bridgeflow
-from bridgeflow.errors import WorkerError
+from bridgeflow._errors import WorkerError
 from conftest import PROMPTLY_S, need, wait_for
 
 need("torch")

@@ -263,7 +263,7 @@ def _dying_load(i):
 
 @needs_hook
 def test_a_dying_worker_leaves_no_registration_and_no_shared_memory(leak_check):
-    from bridgeflow.errors import WorkerError
+    from bridgeflow._errors import WorkerError
 
     registrar = FakeRegistrar()
     pinner = SlabPinner(registrar)
@@ -289,8 +289,8 @@ def test_prefetching_from_registered_slabs_ends_clean(how, leak_check):
     slab reused while a copy read it, and (leak_check) no /dev/shm entry."""
     from torch_backends import DmaBackend
 
+    from bridgeflow._errors import WorkerError
     from bridgeflow.adapters.torch import CUDAPrefetcher
-    from bridgeflow.errors import WorkerError
 
     backend = DmaBackend()
     unregister = backend.reg.unregister

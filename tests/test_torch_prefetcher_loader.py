@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import bridgeflow
-from bridgeflow.errors import WorkerError
+from bridgeflow._errors import WorkerError
 from conftest import need
 
 need("torch")

@@ -23,8 +23,8 @@ from bridgeflow import (
     RepeatedData,
     SelectComponent,
 )
+from bridgeflow._transforms import describe_datapoint
 from bridgeflow.testing import check_dataflow
-from bridgeflow.transforms import describe_datapoint
 
 KINDS = ["list", "tuple", "dict"]
 KEY = {"list": (0, 1, 2), "tuple": (0, 1, 2), "dict": ("img", "label", "name")}

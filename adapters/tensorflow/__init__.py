@@ -10,12 +10,12 @@ Importing this package imports TensorFlow (the core ``bridgeflow`` package never
   to compare with and to time the model alone.
 """
 
-from .dataset import to_tf_dataset
-from .feed import DummyConstantInput, FeedInput
-from .queue_input import QueueInput
-from .signature import Signature, infer_signature
-from .source import InputSource, InputSourceError
-from .staging import StagingInput
+from ._dataset import to_tf_dataset
+from ._feed import DummyConstantInput, FeedInput
+from ._queue_input import QueueInput
+from ._signature import Signature, infer_signature
+from ._source import InputSource, InputSourceError
+from ._staging import StagingInput
 
 __all__ = [
     "DummyConstantInput",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from bridgeflow import base
-from bridgeflow.errors import DatapointError
+from bridgeflow import _base as base
+from bridgeflow._errors import DatapointError
 
 __all__ = ["END", "close_iterator", "dynamic_batch_for", "peek", "reset_once", "with_first"]
 
@@ -52,7 +52,7 @@ def dynamic_batch_for(df: Any, dynamic_batch: bool | None) -> bool:
     batching flow found from the top of the pipeline), so its smaller last batch fits the signature."""
     if dynamic_batch is not None:
         return bool(dynamic_batch)
-    from bridgeflow.batch import BatchData, BatchDataByShape
+    from bridgeflow._batch import BatchData, BatchDataByShape
     from bridgeflow.pipeline import iter_flows
 
     for _, flow in iter_flows(df):

@@ -31,7 +31,7 @@ import warnings
 import weakref
 from typing import Any
 
-from bridgeflow.errors import BridgeflowError
+from bridgeflow._errors import BridgeflowError
 
 from . import _compat
 from ._dispatch import Dispatcher

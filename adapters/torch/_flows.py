@@ -12,7 +12,7 @@
 - **Split across the workers** (:class:`FlowShards`): a length-free flow whose structure allows it, datapoint
   transforms (``MapData``, ``MapDataComponent``, ``FilterData``, ``SelectComponent``, the ``AugmentImage*``
   flows, ``LocallyShuffleData``) over one random-access source, is an iterable dataset: each worker reads
-  the whole flow over its own piece of the source's epoch (:meth:`~bridgeflow.order.IndexedSource.split`),
+  the whole flow over its own piece of the source's epoch (:meth:`~bridgeflow._order.IndexedSource.split`),
   so the workers read every datapoint of an epoch once between them, in their own order. The flow's
   position is saved per worker (``state_dict()`` resumes it), and the epochs follow the flow's own.
 - **As one stream** (any other length-free flow): read in this process, one batch of samples per task
@@ -31,15 +31,15 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, Protocol, TypeGuard, cast
 
-from bridgeflow.augment import AugmentImageComponent, AugmentImageComponents
-from bridgeflow.base import DataFlow, reset_once
-from bridgeflow.combine import LocallyShuffleData
-from bridgeflow.errors import LengthUnknownError
-from bridgeflow.order import IndexedSource
-from bridgeflow.parallel.common import ParallelStage
+from bridgeflow._augment import AugmentImageComponent, AugmentImageComponents
+from bridgeflow._base import DataFlow, reset_once
+from bridgeflow._combine import LocallyShuffleData
+from bridgeflow._errors import LengthUnknownError
+from bridgeflow._order import IndexedSource
+from bridgeflow._rng import worker_seed_scope
+from bridgeflow._transforms import FilterData, MapData, MapDataComponent, SelectComponent
+from bridgeflow.parallel._common import ParallelStage
 from bridgeflow.pipeline import iter_flows
-from bridgeflow.rng import worker_seed_scope
-from bridgeflow.transforms import FilterData, MapData, MapDataComponent, SelectComponent
 
 from ._compat import Dataset, IterableDataset, get_worker_info
 from ._fetch import ITERABLE, close_source, make_fetcher

@@ -53,9 +53,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from bridgeflow.base import DataFlow
+from bridgeflow._base import DataFlow
+from bridgeflow._shard import warn_if_unsharded
 from bridgeflow.pipeline import iter_flows
-from bridgeflow.shard import warn_if_unsharded
 
 from . import _compat
 from ._compat import torch
@@ -259,7 +259,7 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
     # --- state --------------------------------------------------------------------------------------
 
     def attach_read_ahead(self, reader: Any) -> None:
-        """Let ``reader`` (a :class:`bridgeflow.base.ReadAhead`, e.g. a CUDA prefetcher) answer ``state_dict()``
+        """Let ``reader`` (a :class:`bridgeflow._base.ReadAhead`, e.g. a CUDA prefetcher) answer ``state_dict()``
         until the next ``iter()`` or ``load_state_dict()``."""
         self._bf.reader = weakref.ref(reader)
 

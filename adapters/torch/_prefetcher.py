@@ -47,10 +47,10 @@ from typing import Any
 
 import numpy as np
 
-from bridgeflow.base import DataFlow
-from bridgeflow.errors import BridgeflowError
+from bridgeflow._base import DataFlow
+from bridgeflow._errors import BridgeflowError
+from bridgeflow._shard import warn_if_unsharded
 from bridgeflow.parallel._transport.background import BackgroundIterator, Producer
-from bridgeflow.shard import warn_if_unsharded
 
 from ._compat import torch
 from ._convert import map_structure
@@ -329,7 +329,7 @@ class CUDAPrefetcher:
             except Exception as exc:
                 self._delivered = _StateFailure(exc)
         fetched = BackgroundIterator(self.loader, self._track(loader_state), depth=1, name="bf-cuda-fetch")
-        attach = getattr(self.loader, "attach_read_ahead", None)  # bridgeflow.base.ReadAhead
+        attach = getattr(self.loader, "attach_read_ahead", None)  # bridgeflow._base.ReadAhead
         if loader_state is not None and attach is not None:
             attach(self)  # the loader's (or flow's) own state_dict() now answers with what was handed out
         copier = ParallelCopier(self.copy_threads)

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bridgeflow.errors import WorkerError, WorkerTimeoutError
+from bridgeflow._errors import WorkerError, WorkerTimeoutError
 from bridgeflow.parallel._transport.pool import EXHAUSTED, WorkerPool
 
 from ._fetch import Reset, WorkerSpec, WorkerTask, close_source, init_worker

@@ -39,7 +39,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from bridgeflow.state import StateMismatchError
+from bridgeflow._state import StateMismatchError
 
 from . import _compat
 from ._compat import InfiniteConstantSampler, torch
@@ -74,7 +74,7 @@ _DETERMINISTIC = (_tud.SequentialSampler, _tud.BatchSampler, _tud.distributed.Di
 
 class ResumeStateError(StateMismatchError):
     """A ``state_dict`` that does not fit this loader (another dataset length, batch size, sampler...), or a
-    damaged one: a :class:`~bridgeflow.state.StateMismatchError` (a ``ValueError``), as a flow's damaged state
+    damaged one: a :class:`~bridgeflow._state.StateMismatchError` (a ``ValueError``), as a flow's damaged state
     is, so one ``except`` catches both."""
 
 

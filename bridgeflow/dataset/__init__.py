@@ -9,10 +9,10 @@ A missing file or folder raises :class:`DatasetFilesMissingError` naming it and 
 :func:`write_fake_ilsvrc12` and :func:`write_fake_cifar` write small fake copies laid out the same way.
 """
 
+from ._cifar import Cifar10, Cifar100, CifarBase
+from ._fake import write_fake_cifar, write_fake_ilsvrc12
 from ._files import DatasetFilesMissingError, dataset_path
-from .cifar import Cifar10, Cifar100, CifarBase
-from .fake import write_fake_cifar, write_fake_ilsvrc12
-from .ilsvrc import ILSVRC12, ILSVRC12Files, ILSVRCMeta
+from ._ilsvrc import ILSVRC12, ILSVRC12Files, ILSVRCMeta
 
 __all__ = [
     "Cifar10",

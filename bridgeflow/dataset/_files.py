@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import BridgeflowError
+from .._errors import BridgeflowError
 
 __all__ = ["DatasetFilesMissingError", "dataset_path", "require_path"]
 

@@ -22,9 +22,9 @@ Example:
     (224, 224, 3)
 """
 
-from .base import Augmentor, ImageAugmentor, MapImage, PhotometricAugmentor, check_dtype
-from .external import Albumentations, TorchvisionAugmentor, as_augmentor
-from .geometry import (
+from ._base import Augmentor, ImageAugmentor, MapImage, PhotometricAugmentor, check_dtype
+from ._external import Albumentations, TorchvisionAugmentor, as_augmentor
+from ._geometry import (
     BackgroundFiller,
     CenterCrop,
     CenterPaste,
@@ -37,8 +37,8 @@ from .geometry import (
     ResizeShortestEdge,
     Transpose,
 )
-from .meta import AugmentorList, Identity, RandomApplyAug, RandomChooseAug, RandomOrderAug
-from .photometric import (
+from ._meta import AugmentorList, Identity, RandomApplyAug, RandomChooseAug, RandomOrderAug
+from ._photometric import (
     Brightness,
     BrightnessScale,
     Clip,
@@ -55,7 +55,7 @@ from .photometric import (
     ToFloat32,
     ToUint8,
 )
-from .transform import (
+from ._transform import (
     INTER_AREA,
     INTER_CUBIC,
     INTER_LANCZOS4,

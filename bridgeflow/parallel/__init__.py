@@ -1,9 +1,7 @@
 """Parallel stages on threads or processes, sharing one worker loop and a shared-memory transport."""
 
-from ._transport.mapping import MappingHooks
-from ._transport.pool import EXHAUSTED, RemoteError, WorkerContext, WorkerPool
-from .common import OversubscribedWarning
-from .compat import (
+from ._common import OversubscribedWarning
+from ._compat import (
     MultiProcessMapAndBatchData,
     MultiProcessMapAndBatchDataZMQ,
     MultiProcessMapDataZMQ,
@@ -13,7 +11,9 @@ from .compat import (
     PrefetchDataZMQ,
     ThreadedMapData,
 )
-from .stages import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData, MultiThreadRunner
+from ._stages import MultiProcessMapData, MultiProcessRunner, MultiThreadMapData, MultiThreadRunner
+from ._transport.mapping import MappingHooks
+from ._transport.pool import EXHAUSTED, RemoteError, WorkerContext, WorkerPool
 
 __all__ = [
     "EXHAUSTED",

@@ -1,6 +1,6 @@
 """How a map stage plans a resume: from a loaded state, or from its own ledger when its carried stream goes back
 (an epoch of batches left early). The functions are the stage's methods (``_MapStage._resume`` is
-:func:`resume_source`), kept here so that :mod:`bridgeflow.parallel.stages` holds the stage's iteration and
+:func:`resume_source`), kept here so that :mod:`bridgeflow.parallel._stages` holds the stage's iteration and
 this module what a resumed source is: where it is loaded, what is replayed and skipped, what is held first
 (over an unordered stage), how far the saved run had read ahead (a strict stage) and what its pool had
 learned (see ``_MapStage._own_state``).
@@ -14,11 +14,11 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from ..state import StateError, StateMismatchError, child_state, unpack_held
+from .._state import StateError, StateMismatchError, child_state, unpack_held
+from ._common import forever
+from ._fused import BatchPlan
+from ._progress import SNAPSHOT_EVERY
 from ._transport.pool import WorkerPool
-from .common import forever
-from .fused import BatchPlan
-from .progress import SNAPSHOT_EVERY
 
 __all__ = ["HeldFirst", "close_stream", "drop_in_flight", "most_in_flight", "read_ahead", "resume_source"]
 

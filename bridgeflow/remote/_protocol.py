@@ -1,6 +1,6 @@
 """The wire format between a producer and :class:`RemoteDataZMQ`, and address checks.
 
-A message is either a datapoint, the frames of :func:`bridgeflow.serialize.codec.encode_frames` (its first
+A message is either a datapoint, the frames of :func:`bridgeflow.serialize._codec.encode_frames` (its first
 frame starts with the codec's magic ``b"\\x93BFC"``), or a one-frame control message starting with
 ``b"\\x00BF"`` and a kind byte:
 
@@ -27,7 +27,7 @@ from many producers on one socket) starts every message with one more frame, ``T
 message is a hello. Without keys anyone who can reach the consumer can send to it: the consumer drops
 (and counts) an untagged message, and a message from a producer that did not say hello, so that one
 stray or spoofed message can neither end nor corrupt the stream (with keys, strangers cannot send at
-all; see :mod:`bridgeflow.remote.keys`).
+all; see :mod:`bridgeflow.remote._keys`).
 
 Every frame a producer sends is at most ``FRAGMENT_BYTES`` plus a small header (``MAX_FRAME_BYTES``):
 consumers make ZeroMQ refuse larger frames, so that a peer cannot make them buffer one.
@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..serialize.errors import CorruptDataError
+from ..serialize._errors import CorruptDataError
 
 __all__ = [
     "BYE", "CONTROL", "END", "ERROR", "FRAGMENT_BYTES", "HEARTBEAT", "HELLO", "LAST", "MAX_FRAME_BYTES", "SPLIT",

@@ -18,9 +18,9 @@ format name, codec and version stored in the file, and raise :class:`CorruptData
 path for damaged or foreign files.
 """
 
-from .atomic import atomic_path
-from .codec import CODECS, DEFAULT_CODEC, FORMAT_VERSION, decode, decode_frames, encode, encode_frames, peek_codec
-from .errors import (
+from ._atomic import atomic_path
+from ._codec import CODECS, DEFAULT_CODEC, FORMAT_VERSION, decode, decode_frames, encode, encode_frames, peek_codec
+from ._errors import (
     ComponentNotFoundError,
     CorruptDataError,
     DatasetChangedError,
@@ -33,13 +33,13 @@ from .errors import (
     TargetExistsError,
     UnsupportedFormatError,
 )
-from .formats import detect_format, load, load_dataset
-from .hdf5_format import HDF5Data, HDF5Serializer
-from .images import ImageFolderData, image_folder, list_image_folder, read_image
-from .lmdb_format import LMDBDataset, LMDBSerializer, read_lmdb_meta
-from .lmdb_raw import LMDBData, LMDBDataDecoder, LMDBDataPoint
-from .npz_format import NumpyData, NumpySerializer
-from .tensorpack_codec import decode_tensorpack
+from ._formats import detect_format, load, load_dataset
+from ._hdf5_format import HDF5Data, HDF5Serializer
+from ._images import ImageFolderData, image_folder, list_image_folder, read_image
+from ._lmdb_format import LMDBDataset, LMDBSerializer, read_lmdb_meta
+from ._lmdb_raw import LMDBData, LMDBDataDecoder, LMDBDataPoint
+from ._npz_format import NumpyData, NumpySerializer
+from ._tensorpack_codec import decode_tensorpack
 
 __all__ = [
     "CODECS",

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DatapointError
+from .._errors import DatapointError
 
 __all__ = ["Column", "assemble", "classify", "restore", "split_datapoint"]
 

@@ -7,9 +7,9 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .._base import DataFlow
 from .._progress import progress_bar
-from ..base import DataFlow
-from .errors import CorruptDataError, DatasetNotFoundError
+from ._errors import CorruptDataError, DatasetNotFoundError
 
 __all__ = ["LOADERS", "classes_json", "existing_path", "iterate_source", "normalize_index", "note_datapoint",
            "parse_classes", "sniff_format", "source_length", "wrong_format"]

@@ -30,8 +30,8 @@ import struct
 from typing import Any
 
 from ._common import wrong_format
+from ._errors import CorruptDataError, ExternalDataError
 from ._pinned import PinnedFile
-from .errors import CorruptDataError, ExternalDataError
 
 __all__ = ["check_global_heaps", "check_stored", "check_superblock", "contained_dataset", "is_variable_length"]
 

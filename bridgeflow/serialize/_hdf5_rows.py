@@ -1,6 +1,6 @@
 """Rows of an HDF5 array column read straight from the file: one ``preadv`` a row, no libhdf5 call.
 
-A column of fixed-shape arrays that :class:`~bridgeflow.serialize.hdf5_format.HDF5Serializer` writes is
+A column of fixed-shape arrays that :class:`~bridgeflow.serialize._hdf5_format.HDF5Serializer` writes is
 chunked by whole rows and unfiltered, so row ``i``'s bytes lie as they are in memory, in one place of the
 file that libhdf5's chunk index names. :func:`direct_rows` asks libhdf5 once per process for every
 chunk's place (``H5Dchunk_iter``), checks each against the file (allocated, unfiltered, its full size,
@@ -8,7 +8,7 @@ inside the file) and returns a :class:`DirectRows` that reads a row, or a block 
 reads of the reader's pinned file (:mod:`bridgeflow.serialize._pinned`) into an array the datapoint owns.
 Per row this skips libhdf5's selection machinery (about 20 µs of h5py's ``ds[i]``); the row CRC-32 is
 still checked by the reader. A file cut short while it is read gives a short read, a
-:class:`~bridgeflow.serialize.errors.CorruptDataError` naming the file. Any other layout (filters,
+:class:`~bridgeflow.serialize._errors.CorruptDataError` naming the file. Any other layout (filters,
 chunks across rows, foreign byte order, unallocated chunks) returns ``None``: h5py reads it as before.
 
 Example:

@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import DatapointError
+from .._errors import DatapointError
+from ._atomic import write_error
 from ._checksum import crc32
 from ._columns import Column, classify, split_datapoint
-from .atomic import write_error
 
 __all__ = ["CRC", "CRC_SEED", "FLAT", "FORMAT_NAME", "FORMAT_VERSION", "OFFSETS", "SHAPES", "HDF5Writer",
            "hdf5_output", "row_crc", "rows_crc"]

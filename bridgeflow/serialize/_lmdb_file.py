@@ -34,11 +34,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..rng import RNGDataFlow
+from .._rng import RNGDataFlow
 from ._common import existing_path
+from ._errors import CorruptDataError
 from ._lmdb_tree import LMDBTree, cut_error, walk_lmdb
 from ._pinned import PinnedFile
-from .errors import CorruptDataError
 
 __all__ = ["PinnedLMDB", "check_verify", "new_bytearray", "new_bytearray_function"]
 

@@ -2,9 +2,9 @@
 
 At a few hundred bytes a value, what a read costs is the Python around it: a call to check each CRC, one
 to decode each value, one ``pread`` to watch for a writer. A batch of ``k`` values of ``s`` bytes each
-(the encoding and its 4-byte CRC-32, as :mod:`bridgeflow.serialize.lmdb_format` stores them), gathered into
+(the encoding and its 4-byte CRC-32, as :mod:`bridgeflow.serialize._lmdb_format` stores them), gathered into
 one buffer, is instead checked by one CRC-32 call over the whole buffer and decoded by
-:func:`~bridgeflow.serialize.codec.decode_many`. Sequential epochs gather a batch from a run of leaf pages
+:func:`~bridgeflow.serialize._codec.decode_many`. Sequential epochs gather a batch from a run of leaf pages
 read at once; shuffled ones (:class:`SmallValueReads`) from the *region*, the bytes holding every value
 the epoch reads, read with one ``preadv`` when it is at most :data:`REGION_BYTES` (64 MiB) and at least
 half values (a small dataset), else with one ``preadv`` a value, which at 300 bytes costs more than the
@@ -39,9 +39,9 @@ from typing import Any
 import numpy as np
 
 from ._checksum import crc32
+from ._codec import DECODE_ERRORS, decode_many
+from ._errors import CorruptDataError
 from ._lmdb_file import new_bytearray
-from .codec import DECODE_ERRORS, decode_many
-from .errors import CorruptDataError
 
 __all__ = ["ROWS", "SMALL_VALUE", "SmallValueReads", "gather_rows", "read_rows", "rows_crc"]
 
@@ -97,7 +97,7 @@ def gather_rows(block: Any, starts: np.ndarray, s: int) -> memoryview:
 
 
 class SmallValueReads:
-    """The shuffled-epoch reads of :class:`~bridgeflow.serialize.lmdb_format.LMDBDataset` for small values
+    """The shuffled-epoch reads of :class:`~bridgeflow.serialize._lmdb_format.LMDBDataset` for small values
     of bridgeflow's format with checksums: a batch of :data:`ROWS` at a time, gathered from the epoch's
     :meth:`_region` (or read one ``preadv`` each), checked by one CRC call and decoded together. The reader
     provides ``_index`` (``offsets``, ``sizes``), ``_pin``, ``_watch_at``/``_watch``, and ``_get``,

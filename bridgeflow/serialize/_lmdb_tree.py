@@ -43,8 +43,8 @@ import struct
 import numpy as np
 
 from ._common import wrong_format
+from ._errors import CorruptDataError, DatasetChangedError
 from ._pinned import PinnedFile
-from .errors import CorruptDataError, DatasetChangedError
 
 __all__ = ["LMDBTree", "cut_error", "walk_lmdb", "written_error"]
 

@@ -33,7 +33,7 @@ import io
 import os
 from typing import Any
 
-from .errors import DatasetChangedError, DatasetNotFoundError
+from ._errors import DatasetChangedError, DatasetNotFoundError
 
 __all__ = ["PinnedFile", "PinnedReader"]
 

@@ -14,7 +14,7 @@ anew, reads to the point, and saves ``state_dict()`` through json, or records th
 (``NotResumableError``). A fresh *load* process builds each pipeline again, loads the state and reads the
 rest of the epoch and the following ones. Both run under a time limit: one past it counts as a hang.
 
-The comparison depends on what the pipeline promises (see ``bridgeflow.base``):
+The comparison depends on what the pipeline promises (see ``bridgeflow._base``):
 
 - ``exact``: no unordered stage; every later epoch equals the reference, datapoint for datapoint.
 - ``multiset``: an unordered stage under wrappers that keep each epoch's datapoints whatever the order; the
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 import bridgeflow as bf
-from bridgeflow.state import NotResumableError, StateError
+from bridgeflow._state import NotResumableError, StateError
 
 EPOCHS = 3
 N_FILE = 11  # datapoints of the file sources

@@ -131,7 +131,7 @@ def alias_pointers(b: bytearray, rng: random.Random, psize: int = 4096) -> None:
 def read_back(path: str, want: list | None = None) -> str:
     """Read ``path`` whole and classify the outcome (see the module doc). Nothing read is kept: each
     datapoint is compared with ``want`` as it comes, so memory is the reader's own."""
-    from bridgeflow.errors import BridgeflowError
+    from bridgeflow._errors import BridgeflowError
     from bridgeflow.serialize import load_dataset
     from bridgeflow.testing import assert_same_datapoints
 

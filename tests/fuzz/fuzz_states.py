@@ -6,7 +6,7 @@ of the epoch and the next one) kept as the reference. A mutation replaces one fi
 (or deletes it) with a value of another type, a negative or huge number, a live object, or a nearby number.
 A fresh pipeline loads the mutated state and reads on. Outcomes:
 
-- ``refused``: ``load_state_dict`` raised a :class:`~bridgeflow.state.StateError` whose message names the
+- ``refused``: ``load_state_dict`` raised a :class:`~bridgeflow._state.StateError` whose message names the
   flow's path (what a damaged state must give);
 - ``late``: the same error, but only at ``iter()``;
 - ``same``: resumed to exactly the uninterrupted stream (the mutation hit nothing the flow uses, or the
@@ -51,7 +51,7 @@ from bridgeflow import (
     RandomMixData,
     RepeatedData,
 )
-from bridgeflow.state import StateError
+from bridgeflow._state import StateError
 
 REDUCED: list[str] = []  # set by Live.__reduce__: a live object in a state was pickled
 

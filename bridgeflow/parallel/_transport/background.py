@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
-from ...errors import BridgeflowError, LengthUnknownError
+from ..._errors import BridgeflowError, LengthUnknownError
 
 __all__ = ["BackgroundIterator", "Producer"]
 

@@ -40,7 +40,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ...errors import BridgeflowError, WorkerError
+from ..._errors import BridgeflowError, WorkerError
 from . import forensics, forking, shm
 from .mapping import MappingHookSet
 from .pickling import describe_unpicklable, dumps_as_launched

@@ -54,7 +54,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ...errors import BridgeflowError, DataFlowTerminated, WorkerError, WorkerTimeoutError
+from ..._errors import BridgeflowError, DataFlowTerminated, WorkerError, WorkerTimeoutError
 from . import forensics
 from .channels import ProcessChannel, ThreadChannel
 from .forensics import Wait, check_seconds

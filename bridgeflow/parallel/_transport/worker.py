@@ -29,7 +29,7 @@ from typing import Any
 # thread is not in the child), so it is imported here, before any pool exists.
 import numpy.random  # noqa: F401
 
-from ...errors import BridgeflowError
+from ..._errors import BridgeflowError
 from . import forensics, shm
 from .wire import COMPLETED_AT, ERROR, FATAL, INIT, LIVENESS_INTERVAL, MAX_SLABS, OK, RAN_OUT, STOP, ctl_base
 

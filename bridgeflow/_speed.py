@@ -1,0 +1,102 @@
+"""Measure how fast a flow produces datapoints, and say which stage is the slow side."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Generator, Iterator
+from typing import Any
+
+from ._base import DataFlow, reset_once
+from ._progress import progress_bar
+from ._proxy import ProxyDataFlow
+from .pipeline import bottleneck, format_stats, pipeline_stats
+
+__all__ = ["TestDataSpeed", "collect_stats", "format_stats"]
+
+
+collect_stats = pipeline_stats  # ``df.stats()``, also for a duck-typed flow at the top
+
+
+class TestDataSpeed(ProxyDataFlow):
+    """Iterate a flow ``size`` times behind a progress bar and report datapoints per second.
+
+    ``start()`` runs the test and returns the rate; the first ``warmup`` datapoints are not timed (worker
+    start-up, caches). If the flow runs out before ``size`` it is iterated again. ``min_seconds`` times
+    more rounds of ``size`` datapoints until that long has passed: a fast flow read for a few milliseconds
+    gives a rate that changes several-fold between runs (``bridgeflow bench`` times 2 s). Afterwards the
+    statistics of every stage that keeps them (buffer fill, consumer wait, workers busy) are printed with
+    a verdict on the slow side (see :func:`bridgeflow.pipeline.bottleneck`): an output buffer that is
+    nearly always empty while the workers are busy means the workers are the bottleneck.
+
+    Example:
+        >>> from bridgeflow import FakeData
+        >>> rate = TestDataSpeed(FakeData([[4]], size=100), size=50, progress=False).start()
+        50 datapoints in ...
+    """
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    def __init__(self, ds: DataFlow, size: int = 5000, warmup: int = 0, *, progress: bool = True,
+                 file: Any = None, min_seconds: float = 0.0) -> None:
+        super().__init__(ds)
+        if size <= 0 or warmup < 0 or not min_seconds >= 0:
+            raise ValueError(f"TestDataSpeed needs size > 0, warmup >= 0 and min_seconds >= 0, got size={size} "
+                             f"warmup={warmup} min_seconds={min_seconds}")
+        self.test_size = int(size)
+        self.warmup = int(warmup)
+        self.min_seconds = float(min_seconds)
+        self.progress = progress
+        self.file = file
+        self.rate: float | None = None
+
+    def _stream(self) -> Generator[Any, None, None]:
+        while True:
+            empty = True
+            for dp in self.ds:
+                empty = False
+                yield dp
+            if empty:
+                raise ValueError(f"TestDataSpeed: {type(self.ds).__name__} yielded no datapoint")
+
+    def start(self) -> float:
+        """Run the test; returns datapoints per second and prints a summary."""
+        reset_once(self)
+        out = self.file or sys.stdout
+        stream = self._stream()
+        try:
+            for _ in range(self.warmup):
+                next(stream)
+            n = 0
+            t0 = time.perf_counter()
+            with progress_bar(enabled=self.progress, total=self.test_size, unit="dp", leave=False) as bar:
+                while True:
+                    for _ in range(self.test_size):
+                        next(stream)
+                        bar.update(1)
+                    n += self.test_size
+                    elapsed = time.perf_counter() - t0
+                    if elapsed >= self.min_seconds:
+                        break
+                    if self.progress:
+                        bar.total = n + self.test_size
+        finally:
+            stream.close()
+        self.rate = n / max(elapsed, 1e-9)
+        print(f"{n} datapoints in {elapsed:.3f}s: {self.rate:.1f} datapoints/s", file=out)
+        stats = pipeline_stats(self.ds)
+        if stats:
+            print("stage statistics:\n" + format_stats(stats), file=out)
+            verdict = bottleneck(stats)
+            if verdict:
+                print(f"bottleneck: {verdict}", file=out)
+        return self.rate
+
+    start_test = start  # tensorpack's older name
+
+    def _why_not_resumable(self) -> str:
+        return "TestDataSpeed cannot save its position: it is a timer, iterated once; save the flow it times"
+
+    def _iter_epoch(self) -> Iterator:
+        self.start()
+        yield from self.ds

@@ -1,0 +1,544 @@
+"""Parallel stages: map a function over a flow in worker threads or processes, or run copies of a flow.
+
+These are DataFlows, composable with batching on either side: ``BatchData`` after a map stage batches
+in the consumer; ``BatchData`` inside the flow a runner copies batches in the workers.
+
+- :class:`MultiProcessMapData` / :class:`MultiThreadMapData`: the source is read in the consumer, each
+  datapoint goes to a worker, ``map_func`` runs there, results come back in source order
+  (``ordered=True``) or as ready. The two differ only in the kind of worker; output is the same.
+- :class:`MultiProcessRunner` / :class:`MultiThreadRunner`: every worker iterates its own copy of the
+  flow (reset with a distinct seed) and the consumer takes datapoints as they come.
+
+Each worker seeds Python's ``random`` and numpy's global RNG from its own seed, so augmentations that
+use them differ between workers (forked workers would otherwise share one RNG state).
+
+``strict`` keeps tensorpack's meaning for the map stages: ``strict=True`` runs exactly one epoch of the
+source per iteration and drops anything in flight when an iteration ends early. ``strict=False`` (the
+default) keeps the workers busy across epoch boundaries: an iteration yields ``len(ds)`` results and the
+next one continues where it stopped (a source without ``len()`` always runs strict).
+
+State (``state_dict()``): a map stage saves its source's state at the oldest datapoint the consumer has
+not received (see :mod:`bridgeflow.parallel._progress`), so work in flight is redone on resume, never
+lost or repeated. Ordered stages resume exactly; ``ordered=False`` resumes with every datapoint not yet
+received exactly once, in an order that may differ. A stage over another, unordered, stage cannot re-read
+its source to get the work in flight again (it would get other datapoints): its state is the source's
+state now and the source datapoints in flight themselves (``held``). A runner saves each worker's copy's
+state at the last datapoint received from it; on resume each worker restores its copy (the interleaving
+of the workers may differ). Randomness *inside* ``map_func`` (or a runner worker's use of the global RNGs) is
+not restored: resuming is exact for a deterministic ``map_func``, and only in distribution for random
+augmentation.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .._base import DataFlow, epoch_live, unordered_stage
+from .._errors import LengthUnknownError
+from .._renamed import renamed_keywords
+from .._state import StateMismatchError, child_state, pack_held, unpack_held
+from .._state_schema import Child, Count, Flag, Held, Part, Same, Value
+from .._transforms import _DATAPOINT_TYPES, check_datapoint
+from ._common import (
+    ParallelStage,
+    check_picklable,
+    check_positive,
+    chunk_size,
+    forever,
+    seed_worker_globals,
+    warn_if_oversubscribed,
+)
+from ._fused import BatchPlan, BatchTask, WorkerBatching, map_group
+from ._progress import SNAPSHOT_EVERY, SourceLedger, check_runs, check_source_position
+from ._resume_plan import HeldFirst, close_stream, drop_in_flight, most_in_flight, read_ahead, resume_source
+from ._runners import MultiProcessRunner, MultiThreadRunner
+from ._transport.pool import WorkerContext, WorkerPool
+
+__all__ = ["MultiProcessMapData", "MultiProcessRunner", "MultiThreadMapData", "MultiThreadRunner"]
+
+log = logging.getLogger(__name__)
+
+
+def _map_init(map_func: Callable[[Any], Any], ctx: WorkerContext) -> Callable[[Any], Any]:
+    seed_worker_globals(ctx.seed)
+    writer = ctx.writer
+    who = f"map_func {getattr(map_func, '__qualname__', map_func)!s}"
+
+    def map_one(payload: Any) -> Any:
+        out = map_func(payload)
+        return out if out is None or type(out) in _DATAPOINT_TYPES else check_datapoint(out, who)
+
+    reserve = None
+    if writer is not None:  # stack straight into shared memory: the only copy of the bytes
+        def reserve(nbytes: int) -> Any:
+            writer.reserve(nbytes)
+            return writer.alloc
+
+    def run(payload: Any) -> Any:
+        if type(payload) is not BatchTask:
+            return map_one(payload)
+        return map_group(payload, map_one, reserve)
+
+    return run
+
+
+def _say_strict(saved: Any, have: Any) -> str:
+    return (f"the state is for a {'strict' if saved else 'carried'} stage, this one is "
+            f"{'strict' if have else 'carried'} (strict=, or a source without len())")
+
+
+def _check_costs(flow: Any, costs: list) -> None:
+    if not (len(costs) == 2 and all(type(v) in (int, float) and 0 <= v < 1 << 62 for v in costs)):
+        raise StateMismatchError(f"damaged 'costs' entry {costs!r:.60} in the state")
+
+
+def _check_pair(flow: Any, partial: list) -> None:
+    if not (len(partial) == 2 and all(type(v) is int and v >= 0 for v in partial)):
+        raise StateMismatchError(f"damaged 'partial' entry {partial!r:.60} in the state")
+
+
+class _MapStage(ParallelStage):
+    state_fields = (
+        Same("strict", lambda f: f._epoch_size() is None, _say_strict),
+        Same("ordered", lambda f: bool(f.ordered), "the state is for ordered={saved}, this stage has ordered={have}"),
+        Child("source"), Count("replay"), Value("skip", list, check_runs), Count("taken"),
+        Part("batch", (Count("size", 1 << 16, "batches of at most 65536 in the workers"), Count("offset"),
+                       Count("held"), Value("partial", list, _check_pair, none=True)), none=True),
+        Held(), Flag("ended", optional=True), Count("ahead", optional=True),
+        Value("costs", list, _check_costs, none=True, optional=True),
+    )
+
+    def __init__(self, ds: DataFlow, num_workers: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
+                 strict: bool = False, ordered: bool = True, *, start_method: str | None = None,
+                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+        super().__init__(ds)
+        who = type(self).__name__
+        self._set_waits(timeout, stall_warning)
+        self.num_workers = check_positive(num_workers, "the number of workers", who)
+        if not callable(map_func):
+            raise TypeError(f"{who}: map_func must be callable, got {map_func!r}")
+        self.map_func = map_func
+        self.buffer_size = check_positive(buffer_size, "buffer_size", who)
+        self.strict = strict
+        self.ordered = ordered
+        self.start_method = start_method
+        self.seed = seed
+        self._capacity = self.buffer_size
+        self._carry: Iterator | None = None
+        self._batched: BatchPlan | None = None  # fused batching: groups in flight into the next epoch
+        self._plan: BatchPlan | None = None  # the fused plan of the epoch in progress
+        self._batching: WorkerBatching | None = None  # set while WorkerBatching begins an epoch of batches
+        self._ledger: SourceLedger | None = None  # the source stream's positions (None: no stream)
+        self._taken = 0  # results taken in the (unbatched) epoch in progress
+        self._skips: collections.deque = collections.deque()  # after an unordered resume: runs received already
+        self._index_of: dict[int, int] = {}  # unordered: task id -> pull index
+        self._loose: str | None | bool = False  # the unordered stage under this one (False: not looked yet)
+        self._pulls: collections.deque = collections.deque()  # over an unordered stage: datapoints pulled from
+        self._pulls_from = 0  # this pull index on, while not received (the state holds those in flight)
+        self._ended = False  # the (strict) source's epoch ended: the stream gives no more
+        self._held_first: HeldFirst | None = None  # after a resume over an unordered stage: the held datapoints
+        self._partial: tuple[int, int, int] | None = None  # a fused group delivered in part before a resume (or
+        # before the stream went back): (first pull index, mapped datapoints delivered, batch size)
+        self._align = 0  # fused: where in an epoch of the source the next plan's first group starts
+        self._fused_size = 0  # fused: the batch size of the last plan (0: none)
+        self._began_strict = False  # the epoch in progress began strict (its source's length unknown then: a
+        # CacheData filling knows it once filled, and the rest of that epoch stays strict)
+
+    def _new_pool(self) -> WorkerPool:
+        if self._processes and self.start_method not in (None, "fork"):
+            check_picklable(self.map_func, "map_func", type(self).__name__, self.start_method)
+        self._drop_iteration()  # the last pool's carried stream and plans: a new pool starts anew
+        return WorkerPool(functools.partial(_map_init, self.map_func), self.num_workers,
+                          processes=self._processes, start_method=self.start_method, name=type(self).__name__,
+                          base_seed=self.seed, ordered=self.ordered,
+                          chunk_size=chunk_size(self.buffer_size, self.num_workers), **self._pool_options())
+
+    def _on_reset(self) -> None:
+        self.ds.reset_state()
+        super()._on_reset()
+
+    def _epoch_size(self) -> int | None:
+        if self.strict:
+            return None
+        try:
+            return len(self.ds)
+        except LengthUnknownError:
+            return None
+
+    # --- the source stream --------------------------------------------------------------------------
+
+    def _unordered(self) -> bool:
+        return not self.ordered
+
+    def _source_loose(self) -> str | None:
+        """The unordered stage under this one, if any (its state then holds the datapoints in flight)."""
+        if self._loose is False:
+            self._loose = unordered_stage(self)
+        return self._loose  # type: ignore[return-value]  # never False here: looked up just above
+
+    def _new_ledger(self) -> SourceLedger:
+        """Positions of a new stream of the source, starting where the source is now."""
+        self._skips.clear()
+        self._partial = None
+        self._align = 0
+        self._index_of.clear()
+        self._pulls.clear()
+        self._pulls_from = 0
+        self._ended = False
+        first = self._held_first
+        if first is not None and first.items:  # a resumed stream goes on without the runs received before the
+            # state (its ledger is new): the held datapoints still come first, less the received ones (None)
+            first.items = collections.deque(dp for dp in first.items if dp is not None)
+        self._held_first = first if first is not None and first.items else None
+        loose = self._source_loose() is not None  # the source's state is taken when asked, not noted as it goes
+        self._ledger = SourceLedger(self.ds, every=float("inf") if loose else SNAPSHOT_EVERY)
+        return self._ledger
+
+    def _stream(self, source: Iterator) -> Iterator:
+        """``source`` as the stage pulls it: over an unordered stage, each datapoint is kept until received,
+        and the end of the source's epoch noted (the source's state then starts its next epoch)."""
+        if self._source_loose() is None:
+            return source
+        return self._kept(source)
+
+    def _kept(self, source: Iterator) -> Iterator:
+        try:
+            for dp in source:
+                ledger, pulls = self._ledger, self._pulls
+                if ledger is not None:  # let go of those received
+                    while self._pulls_from < ledger.low and pulls:
+                        pulls.popleft()
+                        self._pulls_from += 1
+                pulls.append(dp)
+                yield dp
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    def _carried(self) -> Iterator:
+        """The endless stream of source datapoints that non-strict epochs share."""
+        if self._carry is None:
+            self._carry = self._stream(forever(self.ds, type(self).__name__))
+            self._new_ledger()
+        return self._carry
+
+    # the resume planning, in bridgeflow.parallel._resume_plan: where a resumed or gone-back source stands
+    _drop_in_flight = drop_in_flight
+    _resume = resume_source
+    _read_ahead = read_ahead
+    _most_in_flight = most_in_flight
+
+    def _skipped(self, start: int) -> None:
+        """A fused group received before a resume was pulled again and not sent."""
+        for i, (s, _) in enumerate(self._skips):
+            if s == start:
+                del self._skips[i]
+                return
+
+    def _pull(self, source: Iterator) -> Any:
+        """The next source datapoint, counted (and the source's state noted every so often)."""
+        ledger = self._ledger
+        assert ledger is not None  # a stream is pulled only while its ledger counts it (_new_ledger)
+        while self._skips and self._skips[0][0] == ledger.pulled:  # received before the state was saved
+            _, length = self._skips.popleft()
+            for _ in range(length):
+                self._next(source)
+            ledger.pulled += length
+        if ledger.pulled >= ledger.next_snap:
+            ledger.snapshot()
+        dp = self._next(source)
+        ledger.pulled += 1
+        return dp
+
+    def _next(self, source: Iterator) -> Any:
+        try:
+            return next(source)
+        except StopIteration:
+            raise
+        except BaseException:
+            # The source raised, so its generator is finished: the next epoch must start a new pass (a
+            # finished generator would raise StopIteration, or end every later epoch at once).
+            if self._carry is source:
+                self._carry = self._ledger = None
+            raise
+
+    def _put(self, pool: WorkerPool, source: Iterator) -> None:
+        task = pool.put(self._pull(source))
+        if not self.ordered:
+            ledger = self._ledger
+            assert ledger is not None  # _pull counted this one in it
+            self._index_of[task] = ledger.pulled - 1
+
+    def _took(self, pool: WorkerPool) -> None:
+        """Bookkeeping for one result taken from the pool (the consumer receives it, or it was dropped)."""
+        self._taken += 1
+        ledger = self._ledger
+        assert ledger is not None  # results are taken only from a stream's epoch, which has a ledger
+        if self.ordered:
+            ledger.low += 1
+        else:
+            ledger.received(self._index_of.pop(pool.last_task_id), 1)
+
+    # --- iteration ----------------------------------------------------------------------------------
+
+    def _begin_epoch(self, resume: dict | None) -> Iterator:
+        if self._held_first is not None and self._epoch_size() is None:  # a strict epoch's source ends with it,
+            self._held_first.close()  # begun or not (one closed before its first datapoint never ran its finally)
+            self._held_first = None
+        pool = self._live_pool()
+        batching, self._batching = self._batching, None
+        if batching is not None:  # an epoch of batches made in the workers
+            return batching.stage_epoch(pool, resume)
+        if self._batched is not None:  # groups of a fused BatchData are in flight: not datapoints
+            self._drop_in_flight(pool)
+        size = self._epoch_size()
+        self._began_strict = size is None
+        self._taken = 0
+        self._plan = None
+        if resume is not None:
+            fused = resume["batch"]
+            if fused is not None and (resume["taken"] or fused["held"]):
+                raise StateMismatchError("the state was saved under a BatchData (batches made in the workers), "
+                                         "this stage is iterated without one", [type(self).__name__])
+            source = self._resume(pool, resume, size)
+            self._taken = resume["taken"]
+        elif size is None:
+            source = self._stream(iter(self.ds))
+            self._new_ledger()
+        else:
+            source = self._carried()
+        if size is None:
+            return self._strict_epoch(pool, source)
+        return self._carried_epoch(pool, size)
+
+    def _strict_epoch(self, pool: WorkerPool, source: Iterator) -> Iterator:
+        ledger = self._ledger
+        more = True
+
+        def refill() -> None:
+            nonlocal more
+            while more and pool.outstanding < self.buffer_size and not pool.saturated:  # bytes bound it too
+                try:
+                    self._put(pool, source)
+                except StopIteration:
+                    more = False
+                    self._ended = True
+
+        try:
+            refill()
+            while pool.outstanding:  # none only once the source ran out (a saturated pool holds tasks)
+                out = self._get(pool)
+                self._took(pool)
+                refill()
+                if out is not None:
+                    self._stats.datapoints += 1
+                    yield out
+        finally:
+            if pool.outstanding and self._pool is pool:
+                pool.discard_outstanding()
+            if hasattr(source, "close"):
+                source.close()
+            if self._ledger is ledger:  # the source's epoch is over: its own state says where it is
+                self._ledger = None
+
+    def _carried_epoch(self, pool: WorkerPool, size: int) -> Iterator:
+        carry = self._carry
+        assert carry is not None  # the carried stream: _carried() made it before this epoch began
+        buffer_size = self.buffer_size
+        while self._taken < size:
+            while pool.outstanding < buffer_size and not pool.saturated:  # bytes bound it too
+                self._put(pool, carry)
+            out = self._get(pool)
+            self._took(pool)
+            if out is not None:
+                self._stats.datapoints += 1
+                yield out
+
+    def batched(self, batch_size: int, remainder: bool = False, use_list: Any = False,
+                pad_value: Any = None) -> WorkerBatching:
+        """The flow of this stage's datapoints in batches stacked in its workers (``BatchData(self, ...)``
+        reads it; see :class:`~bridgeflow.parallel._fused.WorkerBatching`)."""
+        return WorkerBatching(self, batch_size, remainder, use_list, pad_value)
+
+    # --- state --------------------------------------------------------------------------------------
+
+    def _own_state(self) -> dict:
+        """The source's state at the oldest datapoint the consumer has not received, and the stage's place
+        in its epoch (see :mod:`bridgeflow.parallel._progress`). Costs a few dict entries: the source's
+        state was taken as the stage read it."""
+        live = epoch_live(self)
+        strict = self._began_strict if live else self._epoch_size() is None
+        head = {"strict": strict, "ordered": bool(self.ordered)}
+        ledger = self._ledger
+        if ledger is None:
+            return {**head, "source": child_state(self.ds), "replay": 0, "skip": [], "taken": 0, "batch": None,
+                    "held": None, "ended": False, "ahead": 0, "costs": None}
+        loose = self._source_loose()
+        ahead, costs = 0, None
+        if loose is None:
+            source, replay, skip = ledger.position()
+            held = None
+            if strict:  # how far the source was read, for a resumed epoch to match
+                ahead = ledger.pulled - ledger.low + (len(self._held_first.left()) if self._held_first else 0)
+                # and what the pool learned its tasks cost: a fresh one would read less far ahead until its
+                # first result, and leave the source elsewhere if the epoch is closed before it takes more
+                costs = self._pool.costs() if self._pool is not None else None
+        else:  # the source's state now, and what was pulled from it and not received
+            source, replay, skip = child_state(self.ds), 0, sorted([s - ledger.low, n] for s, n in ledger.done.items())
+            held = pack_held(self._in_flight(ledger), loose)
+        plan = self._plan if live else self._batched
+        pending = self._partial[:2] if self._partial is not None else None
+        if plan is not None and plan.ledger is ledger:
+            batch = plan.state(plan.taken if live else 0, pending)
+            taken = batch.pop("taken")
+        else:
+            batch, taken = None, self._taken if live else 0
+            if self._fused_size and (pending is not None or self._align):  # after going back: where the next
+                # plan's groups start, and a group delivered in part (to come again in the next epoch of batches)
+                batch = {"size": self._fused_size, "offset": self._align, "held": 0,
+                         "partial": None if pending is None else [pending[0] - ledger.low, pending[1]]}
+        return {**head, "source": source, "replay": replay, "skip": skip, "taken": taken, "batch": batch,
+                "held": held, "ended": self._ended, "ahead": ahead, "costs": costs}
+
+    def _in_flight(self, ledger: SourceLedger) -> list:
+        """The datapoints pulled from the source and not received, by pull index from ``ledger.low`` (None
+        where received already: the state's 'skip' runs)."""
+        pulls, start = self._pulls, ledger.low - self._pulls_from
+        items = [pulls[i] for i in range(start, min(len(pulls), ledger.pulled - self._pulls_from))]
+        for s, n in ledger.done.items():
+            items[s - ledger.low:s - ledger.low + n] = [None] * n
+        if self._held_first is not None:  # held by the loaded state and not pulled again yet: still in flight
+            items += self._held_first.left()
+        return items
+
+    def _take_state(self, state: dict) -> None:
+        """The bounds that depend on the fused batch size (a task holds a batch's datapoints), and order."""
+        batch = state["batch"]
+        per = 1 if batch is None else max(1, batch["size"])
+        most = self._most_in_flight(batch)
+        if batch is not None:
+            why = "the datapoints a stage can have in flight"
+            for key in ("offset", "held"):
+                Count(f"batch.{key}", most, why).check(self, batch[key])
+            if batch["partial"] is not None and max(batch["partial"]) > most:
+                raise StateMismatchError(f"damaged 'partial' entry {batch['partial']!r:.60} in the state")
+        check_source_position(state, most, f"buffer_size={self.buffer_size} in flight and {SNAPSHOT_EVERY} pulls "
+                                           "between two snapshots")
+        Count("ahead", most, "the datapoints a stage can have in flight").check(self, state.get("ahead") or 0)
+        if state.get("ahead") and (state.get("held") is not None or self._epoch_size() is not None):
+            raise StateMismatchError("the state says the source was read ahead, which only a strict stage over an "
+                                     "ordered flow saves")
+        if self.ordered and state["skip"]:
+            raise StateMismatchError("an ordered stage's state lists datapoints received out of order")
+        if state.get("ended") and self._epoch_size() is not None:
+            raise StateMismatchError("the state says the source's epoch ended, which a carried stage's stream "
+                                     "never does")
+        size = self._epoch_size()
+        Count("taken", None if size is None else -(-size // per) if batch is not None else size,
+              "the epoch's length").check(self, state["taken"])
+        if state.get("held") is not None:  # over an unordered stage: what was pulled and not received, held
+            held = len(unpack_held(state["held"]))
+            if state["replay"] or held > most or any(a + n > held for a, n in state["skip"]):
+                raise StateMismatchError(f"the state's {held} held datapoints disagree with its 'replay' "
+                                         f"{state['replay']} and 'skip' {state['skip']!r:.60} (at most {most})")
+
+    def _drop_iteration(self) -> None:
+        """Close the carried source stream and the fused plans: the source's iteration they hold ends now (a
+        dropped generator caught in a reference cycle would hold the source until a collection, and the
+        source would refuse its next iteration)."""
+        for plan in {id(p): p for p in (self._batched, self._plan) if p is not None}.values():
+            plan.close()
+        if self._held_first is not None:
+            self._held_first.close()
+        carry = self._carry
+        self._batched = self._plan = self._carry = self._ledger = self._held_first = None
+        if carry is not None:
+            close_stream(carry)
+
+    def close(self) -> None:
+        self._drop_iteration()
+        super().close()
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        # generators and positions of this process's iteration
+        state["_carry"] = state["_batched"] = state["_plan"] = state["_ledger"] = state["_held_first"] = None
+        state["_skips"], state["_index_of"], state["_pulls"] = collections.deque(), {}, collections.deque()
+        return state
+
+
+class MultiProcessMapData(_MapStage):
+    """Run ``map_func`` on every datapoint of ``ds`` in ``num_proc`` worker processes.
+
+    ``ds`` is read in this process; each datapoint goes to a worker, and its ``map_func`` result comes back
+    (arrays through shared memory: received arrays are writable and yours for as long as you hold them).
+
+    Args:
+        ds: the flow to read.
+        num_proc: the number of worker processes.
+        map_func: called with one datapoint, returns the new one (a list, tuple or dict), or ``None`` to
+            drop it. Under ``spawn``/``forkserver`` it must be picklable (a module-level function).
+        buffer_size: at most this many datapoints are in flight between ``ds`` and you: read ahead and
+            being mapped, or mapped and not yet taken. Large ones are bounded in bytes as well (1/16 of the
+            memory and 1/8 of /dev/shm by default; see the parallel stages page).
+        strict: ``False`` (the default) keeps the workers busy across epochs: an iteration yields
+            ``len(ds)`` results, and the read-ahead at its end already belongs to the next one. ``True``
+            runs exactly one epoch of ``ds`` per iteration and drops what is in flight when you stop early.
+            A ``ds`` without ``len()`` always runs strict.
+        ordered: ``True`` (the default) yields results in ``ds``'s order; ``False`` yields each as soon as
+            it is ready, so one slow datapoint does not hold up the others.
+        start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``None``: multiprocessing's default.
+        seed: worker ``i`` seeds Python's and numpy's global generators with ``seed + i`` (random when
+            ``None``), so workers never repeat each other's augmentations.
+        timeout: seconds to wait for a result before raising :class:`~bridgeflow.WorkerTimeoutError`
+            naming the worker (``None``: wait for ever, as torch's ``DataLoader(timeout=0)``).
+        stall_warning: after this many seconds of waiting, log a warning with the worker's pid, state and
+            Python stack (``None``: never).
+
+    ``nr_proc=`` (tensorpack's older name of ``num_proc=``) is accepted, deprecated.
+
+    Example:
+        >>> import numpy as np
+        >>> from bridgeflow import BatchData, DataFromList, MultiProcessMapData
+        >>> def square(dp):
+        ...     return [np.float32(dp[0]) ** 2]
+        >>> df = BatchData(MultiProcessMapData(DataFromList([[i] for i in range(8)], shuffle=False), 2, square), 4)
+        >>> with df:  # doctest: +SKIP
+        ...     [b[0].tolist() for b in df]
+        [[0.0, 1.0, 4.0, 9.0], [16.0, 25.0, 36.0, 49.0]]
+    """
+
+    _processes = True
+
+    @renamed_keywords(nr_proc="num_proc")
+    def __init__(self, ds: DataFlow, num_proc: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
+                 strict: bool = False, ordered: bool = True, *, start_method: str | None = None,
+                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+        super().__init__(ds, num_proc, map_func, buffer_size, strict, ordered, start_method=start_method,
+                         seed=seed, timeout=timeout, stall_warning=stall_warning)
+        warn_if_oversubscribed(self.num_workers, type(self).__name__, "num_proc")
+
+
+class MultiThreadMapData(_MapStage):
+    """Run ``map_func`` on every datapoint of ``ds`` in ``num_thread`` threads: the thread twin of
+    :class:`MultiProcessMapData`, with the same arguments (``num_thread`` for ``num_proc``, no
+    ``start_method``) and the same output.
+
+    Threads pay off when ``map_func`` releases the GIL (I/O, decoding in C, large numpy operations).
+    A thread cannot be killed: a ``map_func`` that never returns keeps its thread alive after ``close()``.
+    ``nr_thread=`` (tensorpack's older name of ``num_thread=``) is accepted, deprecated.
+    """
+
+    _processes = False
+
+    @renamed_keywords(nr_thread="num_thread")
+    def __init__(self, ds: DataFlow, num_thread: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
+                 strict: bool = False, ordered: bool = True, *, seed: int | None = None,
+                 timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+        super().__init__(ds, num_thread, map_func, buffer_size, strict, ordered, seed=seed, timeout=timeout,
+                         stall_warning=stall_warning)

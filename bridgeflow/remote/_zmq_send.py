@@ -1,0 +1,251 @@
+"""The producer side of :mod:`bridgeflow.remote._zmq_flow`: :func:`send_dataflow_zmq`.
+
+By default the producer binds its address and one consumer connects (bridgeflow's topology: the
+consumer knows every producer). ``bind=False`` connects to a consumer that binds instead
+(``RemoteDataZMQ(addr, bind=True)``, tensorpack's topology), where many producers may share one
+address: each message then starts with a frame naming this producer (``_protocol.TAG``), so the consumer
+can tell the producers apart, reassemble each one's large datapoints and notice which one went silent.
+
+``format`` takes tensorpack's serializer names and maps them to bridgeflow's codecs: ``None``,
+``"msgpack"`` and ``"pyarrow"`` (data-only serializers) send with the safe codec; ``"pickle"`` only with
+``allow_pickle=True`` (the consumer must also pass ``allow_pickle=True``); tensorpack's ``"zmq_ops"``
+array format (for its ``ZMQInput``) is not provided.
+
+Example:
+    >>> send_dataflow_zmq(df, "tcp://127.0.0.1:8877", epochs=None)                   # doctest: +SKIP
+    >>> send_dataflow_zmq(df, "tcp://trainer:8877", bind=False)   # tensorpack's way  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+from .._deps import require
+from .._progress import progress_bar
+from ..parallel._transport.background import Producer
+from ..serialize._codec import CODECS, DEFAULT_CODEC, encode_frames
+from . import _protocol as P
+from ._errors import RemoteConnectionError
+from ._keys import CurveKeys, Security, load_keys
+
+__all__ = ["FORMATS", "send_dataflow_zmq"]
+
+log = logging.getLogger(__name__)
+
+_QUEUE_DEPTH = 4  # encoded datapoints waiting between the producer's reader thread and its socket
+# tensorpack's names (its `format`, and its TENSORPACK_SERIALIZE serializers) -> bridgeflow's codec
+FORMATS = {None: DEFAULT_CODEC, "bridgeflow": DEFAULT_CODEC, "msgpack": DEFAULT_CODEC, "pyarrow": DEFAULT_CODEC,
+           "pickle": "pickle"}
+
+
+def _positive(value: Any, what: str, who: str, *, allow_none: bool = False) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{who}: {what} must be a positive number, got {value!r}")
+    return value
+
+
+def _codec(format: str | None, codec: str | None, allow_pickle: bool, who: str) -> str:
+    """bridgeflow's codec for tensorpack's ``format`` name and/or bridgeflow's ``codec``."""
+    if format in ("zmq_op", "zmq_ops"):
+        raise ValueError(f"{who}: format={format!r} (tensorpack's zmq_ops array format, read by its ZMQInput) is "
+                         "not provided; leave format=None: RemoteDataZMQ reads bridgeflow's safe format")
+    if format not in FORMATS:
+        raise ValueError(f"{who}: unknown format {format!r}; choose one of {[k for k in FORMATS if k]} or None")
+    mapped = FORMATS[format]
+    if mapped == "pickle" and not allow_pickle:
+        raise ValueError(f"{who}: format='pickle' sends pickles, which run code where they are read: pass "
+                         "allow_pickle=True to send them (the consumer must pass allow_pickle=True too), or leave "
+                         "format=None for the safe codec")
+    if codec is None:
+        return mapped
+    if codec not in CODECS:
+        raise ValueError(f"{who}: unknown codec {codec!r}; choose one of {list(CODECS)}")
+    if format is not None and codec != mapped:
+        raise ValueError(f"{who}: format={format!r} and codec={codec!r} disagree; give one of them")
+    return codec
+
+
+def _byte_view(frame: Any) -> memoryview:
+    mv = memoryview(frame)
+    if mv.ndim == 1 and mv.format == "B":
+        return mv
+    return mv.cast("B") if mv.c_contiguous else memoryview(mv.tobytes())
+
+
+def _send_datapoint(sock: Any, frames: list, prefix: list) -> None:
+    """Send one datapoint's frames: as one message, or in pieces after a split header when it is large;
+    every message starts with ``prefix`` (the producer's tag when it connects, else nothing)."""
+    views = [_byte_view(f) for f in frames]
+    sizes = [v.nbytes for v in views]
+    if sum(sizes) <= P.FRAGMENT_BYTES:
+        sock.send_multipart(prefix + views, copy=False)
+        return
+    sock.send_multipart(prefix + [P.split_header(sizes)])
+    step = P.FRAGMENT_BYTES
+    for v in views:
+        for off in range(0, v.nbytes, step):
+            sock.send_multipart(prefix + [P.SPLIT_PART, v[off:off + step]], copy=False)
+
+
+def _read_source(df: Any, epochs: int | None, codec: str, out: Any) -> None:
+    """Reader thread: encode every datapoint of ``epochs`` passes over ``df`` for the sending thread (an
+    error of the flow reaches it after the datapoints before it)."""
+    done = 0
+    while epochs is None or done < epochs:
+        for dp in df:
+            if not out.put(("D", encode_frames(dp, codec=codec))):
+                return
+        done += 1
+        last = epochs is not None and done == epochs
+        if not out.put(("L" if last else "E", None)):  # the last end says goodbye too
+            return
+
+
+def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None = None, bind: bool = True, *,
+                      codec: str | None = None, allow_pickle: bool = False, epochs: int | None = 1,
+                      heartbeat_s: float = 1.0, send_timeout: float | None = None, progress: bool = False,
+                      keys: str | os.PathLike | CurveKeys | None = None) -> int:
+    """Send ``epochs`` passes over ``df`` on a PUSH socket at ``addr``; return the datapoints sent.
+
+    ``bind=True`` (the default) binds ``addr`` and a :class:`RemoteDataZMQ` connects to it;
+    ``bind=False`` (tensorpack's default) connects to a ``RemoteDataZMQ(addr, bind=True)``, which may
+    hear from many producers on one address. ``format``: tensorpack's serializer name, mapped to a
+    bridgeflow codec (see the module doc); ``codec``: bridgeflow's name (``"bridgeflow"`` or ``"pickle"``).
+
+    Blocks until done: each send waits while the consumer's queue is full (``hwm`` messages), so start
+    it in the process (or host) that should do the work. ``df`` is reset here. A reader thread iterates
+    and encodes the flow while this thread sends, so heartbeats keep flowing even while one datapoint
+    takes long to make. ``epochs=None`` sends forever (tensorpack's producer always does). ``send_timeout``
+    (seconds) gives up with :class:`RemoteConnectionError` when no consumer takes a message for that long
+    (default: wait). The end-and-goodbye marker of the last pass is delivered before returning (within
+    ``send_timeout``). Arrays are sent without copying: the flow must not modify an array after yielding it.
+
+    ``keys``: a key folder made by ``bridgeflow keys`` (or :func:`~bridgeflow.remote.generate_keys`), the
+    same on every machine: the stream is encrypted and authenticated with CurveZMQ, and only a consumer
+    holding the keys can connect (see :mod:`bridgeflow.remote._keys`). Without keys, ``addr`` must be
+    explicit, and binding a wildcard host (``tcp://*:PORT``, ``tcp://0.0.0.0:PORT``) makes the stream
+    readable by anyone who can reach the port, which is logged as a warning.
+    """
+    who = "send_dataflow_zmq"
+    zmq = require("zmq", who)
+    addr = P.check_address(addr, "addr")
+    hwm = int(_positive(hwm, "hwm", who))
+    heartbeat_s = float(_positive(heartbeat_s, "heartbeat_s", who))
+    _positive(send_timeout, "send_timeout", who, allow_none=True)
+    if epochs is not None:
+        epochs = int(_positive(epochs, "epochs", who))
+    codec = _codec(format, codec, allow_pickle, who)
+    if not isinstance(bind, bool):
+        raise TypeError(f"{who}: bind must be True or False, got {bind!r}")
+    if not hasattr(df, "__iter__"):
+        raise TypeError(f"{who}: df must be a DataFlow or iterable, got {type(df).__name__}")
+    if keys is not None:
+        keys = load_keys(keys)
+    elif bind and P.is_public(addr):
+        log.warning("%s binds %s on every network interface: anyone who can reach this port can read the "
+                    "stream (no authentication, no encryption: pass keys=, see bridgeflow keys)", who, addr)
+    if hasattr(df, "reset_state"):
+        df.reset_state()
+
+    ctx = zmq.Context()
+    security = Security(ctx, keys)
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.LINGER, 0)
+    if send_timeout is not None:
+        sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
+    try:
+        if bind:
+            security.binding(sock)
+            sock.bind(addr)
+        else:
+            security.connecting(sock)
+            if keys is not None:  # queue nothing before a handshake succeeded: one that fails is then named
+                sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.connect(addr)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        security.close()
+        ctx.term()
+        hint = "" if bind else " (a connecting producer needs the consumer's address, not a wildcard)"
+        raise RemoteConnectionError(f"{who}: cannot {'bind' if bind else 'connect to'} {addr}: {exc}{hint}",
+                                    addr=addr) from exc
+    # A connecting producer names itself in every message: the consumer binds, and hears from many. Its
+    # first message says hello, so that one message from a stranger cannot pass for a producer's.
+    prefix = [] if bind else [P.TAG + os.urandom(P.TAG_ID_BYTES)]
+    if prefix:
+        try:
+            sock.send_multipart(prefix + [P.HELLO])
+        except zmq.Again:
+            sock.close(0)
+            security.close()
+            ctx.term()
+            raise RemoteConnectionError(f"{who}: no consumer took a message on {addr} for {send_timeout} s "
+                                        f"(send_timeout){security.note()}", addr=addr) from None
+
+    total = None
+    if epochs is not None:
+        try:
+            total = len(df) * epochs  # type: ignore[arg-type]  # a flow without len(): TypeError, caught
+        except TypeError:
+            total = None
+    bar = None
+    if progress:
+        bar = progress_bar(total=total, desc=f"serve {addr}", unit="dp")
+    sent = 0
+    linger = 0
+    reader = Producer(functools.partial(_read_source, df, epochs, codec), depth=_QUEUE_DEPTH,
+                      name=f"bridgeflow-zmq-reader {addr}")
+    try:
+        while True:
+            try:
+                kind, payload = reader.get(timeout=heartbeat_s)
+            except queue.Empty:
+                try:
+                    sock.send_multipart(prefix + [P.HEARTBEAT], zmq.NOBLOCK)
+                except zmq.Again:  # no consumer yet, or its queue is full (it has data to read)
+                    pass
+                continue
+            except StopIteration:  # the reader ended after its last put (only when stopped)
+                return sent
+            except BaseException as exc:  # the flow's error: told to the consumer, then raised here
+                kind, payload = "X", exc
+            try:
+                if kind == "D":
+                    _send_datapoint(sock, payload, prefix)
+                    sent += 1
+                    if bar is not None:
+                        bar.update(1)
+                elif kind == "E":
+                    sock.send_multipart(prefix + [P.END])
+                elif kind == "L":
+                    sock.send_multipart(prefix + [P.LAST])
+                    linger = -1 if send_timeout is None else int(send_timeout * 1000)
+                    return sent
+                else:
+                    text = "".join(traceback.format_exception(type(payload), payload, payload.__traceback__))
+                    try:
+                        sock.send_multipart(prefix + [P.ERROR + text.encode("utf-8", "replace")], zmq.NOBLOCK)
+                        linger = 2000
+                    except zmq.Again:
+                        pass
+                    raise payload
+            except zmq.Again:
+                raise RemoteConnectionError(f"{who}: no consumer took a message on {addr} for {send_timeout} s "
+                                            f"(send_timeout){security.note()}", addr=addr) from None
+    finally:
+        if not reader.close(timeout=5):  # stuck inside the flow; a daemon thread, it stops at its next put
+            log.warning("%s: the reader thread of %s is still inside the flow after 5 s", who, addr)
+        if bar is not None:
+            bar.close()
+        sock.close(linger=linger)
+        security.close()
+        ctx.term()
