@@ -90,8 +90,14 @@ class Throttle:
 
 
 def generate_keys(folder: str | os.PathLike, *, overwrite: bool = False) -> CurveKeys:
-    """Make a key folder (see the module doc) and return its keys; an existing one is kept unless
-    ``overwrite``."""
+    """Make a key folder for ``keys=`` and return its keys; an existing one is kept unless ``overwrite``.
+
+    The folder holds two CurveZMQ key pairs in ZeroMQ's certificate format: ``server.key`` and
+    ``server.key_secret`` for the side that binds its address, ``client.key`` and ``client.key_secret`` for
+    the side that connects. The secret files are readable by their owner only (0600). Copy the folder to
+    every machine of the job and treat it as a password: anyone holding it is trusted. See
+    docs/remote.md ("Keys") for what the keys protect.
+    """
     require("zmq", "generate_keys")
     import zmq.auth
 
