@@ -95,19 +95,21 @@ def resume_loader(kind: str, workers: int) -> DataLoader:
     return DataLoader(flow, batch_size=4, shuffle=True, num_workers=workers)
 
 
-def lightning_resume(out: str, kind: str, workers: str) -> None:
-    """Each phase in a new process, forked from this one, which has imported Lightning and run nothing (as a
-    fresh interpreter would be, without importing Lightning again): ``full``, then ``resume``. Prints the
-    exit code of each as JSON."""
+def lightning_resume(*cases: str) -> None:
+    """Each case ``OUT:KIND:WORKERS`` in turn, each phase in a new process forked from this one, which has
+    imported Lightning and run nothing (as a fresh interpreter would be, without importing Lightning again):
+    ``full``, then ``resume``. Prints the exit code of each phase of each case as JSON, a line a case."""
     import multiprocessing as mp
 
-    codes = {}
-    for phase in ("full", "resume"):
-        proc = mp.get_context("fork").Process(target=lightning_resume_phase, args=(out, kind, workers, phase))
-        proc.start()
-        proc.join()
-        codes[phase] = proc.exitcode
-    print(json.dumps(codes), flush=True)
+    for case in cases:
+        out, kind, workers = case.rsplit(":", 2)
+        codes = {}
+        for phase in ("full", "resume"):
+            proc = mp.get_context("fork").Process(target=lightning_resume_phase, args=(out, kind, workers, phase))
+            proc.start()
+            proc.join()
+            codes[phase] = proc.exitcode
+        print(json.dumps({"case": case, **codes}), flush=True)
 
 
 def lightning_resume_phase(out: str, kind: str, workers: str, phase: str) -> None:

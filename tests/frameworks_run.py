@@ -140,10 +140,10 @@ def lightning_ddp(out: str) -> None:
     run(out)
 
 
-def lightning_resume(out: str, kind: str, workers: str) -> None:
+def lightning_resume(*cases: str) -> None:
     from frameworks_lightning import lightning_resume as run
 
-    run(out, kind, workers)
+    run(*cases)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ from bridgeflow.remote import RayMapData
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 from conftest import need
 
+# One test process starts the module's Ray cluster: split over pytest-xdist's two, each would start one (~6 s).
+pytestmark = pytest.mark.xdist_group("ray")
+
 
 @pytest.fixture(scope="module")
 def ray():

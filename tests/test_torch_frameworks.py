@@ -169,21 +169,42 @@ def test_accelerate_two_processes_shard_and_accumulate_like_torch(tmp_path):
         assert seen[0] | seen[1] == set(range(N))
 
 
+RESUME_CASES = [(kind, workers) for workers in (0, 2) for kind in ("map", "dataflow")]
+
+
+@pytest.fixture(scope="module")
+def killed_runs(tmp_path_factory):
+    """Every case of the test below in one process that imports Lightning once (each case's phases are
+    processes forked from it): the folder of each case, and the exit codes of its phases."""
+    root = tmp_path_factory.mktemp("killed")
+    folders = {case: root / f"{case[0]}-{case[1]}" for case in RESUME_CASES}
+    for folder in folders.values():
+        folder.mkdir()
+    args = [sys.executable, "frameworks_run.py", "lightning_resume",
+            *(f"{folders[case]}:{case[0]}:{case[1]}" for case in RESUME_CASES)]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=480, cwd=HERE)
+    codes = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            codes[rec.pop("case")] = rec
+    return {case: (folder, codes.get(f"{folder}:{case[0]}:{case[1]}"), proc) for case, folder in folders.items()}
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("lightning_resume")  # the cases share one launch (killed_runs)
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("kind", ["map", "dataflow"])
-def test_lightning_resumes_a_killed_run_exactly(kind, num_workers, tmp_path):
+def test_lightning_resumes_a_killed_run_exactly(kind, num_workers, killed_runs):
     """Issue 21's case: shuffled without a generator, a checkpoint every 6 steps, the process SIGKILLed at
     step 8, a new process resumes from step 6 (Lightning restores no RNG): every remaining step of every
     epoch is the uninterrupted run's, the epochs after the resumed one included."""
-    args = [sys.executable, "frameworks_run.py", "lightning_resume", str(tmp_path), kind, str(num_workers)]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240, cwd=HERE)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder, codes, proc = killed_runs[(kind, num_workers)]
     # each phase a process of its own (forked from one that has only imported Lightning); full: then the
     # run killed at step 8
-    assert json.loads(proc.stdout.splitlines()[-1]) == {"full": -signal.SIGKILL, "resume": 0}, proc.stderr[-3000:]
-    steps = {name: [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    assert codes == {"full": -signal.SIGKILL, "resume": 0}, f"exit {proc.returncode}: {proc.stderr[-3000:]}"
+    steps = {name: [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
              for name in ("full", "killed", "resumed")}
     assert len(steps["full"]) == 30 and steps["killed"] == steps["full"][:8]  # killed at step 8
     assert [s[1] for s in steps["resumed"]] == list(range(6, 30))
