@@ -147,9 +147,9 @@ _hang_file = open(_HANG_LOG, "w") if _HANG_LOG else None  # open for the whole r
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``slow`` (tens of seconds: a training framework's processes, a type check) run first, in
-    the order collected, the rest after them as collected. Under pytest-xdist (``-n 2``) a long test started
-    last keeps one process busy after the other has finished everything else; started first, it runs beside
-    the short tests, which then fill both processes to the end. Tests whose cost is a module-scoped fixture
+    the order collected, the rest after them as collected. Under pytest-xdist (``-n 3``) a long test started
+    last keeps one process busy after the others have finished everything else; started first, it runs beside
+    the short tests, which then fill every process to the end. Tests whose cost is a module-scoped fixture
     (a live tensorpack run, a Ray cluster) are not marked: moved apart from their module, each test process
     would build the fixture again."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: collection order kept
@@ -234,7 +234,7 @@ def wait_for(predicate, timeout: float = PROMPTLY_S, interval: float = 0.02) -> 
 @pytest.fixture
 def leak_check():
     """Assert that no child process, thread or bridgeflow shared-memory segment outlives the test: they go
-    within a second or two once a loader ends; on a busy machine (two test processes on two cores) that can
+    within a second or two once a loader ends; on a busy machine (three test processes on two cores) that can
     take longer, so the wait is bounded by ``PROMPTLY_S``, which only a leak exceeds."""
     procs0, shm0 = child_pids(), shm_entries()
     threads0 = {t.ident for t in threading.enumerate()}

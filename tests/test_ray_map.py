@@ -15,7 +15,7 @@ from bridgeflow.remote import RayMapData
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 from conftest import need
 
-# One test process starts the module's Ray cluster: split over pytest-xdist's two, each would start one (~6 s).
+# One test process starts the module's Ray cluster: split over pytest-xdist's processes, each would start one (~6 s).
 pytestmark = pytest.mark.xdist_group("ray")
 
 

@@ -56,7 +56,7 @@ class Ids(tud.Dataset):
 
 # Lightning is imported by the three tests below, not at collection: the import costs each pytest-xdist
 # process ~6 s, so they share one process (xdist_group, with the README's --dist loadgroup) and the other
-# process never pays it. The module they import holds the LightningModule.
+# processes never pay it. The module they import holds the LightningModule.
 IN_PROCESS = pytest.mark.xdist_group("lightning")
 
 
