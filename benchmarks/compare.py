@@ -27,7 +27,8 @@ torch`` selects: each takes a minute):
   ``BatchData(64)`` fused, against the decoder floor: decode + crop + resize of the same images in one
   process; CPU per image is the figure;
 - ``torch:NAME``: bench_torch.py's case NAME (head's script, run on each tree), one repetition per run;
-  ``torch`` alone means every case bench_torch lists in its ``--cases`` default.
+  ``torch`` alone means every case in bench_torch's ``CASES`` (the sample shapes; its JPEG, CUDA and LMDB
+  cases are named one by one).
 
 Output: one JSON line per (case, configuration, tree) with medians, then one per ratio: head/base of each
 configuration's throughput (the median of the per-repetition ratios), and within each tree the ratio of
@@ -305,6 +306,7 @@ def run_torch_case(name: str, tree: str) -> list[dict]:
 
     spec = importlib.util.spec_from_file_location("bench_torch", os.path.join(HERE, "bench_torch.py"))
     module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_torch"] = module  # its dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
     out = io.StringIO()
     argv, sys.argv = sys.argv, ["bench_torch.py", "--cases", name, "--reps", "1"]
@@ -415,13 +417,18 @@ def summarize(case: str, runs: dict, trees: list[Tree], table: list[str]) -> Non
 
 
 def torch_cases() -> list[str]:
-    """bench_torch.py's case names, from its ``--cases`` default (read from the file: no torch import)."""
-    import re
+    """bench_torch.py's case names: the keys of its ``CASES`` (read from the file's syntax tree, so torch is not
+    imported here). The few cases its ``--cases`` default adds beside them need their own setup (JPEG folders,
+    a GPU) and are named one by one as ``torch:NAME``."""
+    import ast
 
     with open(os.path.join(HERE, "bench_torch.py")) as f:
-        found = re.search(r'"--cases",\s*default=((?:"[^"]*"\s*)+)', f.read())
-    names = "".join(re.findall(r'"([^"]*)"', found.group(1))) if found else ""
-    return [f"torch:{n}" for n in names.split(",") if n]
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CASES" for t in node.targets):
+            if isinstance(node.value, ast.Dict):
+                return [f"torch:{k.value}" for k in node.value.keys if isinstance(k, ast.Constant)]
+    raise SystemExit("benchmarks/bench_torch.py: no CASES dict found, so 'torch' names no case")
 
 
 def summarize_torch(case: str, runs: dict, trees: list[Tree], table: list[str]) -> None:
