@@ -223,8 +223,8 @@ def test_workers_do_not_fault_their_heap_back_in_every_batch(tmp_path):
     """A worker holds one mapped datapoint at a time, so glibc does not give its heap back to the system
     after every batch only to fault it back in (37 page faults per 150 KB sample, 2,400 per batch of 64,
     when a worker held the batch's datapoints until the stack). A fresh interpreter: the allocator's state
-    of a process that has run other tests would hide the difference. The median batch, not the mean: CI's
-    busy machine made a new segment every ~7 batches (327 faults per batch on average, 78 in the median)."""
+    of a process that has run other tests would hide the difference. The median batch, not the mean: on CI's
+    busy machine new segments brought the mean to 327 faults a batch; here the median is 78, quiet or loaded."""
     script = tmp_path / "faults.py"
     script.write_text(_FAULTS_SCRIPT)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)

@@ -46,7 +46,7 @@ def _slab_of(writer, array):
 
 def test_a_batch_is_collated_in_the_slab_it_is_sent_in(leak_check):
     flags = memoryview(bytearray(8))
-    writer = shm.SlabWriter(f"bf{os.getpid()}_f_", flags, 8)
+    writer = shm.SlabWriter(f"bftest{os.getpid()}_f_", flags, 8)
     reader = shm.SlabReader(flags)
     try:
         task = _task(Views(), writer)

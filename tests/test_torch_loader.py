@@ -595,7 +595,7 @@ def _through_slabs(value):
     from bridgeflow.parallel._transport import shm
 
     flags = memoryview(bytearray(8))
-    writer, reader = shm.SlabWriter(f"bf{os.getpid()}_c_", flags, 8), shm.SlabReader(flags)
+    writer, reader = shm.SlabWriter(f"bftest{os.getpid()}_c_", flags, 8), shm.SlabReader(flags)
     convert.install(writer)
     try:
         message = writer.dumps(value)
