@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BATCH = 64
@@ -298,16 +299,23 @@ def run_jpeg(config: str, data: str, epochs: int) -> dict:
         return measure(df, _batches, epochs)
 
 
-def run_torch_case(name: str, tree: str) -> list[dict]:
-    """bench_torch.py's case ``name`` with one repetition; its JSON lines, and this process's usage."""
-    import contextlib
+def bench_torch_module() -> types.ModuleType:
+    """bench_torch.py, imported from beside this script (it imports torch)."""
     import importlib.util
-    import io
 
     spec = importlib.util.spec_from_file_location("bench_torch", os.path.join(HERE, "bench_torch.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_torch"] = module  # its dataclasses look their module up while the file runs
     spec.loader.exec_module(module)
+    return module
+
+
+def run_torch_case(name: str, tree: str) -> list[dict]:
+    """bench_torch.py's case ``name`` with one repetition; its JSON lines, and this process's usage."""
+    import contextlib
+    import io
+
+    module = bench_torch_module()
     out = io.StringIO()
     argv, sys.argv = sys.argv, ["bench_torch.py", "--cases", name, "--reps", "1"]
     c0, t0 = usage(), time.perf_counter()
