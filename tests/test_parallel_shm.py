@@ -246,8 +246,8 @@ def _namespaced_pool(seconds: float, tmp_path, pid: int) -> tuple[subprocess.Pop
 def test_pools_in_separate_pid_namespaces_share_dev_shm(leak_check, tmp_path):
     """A pool in its own pid namespace streams for 4 s while pools here start (and sweep) over and over:
     none of its segments is touched. Then its whole namespace is SIGKILLed (nobody cleans up), and the
-    next pool here removes what it left, though a process here has the pid in its segments' names (the
-    pid check of old would have kept them forever).
+    next pool here (or one starting in another test process) removes what it left, though a process here
+    has the pid in its segments' names (the pid check of old would have kept them forever).
 
     Its consumer is given the pid of this test's parent: a pid that is alive here, so that sweepers of
     older versions running beside this test (they judge by pid) leave its segments alone too. A pid that
@@ -277,8 +277,9 @@ def test_pools_in_separate_pid_namespaces_share_dev_shm(leak_check, tmp_path):
         assert wait_for(lambda: any(n.startswith(prefix + "r") for n in shm_entries(mine_only=False)))
         proc.kill()  # unshare dies; its child, the namespace's init, gets SIGKILL and the namespace with it
         proc.wait(10)
-        assert wait_for(lambda: segments._owner_state(prefix + "ctl") == "dead", 5)  # its lock went with it
-        assert {n for n in shm_entries(mine_only=False) if n.startswith(prefix)}  # nobody could clean up
+        # Its lock went with it: "dead", or "gone" where a pool starting in a test process beside this one swept
+        # the group first (the same removal by another sweeper, so the segments' presence is not asserted here).
+        assert wait_for(lambda: segments._owner_state(prefix + "ctl") != "alive")
         os.kill(here, 0)  # the pid in the names is alive here
         with WorkerPool(quarter_mb_init, 1) as pool:
             pool.start()
