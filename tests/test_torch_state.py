@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-import time
+import os
 
 import numpy as np
 import pytest
@@ -20,7 +20,7 @@ import pytest
 import bridgeflow
 
 # --- datasets ----------------------------------------------------------------------------------------
-from conftest import need
+from conftest import need, wait_for
 
 need("torch")
 
@@ -323,15 +323,16 @@ def test_a_batch_that_raised_counts_as_consumed(num_workers, leak_check):
 
 
 class SlowIndices(Tagged):
-    """Tagged, with the given indices slow to read: their batches are handed out after later ones."""
+    """Tagged, with the given indices held back until the file ``gate`` exists: their batches are handed out
+    after later ones, however slowly the other worker starts (a fixed sleep was not always long enough)."""
 
-    def __init__(self, n: int = 10, slow: tuple = (0,), fail: tuple = ()) -> None:
+    def __init__(self, gate: str, n: int = 10, slow: tuple = (0,), fail: tuple = ()) -> None:
         super().__init__(n)
-        self.slow, self.fail = slow, fail
+        self.gate, self.slow, self.fail = gate, slow, fail
 
     def __getitem__(self, i: int):
         if i in self.slow:
-            time.sleep(0.6)
+            assert wait_for(lambda: os.path.exists(self.gate), interval=0.005), "the test never opened the gate"
         if i in self.fail:
             raise KeyError(f"sample {i} is corrupt")
         return super().__getitem__(i)
@@ -353,17 +354,21 @@ def _take(it, n) -> list:
 
 @pytest.mark.parametrize("batch_size", [None, 1, 2])
 @pytest.mark.parametrize("resumed_in_order", [False, True])
-def test_in_order_false_resumes_exactly_the_batches_not_handed_out(batch_size, resumed_in_order, leak_check):
+def test_in_order_false_resumes_exactly_the_batches_not_handed_out(batch_size, resumed_in_order, leak_check,
+                                                                 tmp_path):
     """torchdata's test_out_of_order_index_ds and more: the slow batch is not handed out before the state is
     taken; the resumed loader (in order or not) hands out every other batch of the epoch once, then full epochs."""
+    gate = tmp_path / "gate"
+
     def make(in_order=False):
-        return DataLoader(SlowIndices(), batch_size=batch_size, num_workers=2, in_order=in_order)
+        return DataLoader(SlowIndices(str(gate)), batch_size=batch_size, num_workers=2, in_order=in_order)
 
     loader = make()
     it = iter(loader)
     first = _take(it, 3 if batch_size == 2 else 4)
     assert 0 not in _indices_of(first)  # handed out as they were ready: the slow one is still in flight
     state = json.loads(json.dumps(loader.state_dict()))
+    gate.touch()
     assert state["ahead"] and state["started"]
     del it
     loader.close()
@@ -383,15 +388,19 @@ def test_in_order_false_resumes_exactly_the_batches_not_handed_out(batch_size, r
     third.close()
 
 
-def test_in_order_false_a_batch_that_raised_counts_as_consumed(leak_check):
+def test_in_order_false_a_batch_that_raised_counts_as_consumed(leak_check, tmp_path):
+    gate = tmp_path / "gate"
+
     def make():
-        return DataLoader(SlowIndices(slow=(0,), fail=(3,)), batch_size=1, num_workers=2, in_order=False)
+        return DataLoader(SlowIndices(str(gate), slow=(0,), fail=(3,)), batch_size=1, num_workers=2,
+                          in_order=False)
 
     loader = make()
     it = iter(loader)
     first = _take(it, 5)
     assert "error" in first and 0 not in _indices_of(x for x in first if x != "error")
     state = loader.state_dict()
+    gate.touch()
     del it
     loader.close()
     again = make()
