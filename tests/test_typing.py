@@ -19,7 +19,9 @@ from conftest import ROOT, need
 
 need("mypy")
 
-pytestmark = pytest.mark.slow
+# One test process runs both, the package check first: they share .mypy_cache, which two mypy runs at once can
+# corrupt or find locked (its SQLite cache).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("mypy")]
 
 # Packages whose errors the package check does not count yet (none now: the whole tree is checked). A package
 # put here while it is being rewritten makes the test fail, saying so, as soon as it has no error left.
