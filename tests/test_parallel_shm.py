@@ -19,7 +19,7 @@ from bridgeflow._errors import WorkerError
 from bridgeflow.parallel import WorkerPool
 from bridgeflow.parallel._transport import segments
 from bridgeflow.parallel._transport import shm as shm_mod
-from conftest import shm_entries, wait_for
+from conftest import PROMPTLY_S, shm_entries, wait_for
 
 FORK = mp.get_context("fork")
 
@@ -145,7 +145,7 @@ def test_a_sweep_spares_segments_whose_owner_holds_the_lock_whatever_its_pid(lea
     holder = FORK.Process(target=_hold_control, args=(prefix + "ctl", ready, release), daemon=True)
     holder.start()
     try:
-        assert ready.wait(10)
+        assert ready.wait(PROMPTLY_S)
         with open(slab, "wb") as f:
             f.write(b"x" * 4096)
         with pytest.raises(ProcessLookupError):
@@ -157,14 +157,11 @@ def test_a_sweep_spares_segments_whose_owner_holds_the_lock_whatever_its_pid(lea
             pool.start()
         assert not [n for n in unlinked if n.startswith(prefix)]
         release.set()
-        holder.join(10)
-        state = segments._owner_state(prefix + "ctl")
+        holder.join(PROMPTLY_S)
         # Released, the segments are fair game: a sweep in another process sharing /dev/shm (another test
-        # run) may remove them before ours does.
-        assert state in ("dead", "gone")
+        # process) may remove them before ours does ("gone"), or remove some while ours removes the others.
+        assert wait_for(lambda: segments._owner_state(prefix + "ctl") != "alive")
         shm_mod.sweep_orphans()
-        if state == "dead":
-            assert {prefix + "ctl", prefix + "r0_0_abcdef"} <= set(unlinked)
         assert not os.path.exists(slab) and not os.path.exists(shm_mod.SHM_DIR + f"/{prefix}ctl")
     finally:
         holder.kill()
@@ -244,7 +241,7 @@ def _namespaced_pool(seconds: float, tmp_path, pid: int) -> tuple[subprocess.Pop
 
 @pytest.mark.skipif(not _unshare_works(), reason="needs `unshare --pid` (root, or unprivileged user namespaces)")
 def test_pools_in_separate_pid_namespaces_share_dev_shm(leak_check, tmp_path):
-    """A pool in its own pid namespace streams for 4 s while pools here start (and sweep) over and over:
+    """A pool in its own pid namespace streams for 6 s while pools here start (and sweep) over and over:
     none of its segments is touched. Then its whole namespace is SIGKILLed (nobody cleans up), and the
     next pool here (or one starting in another test process) removes what it left, though a process here
     has the pid in its segments' names (the pid check of old would have kept them forever).
@@ -255,7 +252,7 @@ def test_pools_in_separate_pid_namespaces_share_dev_shm(leak_check, tmp_path):
     """
     here = os.getppid()
     closing = tmp_path / "closing"
-    proc, info = _namespaced_pool(4.0, tmp_path, here)
+    proc, info = _namespaced_pool(6.0, tmp_path, here)
     prefix = info["prefix"]
     try:
         swept = 0
