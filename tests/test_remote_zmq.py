@@ -110,7 +110,7 @@ def test_killed_producer_is_named_within_timeout_and_the_others_go_on(leak_check
     a, b = free_tcp(), free_tcp()
     victim = producers(a, 100_000, 0, None, delay=0.005)
     producers(b, 100_000, 500_000, None, delay=0.005)
-    df = RemoteDataZMQ([a, b], timeout=1.5)
+    df = RemoteDataZMQ([a, b], timeout=3.0)  # 3 s: longer than a busy machine keeps a live producer silent
     df.reset_state()
     it = iter(df)
     seen = [next(it)[1] for _ in range(40)]
@@ -132,7 +132,7 @@ def test_on_lost_skip_logs_and_finishes_the_epoch(leak_check, producers, caplog)
     a, b = free_tcp(), free_tcp()
     victim = producers(a, 100_000, 0, None, delay=0.005)
     producers(b, 60, 500_000, 1, delay=0.01)
-    with RemoteDataZMQ([a, b], timeout=1.0, on_lost="skip") as df, caplog.at_level(logging.WARNING):
+    with RemoteDataZMQ([a, b], timeout=3.0, on_lost="skip") as df, caplog.at_level(logging.WARNING):
         df.reset_state()
         got, killed = [], False
         for dp in df:
@@ -148,7 +148,7 @@ def test_on_lost_skip_logs_and_finishes_the_epoch(leak_check, producers, caplog)
 def test_every_producer_lost_raises_even_when_skipping(leak_check, producers):
     a = free_tcp()
     victim = producers(a, 100_000, 0, None, delay=0.005)
-    with RemoteDataZMQ(a, timeout=1.0, on_lost="skip") as df:
+    with RemoteDataZMQ(a, timeout=3.0, on_lost="skip") as df:
         df.reset_state()
         it = iter(df)
         next(it)
@@ -180,7 +180,8 @@ def test_close_early_leaves_no_thread_socket_or_fd(leak_check, producers):
             break
     df.close()
     df.close()
-    assert wait_for(lambda: os_threads() == threads0) and wait_for(lambda: open_fds() == fds0)
+    # at most as many as before: a thread an earlier test left to end on its own may end meanwhile
+    assert wait_for(lambda: os_threads() <= threads0) and wait_for(lambda: open_fds() <= fds0)
     with pytest.raises(Exception, match="closed"):
         next(iter(df))
 

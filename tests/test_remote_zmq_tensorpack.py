@@ -105,7 +105,7 @@ def test_default_topology_two_addresses_connect_to_binding_producers(leak_check,
 
 def test_without_a_producer_count_the_iteration_waits_and_then_says_what_to_do(leak_check, producers, tmp_path):
     addr = f"ipc://{tmp_path}/n.sock"
-    with RemoteDataZMQ(addr, bind=True, timeout=1.0) as df:  # endless, as tensorpack's
+    with RemoteDataZMQ(addr, bind=True, timeout=3.0) as df:  # endless, as tensorpack's
         df.reset_state()
         producers(addr, 5, 0)
         it = iter(df)
@@ -139,7 +139,7 @@ def test_earlier_positional_hwm_still_means_hwm():
 
 def test_bound_consumer_names_a_killed_producer(leak_check, producers, tmp_path):
     addr = f"ipc://{tmp_path}/k.sock"
-    with RemoteDataZMQ(addr, bind=True, timeout=1.5) as df:
+    with RemoteDataZMQ(addr, bind=True, timeout=3.0) as df:
         df.reset_state()
         slow = producers(addr, 1000, 0, delay=0.05)
         it = iter(df)
