@@ -163,22 +163,31 @@ def test_a_worker_found_dead_when_its_next_task_is_sent_says_so_in_torchs_words(
 
 
 class SlowFirstDataset(tud.Dataset):
+    """Sample 0 waits until the file ``gate`` exists (the test opens it once a batch came out)."""
+
+    def __init__(self, gate: str) -> None:
+        self.gate = gate
+
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, i: int):
         if i == 0:
-            time.sleep(1.0)
+            assert wait_for(lambda: os.path.exists(self.gate), interval=0.005), "the test never opened the gate"
         return i
 
 
-def test_in_order_false_hands_out_ready_batches_first_like_torch(leak_check):
+def test_in_order_false_hands_out_ready_batches_first_like_torch(leak_check, tmp_path):
     results = []
-    for cls in (tud.DataLoader, DataLoader):
-        results.append([int(b) for b in cls(SlowFirstDataset(), batch_size=1, num_workers=2, in_order=False)])
+    for k, cls in enumerate((tud.DataLoader, DataLoader)):
+        gate = tmp_path / f"gate{k}"
+        it = iter(cls(SlowFirstDataset(str(gate)), batch_size=1, num_workers=2, in_order=False))
+        first = int(next(it))  # not sample 0, which waits: the slow batch does not hold the others back
+        gate.touch()
+        results.append([first, *(int(b) for b in it)])
     for got in results:
-        assert sorted(got) == list(range(8)) and got[0] != 0  # the slow batch did not hold the others back
-    ordered = [int(b) for b in DataLoader(SlowFirstDataset(), batch_size=1, num_workers=2)]
+        assert sorted(got) == list(range(8)) and got[0] != 0
+    ordered = [int(b) for b in DataLoader(SlowFirstDataset(str(gate)), batch_size=1, num_workers=2)]
     assert ordered == list(range(8))
 
 

@@ -269,11 +269,12 @@ class Slow(tud.Dataset):
 
 
 def test_a_timeout_reaches_the_user_and_stops_the_thread(leak_check):
-    loader = pinned_loader(Slow(), batch_size=2, num_workers=2, timeout=1)
+    # 3 s: the timeout bounds the first batch too, the workers' start-up with it
+    loader = pinned_loader(Slow(), batch_size=2, num_workers=2, timeout=3)
     it = iter(loader)
     assert next(it).tolist() == [0, 1]
     started = time.monotonic()
-    with pytest.raises(RuntimeError, match="DataLoader timed out after 1 seconds"):
+    with pytest.raises(RuntimeError, match="DataLoader timed out after 3 seconds"):
         next(it)
     assert time.monotonic() - started < PROMPTLY_S  # not the worker's 120 s
     with pytest.raises(StopIteration):
