@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bridgeflow.parallel._transport.background import BackgroundIterator, Producer
-from conftest import wait_for
+from conftest import PROMPTLY_S, wait_for
 
 
 def test_items_come_in_order_computed_in_the_background(leak_check):
@@ -140,7 +140,7 @@ def test_a_put_blocked_on_a_full_queue_gives_up_at_a_stop(leak_check):
     producer = Producer(produce, depth=1, name="bf-full")
     assert producer.get() == 0
     time.sleep(0.1)  # item 1 queued, item 2 blocked on the full queue
-    assert producer.close(timeout=2.0)
+    assert producer.close(timeout=PROMPTLY_S)
     assert returned and returned[0] < 100 and not producer.alive  # the blocked put (or the next) gives up
 
 
@@ -172,7 +172,7 @@ def test_a_producer_without_a_queue_keeps_its_error_and_honours_the_stop(leak_ch
 
     producer = Producer(produce, depth=0, name="bf-noqueue")
     assert wait_for(lambda: len(steps) >= 2)
-    assert producer.close(timeout=2.0)
+    assert producer.close(timeout=PROMPTLY_S)
     assert isinstance(producer.error, KeyError)
     with pytest.raises(StopIteration):
         producer.get()

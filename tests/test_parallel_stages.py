@@ -562,7 +562,7 @@ def test_ctrl_c_in_the_consumer_leaves_nothing():
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=10)
+        _, err = proc.communicate(timeout=PROMPTLY_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

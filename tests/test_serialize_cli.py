@@ -361,7 +361,7 @@ def test_a_double_ctrl_c_with_workers_leaves_no_shared_memory(tmp_path, delay):
     import signal
     import time
 
-    from conftest import SHM_DIR
+    from conftest import SHM_DIR, wait_for
 
     (tmp_path / "slow_map.py").write_text(SLOW_MAP)
     proc = subprocess.Popen([sys.executable, "-m", "bridgeflow.cli", "serialize", str(tmp_path / "slow_map.py") +
@@ -380,10 +380,8 @@ def test_a_double_ctrl_c_with_workers_leaves_no_shared_memory(tmp_path, delay):
     finally:
         proc.kill()
     assert proc.returncode in (130, -signal.SIGINT), err[-1000:]  # -2: the second came after the CLI's handler
-    deadline = time.monotonic() + 5  # orphaned workers sweep within a second or two
-    while time.monotonic() < deadline and [n for n in os.listdir(SHM_DIR) if n.startswith(f"bf{proc.pid}_")]:
-        time.sleep(0.1)
-    assert [n for n in os.listdir(SHM_DIR) if n.startswith(f"bf{proc.pid}_")] == []
+    left = lambda: [n for n in os.listdir(SHM_DIR) if n.startswith(f"bf{proc.pid}_")]
+    assert wait_for(lambda: not left()), left()  # orphaned workers sweep within a second or two when quiet
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".out.lmdb")]
 
 

@@ -18,7 +18,7 @@ import pytest
 from test_torch_loader import ArrayDataset, assert_same, outcomes
 
 import bridgeflow
-from conftest import need
+from conftest import PROMPTLY_S, need
 
 need("torch")
 
@@ -233,7 +233,7 @@ def test_iterator_workers_are_process_handles_that_exit_cleanly(iterable, persis
     del it, loader
     gc.collect()
     for w in workers:
-        w.join(10)
+        w.join(PROMPTLY_S)
         assert not w.is_alive() and w.exitcode == 0, (w.pid, w.exitcode)
 
 

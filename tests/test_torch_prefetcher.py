@@ -4,13 +4,12 @@ cleanly without CUDA."""
 from __future__ import annotations
 
 import collections
-import time
 
 import numpy as np
 import pytest
 
 import bridgeflow
-from conftest import need
+from conftest import need, wait_for
 
 need("torch")
 
@@ -136,10 +135,7 @@ def test_early_break_stops_the_thread_and_closes_the_source(leak_check):
     for i, _ in enumerate(CUDAPrefetcher(endless(), num_stages=2, _backend=HostBackend())):
         if i == 3:
             break
-    deadline = time.monotonic() + 2
-    while not closed and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert closed == [True]
+    assert wait_for(lambda: closed) and closed == [True]
 
 
 def test_wraps_the_dataloader_and_a_dataflow(leak_check):
