@@ -20,7 +20,32 @@ from types import ModuleType
 
 import pytest
 
+from bridgeflow._deps import EXTRAS, install_hint
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _find_source_tree() -> str | None:
+    """The checkout: the folder above tests/ when it is one, else ``BRIDGEFLOW_SOURCE_TREE`` (.ci/run's
+    installed-wheel job runs a copy of tests/ from a folder of its own and names the checkout there)."""
+    for candidate in (ROOT, os.environ.get("BRIDGEFLOW_SOURCE_TREE")):
+        if candidate and os.path.isfile(os.path.join(candidate, "setup.cfg")) \
+                and os.path.isdir(os.path.join(candidate, "adapters")):
+            return os.path.abspath(candidate)
+    return None
+
+
+SOURCE_TREE = _find_source_tree()
+
+
+def source_tree() -> str:
+    """The checkout's folder, for a test that reads it (docs/, examples/, benchmarks/, setup.cfg) rather than
+    the installed package; skips, saying so, where tests/ was copied out of it and no checkout is named."""
+    __tracebackhide__ = True
+    if SOURCE_TREE is None:
+        pytest.skip("needs the source tree (docs/, examples/, setup.cfg...): these tests run from a copy of "
+                    "tests/; set BRIDGEFLOW_SOURCE_TREE to the checkout", allow_module_level=True)
+    return SOURCE_TREE
 
 # distributions whose import name is not their own name
 _IMPORT_NAMES = {"opencv-python-headless": "cv2", "pillow": "PIL", "pyzmq": "zmq", "tensorflow-cpu": "tensorflow",
@@ -99,7 +124,8 @@ def need(module: str, import_it: bool = True) -> ModuleType | None:
         top = module.split(".")[0]
         missing = (exc.name or top).split(".")[0]
         extra = next((e for e, names in _extras().items() if top in names and e != "all"), None)
-        how = f'pip install -e ".[{extra}]"' if extra else f"pip install {top}"
+        how = (install_hint(top) if extra in EXTRAS else f'pip install -e ".[{extra}]"' if extra
+               else f"pip install {top}")
         why = f"needs {top} ({how})" + (f": it imports {missing}, which is missing" if missing != top else "")
         if top in installed_by_ci() or missing in installed_by_ci():
             pytest.fail(f"{why}, but this CI job installed it: a test that skips here would hide an install "

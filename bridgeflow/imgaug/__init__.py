@@ -12,7 +12,7 @@ geometric augmentors (``Flip``, ``Resize``, ``ResizeShortestEdge``, ``RandomResi
 albumentations and torchvision pipelines.
 
 Importing this package does not import OpenCV; the augmentors import it when they first need it
-(``pip install -e ".[images]"``).
+(the "images" extra: ``pip install "opencv-python-headless>=4.5" "pillow>=9"``).
 
 Example:
     >>> import numpy as np
