@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import need
+from conftest import need, source_tree
 
-RECIPES = Path(__file__).resolve().parent.parent / "docs" / "recipes.md"
+RECIPES = Path(source_tree()) / "docs" / "recipes.md"
 
 # What each recipe's output must show (regular expressions), beyond a clean exit: proof that it did its job.
 EXPECTED = {

@@ -15,7 +15,9 @@ import sys
 
 import pytest
 
-from conftest import ROOT, need
+from conftest import need, source_tree
+
+ROOT = source_tree()
 
 need("mypy")
 
