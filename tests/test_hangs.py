@@ -105,6 +105,45 @@ def test_a_crashed_worker_is_a_reported_failure_and_the_run_goes_on(tmp_path):
     assert text.count("crashed while running 'test_it.py::test_kills_its_worker'") == 1, text
 
 
+TWO_CRASHES = """
+    import os, signal, time
+    import pytest
+
+    HERE = os.path.dirname(__file__)
+    if os.environ["PYTEST_XDIST_WORKER"] not in ("gw0", "gw1"):
+        time.sleep(6)  # a replacement worker: still collecting when the second worker dies
+
+    @pytest.mark.xdist_group("a")
+    def test_first_crash():
+        open(os.path.join(HERE, "first"), "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @pytest.mark.xdist_group("b")
+    def test_second_crash():
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(HERE, "first")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.5)  # xdist has seen the first crash and started a replacement
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @pytest.mark.parametrize("i", range(8))
+    def test_after(i):
+        time.sleep(0.2)
+"""
+
+
+def test_a_crash_while_a_replacement_worker_collects_is_reported_and_the_run_goes_on(tmp_path):
+    """pytest-xdist 3.8.0 ends this run in an INTERNALERROR (KeyError in ``_assign_work_unit``): the second
+    crash gave work to the first's replacement before it had collected any test."""
+    out = run_pytest(tmp_path, TWO_CRASHES, "-n", "2", "--dist", "loadgroup")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert "INTERNALERROR" not in text, text
+    assert "2 failed, 8 passed" in text, text
+    assert "crashed while running 'test_it.py::test_first_crash'" in text, text
+    assert "crashed while running 'test_it.py::test_second_crash'" in text, text
+
+
 STUCK = """
     import signal, time
 

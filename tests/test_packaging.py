@@ -19,7 +19,8 @@ import pytest
 
 from conftest import need, source_tree
 
-pytestmark = pytest.mark.slow  # two builds in an isolated environment: 15-40 s
+# two builds in an isolated environment: 15-40 s here, minutes on a busy machine (each bounded by 600 s)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(660)]
 
 
 def _modules(folder: str, package: str) -> set[str]:

@@ -193,6 +193,7 @@ def killed_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(540)  # the first case waits for killed_runs, bounded by 480 s
 @pytest.mark.xdist_group("lightning_resume")  # the cases share one launch (killed_runs)
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("kind", ["map", "dataflow"])
