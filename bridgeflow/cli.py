@@ -98,9 +98,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.batch:
         df = BatchData(df, args.batch)
     with df:
-        TestDataSpeed(df, size=args.size, warmup=args.warmup, progress=not args.quiet,
-                      min_seconds=args.seconds).start()
+        TestDataSpeed(df, progress=not args.quiet, min_seconds=args.seconds, **speed_counts(args)).start()
     return 0
+
+
+def speed_counts(args: argparse.Namespace) -> dict[str, int]:
+    """``bench``'s ``--size`` and ``--warmup`` count datapoints; with ``--batch B`` TestDataSpeed counts batches,
+    so it is given the batches that hold that many datapoints (rounded up)."""
+    size, warmup, batch = int(getattr(args, "size", 2000)), int(getattr(args, "warmup", 0)), getattr(args, "batch", 0)
+    if batch:
+        return {"size": -(-size // batch), "warmup": -(-warmup // batch)}
+    return {"size": size, "warmup": warmup}
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -125,7 +133,8 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="dtype of --fake components (default uint8)")
     bench.add_argument("--constant", action="store_true", help="--fake repeats one datapoint (no RNG cost)")
     bench.add_argument("--batch", type=_int_at_least(0), default=0,
-                       help="wrap the flow in BatchData of this size")
+                       help="wrap the flow (or the file's) in BatchData of this size; --size and --warmup still "
+                       "count datapoints, and the rate is given in batches and datapoints per second")
     bench.add_argument("--size", type=_int_at_least(1), default=2000, help="datapoints to time (default 2000)")
     bench.add_argument("--warmup", type=_int_at_least(0), default=50, help="datapoints to skip before timing")
     bench.add_argument("--seconds", type=_arg_type(_seconds, "a number of seconds >= 0"), default=2.0,

@@ -254,6 +254,8 @@ def pytest_handlecrashitem(crashitem, report, sched):
 
 
 def pytest_unconfigure(config):
+    if _hang_file is not None:
+        _hang_file.close()
     if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("BRIDGEFLOW_TEST_HANG_LOG"):
         for name in os.listdir(os.path.dirname(_HANG_LOG)):
             if name.startswith(os.path.basename(_HANG_LOG)):
