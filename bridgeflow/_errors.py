@@ -31,6 +31,24 @@ class LengthUnknownError(BridgeflowError, TypeError):
     """
 
 
+def length_unknown(message: str) -> LengthUnknownError:
+    """A :class:`LengthUnknownError` with ``message``; when torch's own DataLoader asked (it reads any dataset
+    that is not an ``IterableDataset`` by index, after its length), it also says what to use instead."""
+    import sys
+
+    frame = sys._getframe(1)
+    for _ in range(12):  # len() of the outermost flow asks its source's, and so on down
+        frame = frame.f_back
+        if frame is None:
+            break
+        if frame.f_globals.get("__name__", "").startswith("torch.utils.data"):
+            message += ("; torch.utils.data.DataLoader reads a dataset by index after asking its length: give the "
+                        "flow to bridgeflow.adapters.torch.DataLoader, a drop-in subclass that iterates a flow "
+                        "without one")
+            break
+    return LengthUnknownError(message)
+
+
 class DataFlowReentrantError(BridgeflowError, RuntimeError):
     """One flow iterated by two consumers at the same time."""
 
