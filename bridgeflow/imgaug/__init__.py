@@ -5,7 +5,7 @@
 geometric augmentors (``Flip``, ``Resize``, ``ResizeShortestEdge``, ``RandomResize``, ``CenterCrop``,
 ``RandomCrop``, ``GoogleNetRandomCropAndResize``, ``CenterPaste``, ``Transpose``), photometric ones
 (``Brightness``, ``BrightnessScale``, ``Contrast``, ``Saturation``, ``Lighting``, ``Hue``, ``Gamma``,
-``GaussianBlur``, ``Clip``, ``ColorSpace``, ``Grayscale``, ``ToUint8``, ``ToFloat32``,
+``GaussianBlur``, ``SaltPepperNoise``, ``Clip``, ``ColorSpace``, ``Grayscale``, ``ToUint8``, ``ToFloat32``,
 ``MinMaxNormalize``, ``MeanVarianceNormalize``), combinators (``AugmentorList``, ``RandomOrderAug``,
 ``RandomApplyAug``, ``RandomChooseAug``, ``MapImage``, ``Identity``), the base classes to subclass
 (``ImageAugmentor``, ``PhotometricAugmentor``), the transforms they return, and wrappers for
@@ -51,6 +51,7 @@ from ._photometric import (
     Lighting,
     MeanVarianceNormalize,
     MinMaxNormalize,
+    SaltPepperNoise,
     Saturation,
     ToFloat32,
     ToUint8,
@@ -119,6 +120,7 @@ __all__ = [
     "Resize",
     "ResizeShortestEdge",
     "ResizeTransform",
+    "SaltPepperNoise",
     "Saturation",
     "ToFloat32",
     "ToUint8",
