@@ -19,7 +19,9 @@ torch`` selects: each takes a minute):
 - ``lmdb_150k_seq``, ``lmdb_150k_shuffled``, ``lmdb_300b_seq``, ``lmdb_300b_shuffled``: ``LMDBSerializer``
   reads (checksums on) against py-lmdb loops with the environment kept open, as a long-lived reader keeps
   it: ``raw`` copies each value into an array (``txn.get`` / the cursor), ``raw_buffers`` views it in
-  place (``buffers=True``, the physical reference: nothing is copied);
+  place (``buffers=True``, the physical reference: nothing is copied); ``lmdb_300b-nocrc_seq`` and
+  ``_shuffled`` read a file saved with ``checksum=False``; ``lmdb_300b_getitem`` and ``lmdb_150k_getitem``
+  read one ``ds[i]`` at a time in a shuffled order (random access) against ``txn.get`` in the same order;
 - ``hdf5_seq``, ``hdf5_shuffled``: ``HDF5Serializer`` reads against raw h5py item reads of the same file;
 - ``jpeg``: JPEG bytes in LMDB, decoded (simplejpeg when installed, else cv2), RandomResizedCrop(224)
   (``GoogleNetRandomCropAndResize``) and a flip, CHW (a view, copied once: into the batch), in a 2-worker
@@ -66,11 +68,15 @@ CASES: dict[str, list[str]] = {
     "lmdb_150k_shuffled": ["raw", "bridgeflow", "raw_buffers"],
     "lmdb_300b_seq": ["raw", "bridgeflow", "raw_buffers"],
     "lmdb_300b_shuffled": ["raw", "bridgeflow", "raw_buffers"],
+    "lmdb_300b-nocrc_seq": ["raw", "bridgeflow", "raw_buffers"],
+    "lmdb_300b-nocrc_shuffled": ["raw", "bridgeflow", "raw_buffers"],
+    "lmdb_300b_getitem": ["raw", "bridgeflow", "raw_buffers"],
+    "lmdb_150k_getitem": ["raw", "bridgeflow", "raw_buffers"],
     "hdf5_seq": ["raw", "bridgeflow"],
     "hdf5_shuffled": ["raw", "bridgeflow"],
     "jpeg": ["floor", "bridgeflow"],
 }
-SIZES = {"150k": (150_000, 3_000), "300b": (300, 100_000)}  # value bytes, datapoints
+SIZES = {"150k": (150_000, 3_000), "300b": (300, 100_000), "300b-nocrc": (300, 100_000)}  # value bytes, datapoints
 JPEGS = 1_000
 
 
@@ -190,7 +196,8 @@ def setup_files(data: str) -> None:
     for tag, (nbytes, n) in SIZES.items():
         pool = [rng.integers(0, 256, nbytes, dtype=np.uint8) for _ in range(32)]
         rows = DataFromList([[pool[i % 32], i] for i in range(n)], shuffle=False)
-        LMDBSerializer.save(rows, os.path.join(data, f"{tag}.lmdb"), progress=False, overwrite=True)
+        LMDBSerializer.save(rows, os.path.join(data, f"{tag}.lmdb"), progress=False, overwrite=True,
+                            checksum=not tag.endswith("-nocrc"))
         if tag == "150k":
             HDF5Serializer.save(rows, os.path.join(data, "150k.h5"), progress=False, overwrite=True)
     import cv2
@@ -211,13 +218,23 @@ def run_serialize(case: str, config: str, data: str, epochs: int) -> dict:
     from bridgeflow.serialize import HDF5Serializer, LMDBSerializer
 
     kind, *_, order_kind = case.split("_")  # lmdb_<size>_<order>, hdf5_<order>
-    shuffled = order_kind == "shuffled"
+    shuffled = order_kind in ("shuffled", "getitem")
     if kind == "hdf5":
         path, n = os.path.join(data, "150k.h5"), SIZES["150k"][1]
     else:
         tag = case.split("_")[1]
         path, n = os.path.join(data, f"{tag}.lmdb"), SIZES[tag][1]
     rng = np.random.default_rng(1)
+    if config == "bridgeflow" and order_kind == "getitem":  # random access, one ds[i] at a time
+        with LMDBSerializer.load(path, shuffle=False) as ds:
+            ds.reset_state()
+
+            def getitem_epoch(_):
+                for i in rng.permutation(n).tolist():
+                    ds[i]
+                return n
+
+            return measure(None, getitem_epoch, epochs)
     if config == "bridgeflow":
         load = HDF5Serializer.load if kind == "hdf5" else LMDBSerializer.load
         with load(path, shuffle=shuffled, seed=0) as ds:
