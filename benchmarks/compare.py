@@ -21,7 +21,9 @@ torch`` selects: each takes a minute):
   it: ``raw`` copies each value into an array (``txn.get`` / the cursor), ``raw_buffers`` views it in
   place (``buffers=True``, the physical reference: nothing is copied); ``lmdb_300b-nocrc_seq`` and
   ``_shuffled`` read a file saved with ``checksum=False``; ``lmdb_300b_getitem`` and ``lmdb_150k_getitem``
-  read one ``ds[i]`` at a time in a shuffled order (random access) against ``txn.get`` in the same order;
+  read one ``ds[i]`` at a time in a shuffled order (random access) against ``txn.get`` in the same order,
+  and (``bridgeflow_batch64``) 64 indices a call, as torch's DataLoader fetches a batch (``__getitems__``
+  where the reader has it, else one ``ds[i]`` each);
 - ``hdf5_seq``, ``hdf5_shuffled``: ``HDF5Serializer`` reads against raw h5py item reads of the same file;
 - ``jpeg``: JPEG bytes in LMDB, decoded (simplejpeg when installed, else cv2), RandomResizedCrop(224)
   (``GoogleNetRandomCropAndResize``) and a flip, CHW (a view, copied once: into the batch), in a 2-worker
@@ -70,8 +72,8 @@ CASES: dict[str, list[str]] = {
     "lmdb_300b_shuffled": ["raw", "bridgeflow", "raw_buffers"],
     "lmdb_300b-nocrc_seq": ["raw", "bridgeflow", "raw_buffers"],
     "lmdb_300b-nocrc_shuffled": ["raw", "bridgeflow", "raw_buffers"],
-    "lmdb_300b_getitem": ["raw", "bridgeflow", "raw_buffers"],
-    "lmdb_150k_getitem": ["raw", "bridgeflow", "raw_buffers"],
+    "lmdb_300b_getitem": ["raw", "bridgeflow", "bridgeflow_batch64", "raw_buffers"],
+    "lmdb_150k_getitem": ["raw", "bridgeflow", "bridgeflow_batch64", "raw_buffers"],
     "hdf5_seq": ["raw", "bridgeflow"],
     "hdf5_shuffled": ["raw", "bridgeflow"],
     "jpeg": ["floor", "bridgeflow"],
@@ -225,13 +227,19 @@ def run_serialize(case: str, config: str, data: str, epochs: int) -> dict:
         tag = case.split("_")[1]
         path, n = os.path.join(data, f"{tag}.lmdb"), SIZES[tag][1]
     rng = np.random.default_rng(1)
-    if config == "bridgeflow" and order_kind == "getitem":  # random access, one ds[i] at a time
+    if config.startswith("bridgeflow") and order_kind == "getitem":  # random access: ds[i], or 64 at a time
         with LMDBSerializer.load(path, shuffle=False) as ds:
             ds.reset_state()
+            batch = getattr(ds, "__getitems__", None) or (lambda idx: [ds[i] for i in idx])  # torch's fetcher
 
             def getitem_epoch(_):
-                for i in rng.permutation(n).tolist():
-                    ds[i]
+                order = rng.permutation(n).tolist()
+                if config == "bridgeflow":
+                    for i in order:
+                        ds[i]
+                else:
+                    for j in range(0, n, 64):
+                        batch(order[j:j + 64])
                 return n
 
             return measure(None, getitem_epoch, epochs)
