@@ -7,9 +7,10 @@ copies those buffers into a *slab*, a shared-memory file under ``/dev/shm`` that
 reuses, and the pickle itself too when it is larger than ``PIPE_DATA_LIMIT`` (a batch of many small
 arrays, lists, strings). The pipe carries only a head of a few hundred bytes (where the pickle and the
 buffers lie), so a worker's send never waits for the consumer to read its pipe; the consumer unpickles
-straight from the slab and, when no array of the message lives on in it, frees the slab at once. A result built in a slab to begin with
-(:meth:`SlabWriter.alloc`: a batch stacked straight into shared memory) is not copied at all; the slab it is
-built in is sized from the bytes the writer's recent messages carried, or from :meth:`SlabWriter.reserve`.
+straight from the slab and, when no array of the message lives on in it, frees the slab at once. A result
+built in a slab to begin with (:meth:`SlabWriter.alloc`: a batch stacked straight into shared memory) is not
+copied at all; the slab it is built in is sized from the bytes the writer's recent messages carried, or from
+:meth:`SlabWriter.reserve`.
 The :class:`SlabReader` in the consumer maps each slab once and rebuilds the arrays as views of it: the
 single copy is the worker's write into the slab. Mappings keep no file descriptor open
 (:mod:`bridgeflow.parallel._transport.mapping`), so holding many results never runs into ``ulimit -n``.
