@@ -7,6 +7,8 @@ them all at once; where a builtin type carries meaning (``TypeError`` for an unk
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BatchError",
     "BridgeflowError",
@@ -36,7 +38,7 @@ def length_unknown(message: str) -> LengthUnknownError:
     that is not an ``IterableDataset`` by index, after its length), it also says what to use instead."""
     import sys
 
-    frame = sys._getframe(1)
+    frame: Any = sys._getframe(1)
     for _ in range(12):  # len() of the outermost flow asks its source's, and so on down
         frame = frame.f_back
         if frame is None:

@@ -89,10 +89,10 @@ class TestDataSpeed(ProxyDataFlow):
             for _ in range(self.warmup):
                 next(stream)
             n = 0
-            t0 = time.perf_counter()
             items, per_batch = self._items()
             with progress_bar(enabled=self.progress, total=None if self.min_seconds else self.test_size,
                               unit="batch" if per_batch else "dp", leave=False) as bar:
+                t0 = time.perf_counter()  # after the bar is made: its first use imports tqdm
                 while True:
                     for _ in range(self.test_size):
                         next(stream)
@@ -124,3 +124,12 @@ class TestDataSpeed(ProxyDataFlow):
     def _iter_epoch(self) -> Iterator:
         self.start()
         yield from self.ds
+
+
+def bench_counts(args: Any) -> tuple[int, int]:
+    """``bridgeflow bench``'s ``--size`` and ``--warmup`` count datapoints; with ``--batch B`` TestDataSpeed
+    counts batches, so it is given the batches that hold that many datapoints (rounded up)."""
+    size, warmup, batch = int(getattr(args, "size", 2000)), int(getattr(args, "warmup", 0)), getattr(args, "batch", 0)
+    if batch:
+        return -(-size // batch), -(-warmup // batch)
+    return size, warmup

@@ -79,7 +79,7 @@ def _seconds(text: str) -> float:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from ._batch import BatchData
     from ._sources import FakeData
-    from ._speed import TestDataSpeed
+    from ._speed import TestDataSpeed, bench_counts
 
     if (args.target is None) == (args.fake is None):
         raise SystemExit("bridgeflow bench: give either TARGET (module:function or a dataset file) or --fake")
@@ -98,17 +98,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.batch:
         df = BatchData(df, args.batch)
     with df:
-        TestDataSpeed(df, progress=not args.quiet, min_seconds=args.seconds, **speed_counts(args)).start()
+        size, warmup = bench_counts(args)
+        TestDataSpeed(df, size, warmup, progress=not args.quiet, min_seconds=args.seconds).start()
     return 0
-
-
-def speed_counts(args: argparse.Namespace) -> dict[str, int]:
-    """``bench``'s ``--size`` and ``--warmup`` count datapoints; with ``--batch B`` TestDataSpeed counts batches,
-    so it is given the batches that hold that many datapoints (rounded up)."""
-    size, warmup, batch = int(getattr(args, "size", 2000)), int(getattr(args, "warmup", 0)), getattr(args, "batch", 0)
-    if batch:
-        return {"size": -(-size // batch), "warmup": -(-warmup // batch)}
-    return {"size": size, "warmup": warmup}
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

