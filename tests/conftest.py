@@ -276,8 +276,9 @@ def pytest_configure(config):
         import bridgeflow
 
         where = os.path.dirname(os.path.realpath(bridgeflow.__file__))
+        # (a venv may live inside the checkout, as .ci/run's do: its site-packages is still an install)
         if os.path.basename(os.path.dirname(where)) != "site-packages" or (
-                SOURCE_TREE is not None and where.startswith(SOURCE_TREE + os.sep)):
+                SOURCE_TREE is not None and where == os.path.realpath(os.path.join(SOURCE_TREE, "bridgeflow"))):
             raise pytest.UsageError(f"BRIDGEFLOW_TEST_INSTALLED is set, but bridgeflow was imported from {where}, "
                                     "not from an installed package's site-packages")
 
