@@ -587,7 +587,12 @@ def test_bridgeflow_flows_fill_hooks_and_are_never_renamed():
 
     for info in pkgutil.walk_packages(bridgeflow.__path__, "bridgeflow."):
         if not info.name.endswith("__main__"):
-            importlib.import_module(info.name)
+            try:
+                importlib.import_module(info.name)
+            except bridgeflow.MissingDependencyError:
+                # an adapter whose framework is not installed: installed from a wheel, bridgeflow.adapters.* are
+                # subpackages found here (an editable install maps them from adapters/, outside this walk)
+                assert info.name.startswith("bridgeflow.adapters."), info.name
     renamed = {cls.__module__ for cls, _ in tensorpack_style._moved_code.values()}
     assert not {m for m in renamed if m.startswith("bridgeflow.")}
 
