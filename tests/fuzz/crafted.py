@@ -1,0 +1,214 @@
+"""Dataset files crafted as an attacker would: compression bombs, user blocks, duplicated names.
+
+Each builder writes one file and returns what it declares (the decompressed bytes its headers promise),
+which is what a reader may spend memory on. Used by ``fuzz_serialize.py --crafted`` (every file read
+under a memory limit of twice what it declares plus 64 MiB) and by the serialize tests.
+
+- ``npz_bomb``: a NumpySerializer file whose first array member is recompressed (deflate, bzip2 or LZMA)
+  from its own bytes followed by ``extra`` zeros: its declared size and CRC are those of the array, its
+  stream goes on for ``extra`` bytes more (Python's zipfile inflates a bzip2 or LZMA chunk whole, then cuts).
+- ``npz_duplicate``: two members of one name, the second one different.
+- ``hdf5_compressed``: a bridgeflow HDF5 file whose array column is recompressed (gzip, lzf, szip) in
+  chunks of ``chunk_rows`` rows: one large chunk is the "chunk bomb" (valid CRCs, a small file).
+- ``hdf5_stream_bomb``: a gzip column whose first chunk's stream inflates far past the chunk's size.
+- ``hdf5_userblock``: a bridgeflow HDF5 file behind a user block of ``size`` bytes, optionally filled with
+  a complete zip (so it starts with ``PK\\3\\4``).
+
+Example:
+    >>> declared = npz_bomb("bomb.npz", "bzip2", extra=1 << 20)
+"""
+
+from __future__ import annotations
+
+import bz2
+import json
+import lzma
+import os
+import struct
+import zipfile
+import zlib
+
+import numpy as np
+
+__all__ = ["hdf5_compressed", "hdf5_stream_bomb", "hdf5_userblock", "npz_bomb", "npz_duplicate", "write_zip"]
+
+_METHOD = {"stored": zipfile.ZIP_STORED, "deflate": zipfile.ZIP_DEFLATED, "bzip2": zipfile.ZIP_BZIP2,
+           "lzma": zipfile.ZIP_LZMA}
+_LZMA_FILTER = {"id": lzma.FILTER_LZMA1, "dict_size": 1 << 20, "lc": 3, "lp": 0, "pb": 2}
+
+
+def _compress(method: str, chunks) -> bytes:
+    """``chunks`` (an iterable of bytes) compressed as a zip member of ``method`` stores them."""
+    if method == "stored":
+        return b"".join(chunks)
+    if method == "deflate":
+        c = zlib.compressobj(9, zlib.DEFLATED, -15)
+    elif method == "bzip2":
+        c = bz2.BZ2Compressor(9)
+    else:
+        c = lzma.LZMACompressor(lzma.FORMAT_RAW, filters=[_LZMA_FILTER])
+    out = [c.compress(b) for b in chunks]
+    out.append(c.flush())
+    data = b"".join(out)
+    if method == "lzma":  # zip's LZMA: version 9.4, the properties' size, the properties, the raw stream
+        props = bytes([(_LZMA_FILTER["pb"] * 5 + _LZMA_FILTER["lp"]) * 9 + _LZMA_FILTER["lc"]])
+        props += struct.pack("<I", _LZMA_FILTER["dict_size"])
+        data = b"\x09\x04" + struct.pack("<H", len(props)) + props + data
+    return data
+
+
+def write_zip(path: str, members: list[tuple[str, str, int, int, bytes]], prefix: bytes = b"") -> None:
+    """A zip of ``(name, method, declared size, CRC-32, compressed bytes)`` members, written as they are
+    (nothing checked: declared sizes and streams may disagree), after ``prefix``."""
+    out, central = bytearray(prefix), bytearray()
+    for name, method, size, crc, data in members:
+        m = _METHOD[method]
+        flags = 0x02 if m == zipfile.ZIP_LZMA else 0  # bit 1: the LZMA stream has an end marker
+        version = 63 if m == zipfile.ZIP_LZMA else 46 if m == zipfile.ZIP_BZIP2 else 20
+        raw = name.encode()
+        at = len(out)
+        out += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", version, flags, m, 0, 0x21, crc, len(data), size,
+                           len(raw), 0) + raw + data
+        central += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", version, version, flags, m, 0, 0x21, crc,
+                               len(data), size, len(raw), 0, 0, 0, 0, 0o644 << 16, at) + raw
+    cd_at = len(out)
+    out += central
+    out += struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(members), len(members), len(central), cd_at, 0)
+    with open(path, "wb") as f:
+        f.write(out)
+
+
+def _members(path: str) -> list[tuple[str, bytes]]:
+    with zipfile.ZipFile(path) as z:
+        return [(i.filename, z.read(i)) for i in z.infolist()]
+
+
+def _small_npz(path: str, n: int = 16) -> None:
+    from bridgeflow import DataFromList
+    from bridgeflow.serialize import NumpySerializer
+
+    rng = np.random.default_rng(0)
+    dps = [[rng.integers(0, 256, (8, 8), dtype=np.uint8), i] for i in range(n)]
+    NumpySerializer.save(DataFromList(dps, shuffle=False), path, progress=False, overwrite=True)
+
+
+def npz_bomb(path: str, method: str, extra: int) -> int:
+    """See the module doc; returns the bytes the file declares."""
+    _small_npz(path)
+    members = _members(path)
+    out = []
+    for k, (name, data) in enumerate(members):
+        def stream(data: bytes = data, bomb: bool = k == 0):
+            yield data
+            left = extra if bomb else 0
+            while left > 0:
+                yield bytes(min(left, 16 << 20))
+                left -= 16 << 20
+        out.append((name, method, len(data), zlib.crc32(data), _compress(method, stream())))
+    write_zip(path, out)
+    return sum(len(d) for _, d in members)
+
+
+def npz_duplicate(path: str) -> int:
+    _small_npz(path)
+    members = _members(path)
+    name, data = members[0]
+    other = bytearray(data)
+    other[-1] ^= 0xFF
+    rows = [(n, "stored", len(d), zlib.crc32(d), d) for n, d in members]
+    rows.insert(1, (name, "stored", len(other), zlib.crc32(bytes(other)), bytes(other)))
+    write_zip(path, rows)
+    return sum(len(d) for _, d in members) + len(other)
+
+
+def _hdf5_source(path: str, rows: int, row_bytes: int) -> None:
+    from bridgeflow import DataFromList
+    from bridgeflow.serialize import HDF5Serializer
+
+    dps = [[np.zeros(row_bytes, np.uint8), i] for i in range(rows)]
+    HDF5Serializer.save(DataFromList(dps, shuffle=False), path, data_paths=["img", "label"], progress=False,
+                        overwrite=True)
+
+
+def _replace_column(path: str, rows: int, row_bytes: int, make) -> None:
+    """A bridgeflow file of ``rows`` zero rows whose ``img`` column is made by ``make(file)`` (written to a
+    new file: HDF5 does not give back the space of a deleted dataset)."""
+    import h5py
+
+    from bridgeflow.serialize._hdf5_write import row_crc
+
+    src = path + ".src"
+    _hdf5_source(src, rows, 1)
+    with h5py.File(src, "r") as a, h5py.File(path, "w", libver="latest") as b:
+        for name in a:
+            if name != "img":
+                a.copy(a[name], b, name)
+        for k, v in a.attrs.items():
+            b.attrs[k] = v
+        columns = json.loads(a.attrs["columns"])
+        columns[0]["shape"] = [row_bytes]
+        b.attrs["columns"] = np.bytes_(json.dumps(columns).encode())
+        b["__bf_crc__/img"][...] = row_crc(np.zeros(row_bytes, np.uint8))  # the rows' CRC-32, valid
+        make(b)
+    os.unlink(src)
+
+
+def hdf5_compressed(path: str, rows: int, row_bytes: int, chunk_rows: int, compression: str = "gzip") -> int:
+    """See the module doc; returns the bytes the file declares (its datasets' shapes)."""
+    opts: dict = {"compression": compression}
+    if compression == "gzip":
+        opts["compression_opts"] = 9
+
+    def make(f):
+        ds = f.create_dataset("img", shape=(rows, row_bytes), dtype=np.uint8, chunks=(chunk_rows, row_bytes), **opts)
+        step = max(1, (64 << 20) // row_bytes)
+        for a in range(0, rows, step):
+            ds[a:a + step] = np.zeros((min(step, rows - a), row_bytes), np.uint8)
+
+    _replace_column(path, rows, row_bytes, make)
+    return rows * row_bytes + rows * 16
+
+
+def hdf5_stream_bomb(path: str, rows: int = 1024, row_bytes: int = 1024, inflates_to: int = 256 << 20) -> int:
+    """A gzip column of small chunks whose first chunk's stream inflates to ``inflates_to`` bytes."""
+    def make(f):
+        ds = f.create_dataset("img", shape=(rows, row_bytes), dtype=np.uint8, chunks=(rows, row_bytes),
+                              compression="gzip")
+        c = zlib.compressobj(9)
+        parts, left = [], inflates_to
+        while left > 0:
+            parts.append(c.compress(bytes(min(left, 16 << 20))))
+            left -= 16 << 20
+        parts.append(c.flush())
+        ds.id.write_direct_chunk((0, 0), b"".join(parts), 0)
+
+    _replace_column(path, rows, row_bytes, make)
+    return rows * row_bytes + rows * 16
+
+
+def hdf5_userblock(path: str, size: int = 512, zip_inside: bool = False, rows: int = 32) -> int:
+    """A bridgeflow HDF5 file (arrays, numbers) behind a user block of ``size`` bytes."""
+    import h5py
+
+    src = path + ".src"
+    from bridgeflow import DataFromList
+    from bridgeflow.serialize import HDF5Serializer
+
+    dps = [[np.full((4, 4), i, np.int32), i] for i in range(rows)]
+    HDF5Serializer.save(DataFromList(dps, shuffle=False), src, progress=False, overwrite=True)
+    with h5py.File(src, "r") as a, h5py.File(path, "w", libver="latest", userblock_size=size) as b:
+        for name in a:
+            a.copy(a[name], b, name)
+        for k, v in a.attrs.items():
+            b.attrs[k] = v
+    os.unlink(src)
+    if zip_inside:
+        block = path + ".zip"
+        write_zip(block, [("x.npy", "stored", 3, zlib.crc32(b"abc"), b"abc")])
+        with open(block, "rb") as f:
+            data = f.read()
+        os.unlink(block)
+        assert len(data) <= size
+        with open(path, "r+b") as f:
+            f.write(data)
+    return rows * 4 * 4 * 4 + rows * 16
