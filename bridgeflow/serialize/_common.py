@@ -17,7 +17,7 @@ __all__ = ["LOADERS", "classes_json", "existing_path", "hdf5_superblock_at", "it
 
 _LMDB_MAGIC = (0xBEEFC0DE).to_bytes(4, "little")
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
-_ZIP_STARTS = (b"PK\x03\x04", b"PK\x05\x06")
+_ZIP_STARTS = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first member, or an empty zip's end record
 _EOCD = b"PK\x05\x06"  # a zip's end-of-central-directory record: 22 bytes and a comment end the file
 _NAMES = {"lmdb": "an LMDB", "hdf5": "an HDF5", "npz": "an npz (zip)"}
 LOADERS = {"lmdb": "LMDBSerializer.load(path)", "hdf5": "HDF5Serializer.load(path)",
@@ -52,20 +52,19 @@ def sniff(pin: PinnedFile) -> str | None:
     """``"lmdb"``, ``"hdf5"`` or ``"npz"``, from each format's signature at its real place, or ``None``.
 
     HDF5's is at byte 0 or after a user block (512, 1024, ... bytes that other tools fill, e.g. with a zip);
-    a zip's end record ends the file. So a file starting with ``PK\\3\\4`` is an npz only if its end record
-    ends it; otherwise, with an HDF5 superblock after a user block, it is HDF5 (the user block holds the
-    zip); with neither, a damaged npz."""
+    a zip's end record ends the file (whatever comes before its first member). So a file starting with
+    ``PK\\3\\4`` is an npz if its end record ends it; otherwise, with an HDF5 superblock after a user block,
+    it is HDF5 (the user block holds the zip); with neither, a damaged npz."""
     head = pin.pread(32, 0)
     if head.startswith(HDF5_SIGNATURE):
         return "hdf5"
     if head[16:20] == _LMDB_MAGIC:
         return "lmdb"
-    zip_start = head.startswith(_ZIP_STARTS)
-    if zip_start and _zip_ends_file(pin):
+    if _zip_ends_file(pin):
         return "npz"
     if hdf5_superblock_at(pin) is not None:
         return "hdf5"
-    return "npz" if zip_start else None
+    return "npz" if head.startswith(_ZIP_STARTS) else None
 
 
 def wrong_format(path: str, pin: PinnedFile, wanted: str) -> CorruptDataError | None:

@@ -88,6 +88,14 @@ class PinnedFile:
                 raise DatasetNotFoundError(f"{self.what}: no such file: {self.path}") from None
             raise DatasetChangedError(f"{self.path} was removed after this reader opened it; load it "
                                       "again") from None
+        except OSError as exc:  # a socket cannot be opened at all (ENXIO): say what it is
+            try:
+                refused = not_a_file(self.path, self.what, os.stat(self.path).st_mode)
+            except OSError:
+                refused = None
+            if refused is None:
+                raise
+            raise refused from exc
         st = os.fstat(fd)
         refused = not_a_file(self.path, self.what, st.st_mode)
         if refused is not None:

@@ -143,10 +143,12 @@ class ZipMember:
         else:
             d = self.decoder
             while True:
-                out = d.decompress(self._input() if d.needs_input else b"", want)
-                if out:
-                    break
-                if d.eof or (d.needs_input and self.at >= self.end):
+                if not d.eof:  # (bz2 and lzma raise EOFError when asked for more after their end)
+                    feed = self._input() if d.needs_input else b""
+                    out = d.decompress(feed, want)
+                    if out:
+                        break
+                if d.eof or (not feed and d.needs_input and self.at >= self.end):
                     raise ValueError(f"member {self.name!r}: its compressed data ends after "
                                      f"{self.declared - self.left} of the {self.declared} bytes it declares")
             got = len(out)
@@ -175,12 +177,13 @@ class ZipMember:
         else:
             d = self.decoder
             while not d.eof:
-                if d.needs_input and self.at >= self.end:
-                    raise ValueError(f"member {self.name!r}: its compressed data is cut short (the stream does "
-                                     "not end)")
-                if d.decompress(self._input() if d.needs_input else b"", 1):
+                feed = self._input() if d.needs_input else b""
+                if d.decompress(feed, 1):
                     raise ValueError(f"member {self.name!r}: its compressed data runs past the {self.declared} bytes "
                                      "it declares (damaged, or crafted to exhaust memory); not read further")
+                if not feed and d.needs_input and self.at >= self.end and not d.eof:
+                    raise ValueError(f"member {self.name!r}: its compressed data is cut short (the stream does "
+                                     "not end)")
         if self.crc != self.want_crc:
             raise ValueError(f"member {self.name!r}: CRC-32 mismatch (the file is damaged)")
 

@@ -160,7 +160,8 @@ def hdf5_compressed(path: str, rows: int, row_bytes: int, chunk_rows: int, compr
         opts["compression_opts"] = 9
 
     def make(f):
-        ds = f.create_dataset("img", shape=(rows, row_bytes), dtype=np.uint8, chunks=(chunk_rows, row_bytes), **opts)
+        ds = f.create_dataset("img", shape=(rows, row_bytes), dtype=np.uint8, chunks=(chunk_rows, row_bytes),
+                               maxshape=(None, row_bytes), **opts)
         step = max(1, (64 << 20) // row_bytes)
         for a in range(0, rows, step):
             ds[a:a + step] = np.zeros((min(step, rows - a), row_bytes), np.uint8)
@@ -212,3 +213,125 @@ def hdf5_userblock(path: str, size: int = 512, zip_inside: bool = False, rows: i
         with open(path, "r+b") as f:
             f.write(data)
     return rows * 4 * 4 * 4 + rows * 16
+
+
+# --- random crafted files for the fuzz: (kind, path, declared bytes, the outcomes allowed) ---------------
+
+READ, CORRUPT, UNSUPPORTED = "read", "error:CorruptDataError", "error:UnsupportedFormatError"
+_cache: dict = {}
+
+
+def _bomb_stream(method: str, data: bytes, extra: int) -> bytes:
+    key = (method, data, extra)
+    if key not in _cache:
+        def chunks():
+            yield data
+            left = extra
+            while left > 0:
+                yield bytes(min(left, 16 << 20))
+                left -= 16 << 20
+        _cache[key] = _compress(method, chunks())
+    return _cache[key]
+
+
+def npz_case(rng, path: str) -> tuple[str, int, tuple]:
+    """One random npz: honest (any method, maybe behind a prefix), a bomb, a duplicated name, a stream
+    shorter than declared, or a member declaring more than its method can give."""
+    _small_npz(path, n=int(rng.integers(1, 40)))
+    members = _members(path)
+    declared = sum(len(d) for _, d in members)
+    method = str(rng.choice(["stored", "deflate", "bzip2", "lzma"]))
+    kind = str(rng.choice(["honest", "honest-prefix", "bomb", "duplicate", "short", "over-ratio"],
+                          p=[0.25, 0.1, 0.35, 0.1, 0.1, 0.1]))
+    rows = [(n, method, len(d), zlib.crc32(d), _compress(method, [d])) for n, d in members]
+    prefix = b""
+    if kind == "honest-prefix":
+        prefix = bytes(rng.integers(0, 256, int(rng.integers(1, 5000)), dtype=np.uint8))
+    elif kind == "bomb":
+        k = int(rng.integers(len(rows)))
+        bomb = str(rng.choice(["deflate", "bzip2", "lzma"]))
+        extra = int(rng.choice([1 << 20, 16 << 20, 256 << 20]))
+        n, _, size, crc, _ = rows[k]
+        rows[k] = (n, bomb, size, crc, _bomb_stream(bomb, members[k][1], extra))
+    elif kind == "duplicate":
+        n, d = members[int(rng.integers(len(members)))]
+        rows.append((n, "stored", len(d), zlib.crc32(d), d))
+        declared += len(d)
+    elif kind == "short":
+        k = int(rng.integers(len(rows)))
+        n, m, size, crc, _ = rows[k]
+        cut = members[k][1][:-int(rng.integers(1, 64))]
+        rows[k] = (n, m, size, crc, _compress(m, [cut]))
+    elif kind == "over-ratio":
+        k = int(rng.integers(len(rows)))
+        n, m, size, crc, data = rows[k]
+        rows[k] = (n, m, 0xFFFF_FFF0, crc, data)  # 4 GB declared
+    write_zip(path, rows, prefix)
+    return f"npz-{kind}-{method}", declared, ((READ,) if kind.startswith("honest") else (CORRUPT,))
+
+
+def hdf5_case(rng, path: str) -> tuple[str, int, tuple]:
+    """One random HDF5 file: a compressed column (gzip, lzf, szip) in chunks of 4 KiB to 32 MiB, a chunk
+    whose stream decodes past its size, a filter nobody can bound, or a user block (maybe holding a zip)."""
+
+    kind = str(rng.choice(["compressed", "stream-bomb", "lzf-bomb", "szip-bomb", "scaleoffset", "userblock"],
+                          p=[0.35, 0.15, 0.1, 0.1, 0.05, 0.25]))
+    if kind == "userblock":
+        size = int(rng.choice([512, 1024, 4096]))
+        declared = hdf5_userblock(path, size, zip_inside=bool(rng.integers(2)), rows=int(rng.integers(1, 64)))
+        return f"hdf5-userblock-{size}", declared, (READ,)
+    row_bytes = int(rng.choice([1 << 10, 1 << 14, 1 << 20]))
+    chunk_bytes = int(rng.choice([1 << 12, 1 << 16, 1 << 20, 8 << 20, 16 << 20, 32 << 20]))
+    chunk_rows = max(1, chunk_bytes // row_bytes)
+    rows = int(rng.integers(1, 3 * chunk_rows + 2))
+    rows = min(rows, max(1, (64 << 20) // row_bytes))
+    if kind == "compressed":
+        comp = str(rng.choice(["gzip", "lzf", "szip"]))
+        declared = hdf5_compressed(path, rows, row_bytes, chunk_rows, comp)
+        big = chunk_rows * row_bytes > (16 << 20)
+        return f"hdf5-{comp}-{chunk_rows * row_bytes >> 10}KiB", declared, ((UNSUPPORTED,) if big else (READ,))
+    if kind == "stream-bomb":
+        declared = hdf5_stream_bomb(path, rows=min(rows, chunk_rows), row_bytes=row_bytes,
+                                    inflates_to=int(rng.choice([4 << 20, 64 << 20, 512 << 20])))
+        return "hdf5-gzip-stream-bomb", declared, (CORRUPT, UNSUPPORTED)
+    if kind == "scaleoffset":
+        def make(f):
+            f.create_dataset("img", data=np.zeros((rows, row_bytes), np.uint8), chunks=(chunk_rows, row_bytes),
+                             maxshape=(None, row_bytes), scaleoffset=0)
+        _replace_column(path, rows, row_bytes, make)
+        return "hdf5-scaleoffset", rows * row_bytes + rows * 16, (UNSUPPORTED,)
+    n = min(rows, chunk_rows, max(1, (1 << 20) // row_bytes))
+    comp = "lzf" if kind == "lzf-bomb" else "szip"
+
+    def make(f):
+        ds = f.create_dataset("img", shape=(n, row_bytes), dtype=np.uint8, chunks=(n, row_bytes), compression=comp)
+        ds[...] = 0
+        mask, raw = ds.id.read_direct_chunk((0, 0))
+        if comp == "lzf":  # a stream of zeros 64 times the chunk: lzf's own encoding, from a larger chunk
+            big = f.create_dataset("big", shape=(64 * n, row_bytes), dtype=np.uint8, chunks=(64 * n, row_bytes),
+                                   compression="lzf")
+            big[...] = 0
+            raw = big.id.read_direct_chunk((0, 0))[1]
+            del f["big"]
+        else:  # szip's first four bytes: the size it decodes to, claimed to be 2 GB
+            raw = (2 << 30).to_bytes(4, "little") + raw[4:]
+        ds.id.write_direct_chunk((0, 0), raw, mask)
+
+    _replace_column(path, n, row_bytes, make)
+    return f"hdf5-{kind}", n * row_bytes + n * 16, (CORRUPT,)
+
+
+def special_cases(folder: str) -> list[tuple[str, str, int, tuple]]:
+    """Paths that are not dataset files: a FIFO, devices, a socket, a folder without ``data.mdb``."""
+    import socket
+
+    fifo, sock, empty = (os.path.join(folder, n) for n in ("fifo.h5", "sock.npz", "empty-folder"))
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    if not os.path.exists(sock):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(sock)
+        _cache["socket"] = s  # kept open: its path stays a socket
+    os.makedirs(empty, exist_ok=True)
+    return [(f"special-{os.path.basename(p)}", p, 0, (CORRUPT,))
+            for p in (fifo, sock, empty, "/dev/zero", "/dev/urandom", "/dev/null")]
