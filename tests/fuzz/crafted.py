@@ -218,6 +218,9 @@ def hdf5_userblock(path: str, size: int = 512, zip_inside: bool = False, rows: i
 # --- random crafted files for the fuzz: (kind, path, declared bytes, the outcomes allowed) ---------------
 
 READ, CORRUPT, UNSUPPORTED = "read", "error:CorruptDataError", "error:UnsupportedFormatError"
+NPZ_BOMB_EXTRAS = (1 << 20, 16 << 20, 256 << 20)  # bytes an npz bomb's stream goes on for, past its declared size
+HDF5_BOMB_SIZES = (4 << 20, 64 << 20, 512 << 20)  # bytes an HDF5 chunk bomb's gzip stream inflates to
+HDF5_MOST_DECLARED = 64 << 20  # the most an HDF5 case's rows declare (its chunks may be larger)
 _cache: dict = {}
 
 
@@ -250,7 +253,7 @@ def npz_case(rng, path: str) -> tuple[str, int, tuple]:
     elif kind == "bomb":
         k = int(rng.integers(len(rows)))
         bomb = str(rng.choice(["deflate", "bzip2", "lzma"]))
-        extra = int(rng.choice([1 << 20, 16 << 20, 256 << 20]))
+        extra = int(rng.choice(NPZ_BOMB_EXTRAS))
         n, _, size, crc, _ = rows[k]
         rows[k] = (n, bomb, size, crc, _bomb_stream(bomb, members[k][1], extra))
     elif kind == "duplicate":
@@ -284,7 +287,7 @@ def hdf5_case(rng, path: str) -> tuple[str, int, tuple]:
     chunk_bytes = int(rng.choice([1 << 12, 1 << 16, 1 << 20, 8 << 20, 16 << 20, 32 << 20]))
     chunk_rows = max(1, chunk_bytes // row_bytes)
     rows = int(rng.integers(1, 3 * chunk_rows + 2))
-    rows = min(rows, max(1, (64 << 20) // row_bytes))
+    rows = min(rows, max(1, HDF5_MOST_DECLARED // row_bytes))
     if kind == "compressed":
         comp = str(rng.choice(["gzip", "lzf", "szip"]))
         declared = hdf5_compressed(path, rows, row_bytes, chunk_rows, comp)
@@ -292,7 +295,7 @@ def hdf5_case(rng, path: str) -> tuple[str, int, tuple]:
         return f"hdf5-{comp}-{chunk_rows * row_bytes >> 10}KiB", declared, ((UNSUPPORTED,) if big else (READ,))
     if kind == "stream-bomb":
         declared = hdf5_stream_bomb(path, rows=min(rows, chunk_rows), row_bytes=row_bytes,
-                                    inflates_to=int(rng.choice([4 << 20, 64 << 20, 512 << 20])))
+                                    inflates_to=int(rng.choice(HDF5_BOMB_SIZES)))
         return "hdf5-gzip-stream-bomb", declared, (CORRUPT, UNSUPPORTED)
     if kind == "scaleoffset":
         def make(f):
@@ -306,11 +309,13 @@ def hdf5_case(rng, path: str) -> tuple[str, int, tuple]:
     def make(f):
         ds = f.create_dataset("img", shape=(n, row_bytes), dtype=np.uint8, chunks=(n, row_bytes), compression=comp)
         ds[...] = 0
+        f.flush()  # (h5py reads a chunk still in the cache of the file being written as a MemoryError)
         mask, raw = ds.id.read_direct_chunk((0, 0))
         if comp == "lzf":  # a stream of zeros 64 times the chunk: lzf's own encoding, from a larger chunk
             big = f.create_dataset("big", shape=(64 * n, row_bytes), dtype=np.uint8, chunks=(64 * n, row_bytes),
                                    compression="lzf")
             big[...] = 0
+            f.flush()
             raw = big.id.read_direct_chunk((0, 0))[1]
             del f["big"]
         else:  # szip's first four bytes: the size it decodes to, claimed to be 2 GB
