@@ -154,8 +154,8 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
     makes small tasks cheap. ``busy`` is the seconds spent in the task function so far (the stages'
     ``workers_busy``).
 
-    A child forked by the task function that comes back here (``sys.exit`` in it raises, or it returns)
-    leaves with ``os._exit`` at once (:func:`_leave_forked_child`): its end is its own business, not the
+    A child forked by the task function (or ``init_fn``) that comes back here (``sys.exit`` in it raises,
+    or it returns) leaves with ``os._exit`` at once (:func:`_leave_forked_child`): its end is its own business, not the
     worker's error.
     """
     _count_forks()
@@ -163,6 +163,8 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
     try:
         task_fn = init_fn(ctx)
     except BaseException as exc:  # reported to the consumer, which raises it
+        if _forks != born or os.getpid() != me:  # ... unless raised in a child init_fn forked
+            _leave_forked_child(exc)
         try:
             send([(ERROR, INIT, pack_exception(exc, by_pickle))], 0.0)
         except (BrokenPipeError, EOFError, ConnectionError):
@@ -170,6 +172,8 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
         while recv() is not None:  # stay until told to stop, so tasks sent meanwhile find us alive
             pass
         return
+    if _forks != born:  # a child init_fn forked, returning
+        _leave_forked_child(None)
     busy = 0.0
     clock = time.perf_counter
     while True:
