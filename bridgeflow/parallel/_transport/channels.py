@@ -47,7 +47,7 @@ from .pickling import describe_unpicklable, dumps_as_launched
 from .wire import BUSY_AT, COMPLETED_AT, CTL_STRIDE, MAX_SLABS, STOP, ctl_base
 from .worker import WorkerContext, process_main, worker_loop
 
-__all__ = ["ProcessChannel", "ThreadChannel"]
+__all__ = ["ProcessChannel", "ThreadChannel", "end_groups"]
 
 log = logging.getLogger("bridgeflow.parallel._transport.pool")
 
@@ -424,6 +424,7 @@ class ProcessChannel:
             if p.exitcode is None:
                 p.kill()
                 p.join(1.0)
+        end_groups(self.procs)
         for conn in self.task_conns + self.result_conns + self.dump_conns:
             conn.close()
         for w in self.writers:
@@ -435,6 +436,52 @@ class ProcessChannel:
             self.ctl = None
         self.procs, self.task_conns, self.result_conns, self.writers, self.dump_conns = [], [], [], [], []
         self.dumps = []
+
+
+def end_groups(procs: list[Any], grace: float = 0.5) -> None:
+    """End what is left of the process groups that the worker processes ``procs`` lead (each worker leads
+    one: :func:`~bridgeflow.parallel._transport.worker.process_main`): the processes their tasks started,
+    orphans that would otherwise outlive the flow (and hold its stdout open). SIGTERM, then SIGKILL after
+    ``grace`` seconds for those still there. A worker's pid names its group only while the worker is not
+    reaped or the group still has members (Linux reuses no pid a group holds): a reaped worker's pid that
+    names a live process now is another process's, whose group is left alone."""
+    groups = []
+    for p in procs:
+        pid = p.pid
+        if pid is None:
+            continue
+        if p.exitcode is not None:  # reaped: its pid is free, or another process's now
+            try:
+                os.kill(pid, 0)
+                continue  # another process has the pid: its group is not ours
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            groups.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass  # no such group: the worker left nothing behind (or never led one)
+    deadline = time.monotonic() + grace
+    while groups and time.monotonic() < deadline:
+        time.sleep(0.01)
+        groups = [g for g in groups if _group_alive(g)]
+    for g in groups:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 @contextlib.contextmanager

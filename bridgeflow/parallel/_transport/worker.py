@@ -16,12 +16,13 @@ import pickle
 import queue
 import signal
 import struct
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
 # numpy loads numpy.random on first use (numpy.__getattr__), and workers seed it first thing (the torch
 # adapter's seeding, RNG flows, map functions that draw numbers). A forked worker that imports it while
@@ -103,6 +104,47 @@ def unpack_exception(packed: tuple, where: str) -> BaseException:
     return exc
 
 
+_forks = 0  # forks this process came out of since forks were first counted in its line (see _count_forks)
+_counting = False
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+def _count_forks() -> None:
+    """Count forks from now on (registered once, inherited by children): a child forked by a task function
+    then finds ``_forks`` changed, a global read per task (``os.getpid()`` is a system call)."""
+    global _counting
+    if not _counting:
+        os.register_at_fork(after_in_child=_forked)
+        _counting = True
+
+
+def _leave_forked_child(exc: BaseException | None) -> NoReturn:
+    """A task function forked, and the child came back into the worker loop: raising (``sys.exit(0)``, as
+    code written for a main process ends a child) or returning. The child is not the worker: it leaves
+    at once, as it would have left a main program, and never touches the pool's pipes (its message
+    would pass for the worker's, and it would then wait for tasks forever, holding its parent's stdout)."""
+    code = 0
+    if isinstance(exc, SystemExit):
+        if isinstance(exc.code, int):
+            code = exc.code & 0xFF
+        elif exc.code is not None:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    elif exc is not None:
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream: nothing more to say
+            pass
+    os._exit(code)
+
+
 def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
                 send: Callable[[list, float], None], by_pickle: bool) -> None:
     """The loop every worker runs, thread or process: init, then answer tasks until told to stop.
@@ -111,10 +153,18 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
     chunk go back together, ``send([(kind, task_id, value), ...], busy)``: one message per chunk is what
     makes small tasks cheap. ``busy`` is the seconds spent in the task function so far (the stages'
     ``workers_busy``).
+
+    A child forked by the task function (or ``init_fn``) that comes back here (``sys.exit`` in it raises,
+    or it returns) leaves with ``os._exit`` at once (:func:`_leave_forked_child`): its end is its own business, not the
+    worker's error.
     """
+    _count_forks()
+    me, born = os.getpid(), _forks
     try:
         task_fn = init_fn(ctx)
     except BaseException as exc:  # reported to the consumer, which raises it
+        if _forks != born or os.getpid() != me:  # ... unless raised in a child init_fn forked
+            _leave_forked_child(exc)
         try:
             send([(ERROR, INIT, pack_exception(exc, by_pickle))], 0.0)
         except (BrokenPipeError, EOFError, ConnectionError):
@@ -122,6 +172,8 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
         while recv() is not None:  # stay until told to stop, so tasks sent meanwhile find us alive
             pass
         return
+    if _forks != born:  # a child init_fn forked, returning
+        _leave_forked_child(None)
     busy = 0.0
     clock = time.perf_counter
     while True:
@@ -136,7 +188,11 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
             except StopIteration:
                 out.append((RAN_OUT, task_id, None))
             except BaseException as exc:  # any failure, even SystemExit, goes to the consumer
+                if _forks != born or os.getpid() != me:  # ... unless raised in a child the task forked
+                    _leave_forked_child(exc)
                 out.append((ERROR, task_id, pack_exception(exc, by_pickle)))
+            if _forks != born:  # a child the task forked, returning
+                _leave_forked_child(None)
         busy += clock() - t0
         try:
             send(out, busy)
@@ -211,8 +267,21 @@ def _pump_tasks(conn: Any, inbox: queue.SimpleQueue, stop_requested: threading.E
         inbox.put(data)
 
 
+def _lead_own_group() -> bool:
+    """Make this worker the leader of a process group of its own, which every process it starts joins
+    unless it leaves on purpose (``setsid``): the consumer ends that group when it closes the pool
+    (:func:`~bridgeflow.parallel._transport.channels.end_groups`), and so does the worker when its
+    consumer is gone. Whether it leads one."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    return os.getpgid(0) == os.getpid()
+
+
 def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_conn: Any, ctl_name: str,
                  prefix: str, consumer_pid: int, dump_conn: Any = None) -> None:
+    leader = _lead_own_group()  # first: before anything the task function starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
     shm.forget_inherited_controls()  # a forked worker holds no other pool's lock, nor its consumer's copy
     if dump_conn is not None:  # the consumer asks for our stack with a signal when we seem stuck
@@ -234,9 +303,13 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
     reader = shm.SlabReader(view[base + MAX_SLABS:base + 2 * MAX_SLABS] if view else None)
     ctx = replace(ctx, writer=writer)
 
-    def on_orphan() -> None:  # the consumer is gone and cannot clean up: remove the whole pool's segments
+    def on_orphan() -> None:
+        """The consumer is gone and cannot clean up: remove the whole pool's segments, and end this worker's
+        process group (the processes its tasks started, and this worker with them)."""
         writer.close()
         shm.sweep_segments(prefix)
+        if leader:
+            os.killpg(os.getpid(), signal.SIGKILL)
 
     ppid = os.getppid()
     threading.Thread(target=_watch_parent, args=(ppid, consumer_pid, on_orphan),
@@ -272,9 +345,9 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
 
     def on_sigterm(signum: int, frame: Any) -> None:
         # The pool's own terminate() comes after a stop, and the pool then sweeps. Any other SIGTERM may
-        # have gone to the whole process group (Slurm, `timeout`, a closed terminal): the consumer is then
-        # dying too, without cleaning up, so give it a moment to go and clean up for it. A consumer still
-        # alive may yet read our last results: it reports our death and sweeps when it closes the pool.
+        # have gone to the consumer as well (Slurm's job step, a `kill` of several pids): the consumer is
+        # then dying too, without cleaning up, so give it a moment to go and clean up for it. A consumer
+        # still alive may yet read our last results: it reports our death and sweeps when it closes the pool.
         if not stop_requested.is_set():
             deadline = time.monotonic() + 2 * LIVENESS_INTERVAL
             while _parent_alive(ppid, consumer_pid) and time.monotonic() < deadline:
