@@ -122,6 +122,11 @@ class SlabWriter:
         self._sent: collections.deque[int] = collections.deque(maxlen=window)  # slab bytes of recent messages
         self._opens_arena = True  # alloc() may start a message's slab (not while pickling one for the pipe)
         self.reducers: dict[type, Any] = {}  # type -> reduce function, for the pickles of every message
+        # A writer that replaces a dead one (a restarted worker) leaves the slabs the consumer still holds
+        # alone: their indices are holes, taken again once their flags say the consumer let go.
+        held = bytes(self.flags[:self.max_slabs]).rfind(IN_USE) + 1 if self.max_slabs else 0
+        self.slabs += [("", 0, None)] * held
+        self._views += [None] * held
 
     def _acquire(self, nbytes: int) -> int:
         """Index of a free slab of at least ``nbytes``, or -1 when none can be had."""
@@ -355,6 +360,12 @@ class SlabWriter:
             offsets.append((off, r.nbytes))
         return index, offsets
 
+    def reader_gone(self) -> None:
+        """The worker reading these slabs died: nothing holds them any more, so every one is free again."""
+        for i, (_, _, m) in enumerate(self.slabs):
+            if m is not None and self.flags[i] == IN_USE:
+                self.flags[i] = FREE
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -386,6 +397,7 @@ class SlabReader:
         self.hooks = hooks
         self._pid = os.getpid()
         self._maps: dict[int, tuple[str, memoryview]] = {}  # slab index -> (name, byte view of its mapping)
+        self._leases: dict[int, weakref.finalize] = {}  # slab index -> the release of the arrays received in it
         self.last_bytes = 0  # of the last message read
 
     def loads(self, message: bytes | bytearray) -> Any:
@@ -404,7 +416,7 @@ class SlabReader:
             known = self._maps[index] = (name, open_segment(name, self.hooks).array().data)
         # A new array on the mapping's view: views of it point to it, so it goes only when they all have.
         lease = np.frombuffer(known[1], np.uint8, max(off + n for off, n in offsets))
-        weakref.finalize(lease, _release, self.flags, index, self._pid)
+        self._leases[index] = weakref.finalize(lease, _release, self.flags, index, self._pid)
         return pickle.loads(data, buffers=[lease[off:off + n] for off, n in offsets])
 
     def _loads_framed(self, view: memoryview) -> Any:
@@ -422,6 +434,17 @@ class SlabReader:
         gone = set(names)
         for index in [i for i, (name, _) in self._maps.items() if name in gone]:
             del self._maps[index]
+
+    def writer_replaced(self) -> None:
+        """The worker died and a new one takes its place: forget its slabs (they were unlinked; arrays still
+        held keep their mappings, and their flags, until they go), and free the flags that no array holds:
+        the slab of a message it was building or sending when it died. The new writer keeps off the others."""
+        self._maps.clear()
+        self._leases = {i: lease for i, lease in self._leases.items() if lease.alive}
+        flags = self.flags
+        for i in range(len(flags)):
+            if flags[i] != FREE and i not in self._leases:
+                flags[i] = FREE
 
     @property
     def mapped(self) -> int:
