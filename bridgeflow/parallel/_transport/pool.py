@@ -281,6 +281,10 @@ class WorkerPool:
         """Dead workers replaced so far (see ``max_restarts``)."""
         return self._supervisor.restarts if self._supervisor is not None else 0
 
+    def ready_from(self, worker: int) -> int:
+        """Results of ``worker`` received and not yet returned by ``get()``."""
+        return sum(1 for w, _, _ in self._ready.values() if w == worker)
+
     @property
     def outstanding(self) -> int:
         """Tasks sent whose results have not been returned by ``get()`` (discarded ones excluded)."""
@@ -586,18 +590,19 @@ class WorkerPool:
         sup = self._supervisor
         if sup is None or self._closed:
             self._raise_dead(worker)
-        assert sup is not None  # _raise_dead raised otherwise
-        text, code = self._channel.death(worker)
-        retries, answered, lost = sup.replace(worker, text, code, self._channel.pid(worker),
-                                              self._channel.mark(worker), self._discard_below)
+        channel = self._channel
+        assert sup is not None and isinstance(channel, ProcessChannel)  # only process pools are supervised
+        text, code = channel.death(worker)
+        retries, answered, lost = sup.replace(worker, text, code, channel.pid(worker), channel.mark(worker),
+                                              self._discard_below)
         self._per_worker[worker] += len(retries) - lost  # in flight: those sent again, no more the others
         self._sent_open += len(retries) + len(answered) - lost
         for task_id, value in answered.items():
             self._ready[task_id] = (worker, OK, value)
         init = self.restart_init(worker) if self.restart_init is not None else self.init_fn
-        self._channel.restart(self._contexts[worker], init)
+        channel.restart(self._contexts[worker], init)
         for retry in retries:  # a worker that dies at once is found dead by the next receive
-            if not self._channel.send(worker, retry):  # type: ignore[arg-type]  # a Retry is a message too
+            if not channel.send(worker, retry):  # type: ignore[arg-type]  # a Retry is a message too
                 break
 
     # --- statistics -------------------------------------------------------------------------------

@@ -128,15 +128,16 @@ class Supervisor:
         cause = f"worker {worker} (pid {pid}) {ending(code)}"
         culprit = self.blame(worker, cause, mark)
         policy = self.policy
-        poison = None
+        poison, what = None, ""
         if culprit is not None and culprit[2]:
             task_id, item, _ = culprit
-            poison = (task_id, item, self.poison_text(task_id, self.held[worker][task_id][0], item))
+            poison = (task_id, item, self.poison_text(task_id))
+            what = self.policy.describe(task_id, self.held[worker][task_id][0], item)
             if not policy.skip:
-                raise WorkerError(f"{self.name}: {poison[2]}; it is not run again{policy.hint}{self.history_text()}",
-                                  stage=self.name, worker=worker, pid=pid, exitcode=code)
+                raise WorkerError(f"{self.name}: {what}: {poison[2]}, and is not run again{policy.hint}"
+                                  f"{self.history_text()}", stage=self.name, worker=worker, pid=pid, exitcode=code)
         if self.restarts >= self.max_restarts:
-            named = f"; {poison[2]}" if poison is not None else ""
+            named = f"; {what}: {poison[2]}" if poison is not None else ""
             raise WorkerError(text + named + self.history_text(), stage=self.name, worker=worker, pid=pid,
                               exitcode=code)
         self.history.append(f"{cause} at {time.strftime('%H:%M:%S')}")
@@ -151,10 +152,10 @@ class Supervisor:
             if poison is not None and task_id == poison[0]:
                 why = poison[2]
                 if poison[1] is None:  # the task is its own item: answered as skipped, not run again
-                    log.warning("%s: %s; skipped", self.name, why)
+                    log.info("%s: %s: %s; skipped", self.name, what, why)
                     answered[task_id] = policy.skipped(task_id, payload, why)
                     continue
-                log.warning("%s: %s; sent again without it", self.name, why)
+                log.info("%s: %s: %s; its task is sent again without it", self.name, what, why)
                 avoid = self.leave_out(task_id, poison[1], why)
             self.sent(worker, [(task_id, payload)])
             retries.append(Retry(task_id, payload, avoid))
@@ -167,11 +168,10 @@ class Supervisor:
         avoid[item] = why
         return avoid
 
-    def poison_text(self, task_id: int, payload: Any, item: int | None) -> str:
-        """Why a poison task is not run again: what it is and the deaths it caused."""
-        what = self.policy.describe(task_id, payload, item)
+    def poison_text(self, task_id: int) -> str:
+        """Why a poison task is not run again: the deaths it caused."""
         deaths = self.deaths.get(task_id, [])
-        return f"{what} killed {len(deaths)} worker processes in turn ({', then '.join(deaths)})"
+        return f"it killed {len(deaths)} worker processes in turn ({', then '.join(deaths)})"
 
     def history_text(self) -> str:
         if not self.history:
