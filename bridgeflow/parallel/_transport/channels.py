@@ -6,7 +6,7 @@ forensics, and never asks which kind it has:
 
 - ``start(contexts, init_fn)`` starts one worker per context; a process channel's ``restart(ctx, init_fn)``
   replaces a dead worker (see :mod:`bridgeflow.parallel._transport.supervision`), and ``mark(worker)`` says
-  which item of a retried task it was running when it died;
+  which task (and item of it) it was running when it died;
 - ``send(worker, chunk)`` sends a chunk of tasks (False: the worker is gone);
 - ``receive(wait_for, worker)`` waits up to ``wait_for`` seconds for the next message, from ``worker`` or
   any: ``(worker, results)``, ``(worker, None)`` when that worker died, or ``None``;
@@ -288,7 +288,7 @@ class ProcessChannel:
         self._start_one(ctx, init_fn)
 
     def mark(self, worker: int) -> tuple[int, int] | None:
-        """``(task id, item)`` of the retried task ``worker`` marked last (see ``wire.Retry``), or None."""
+        """``(task id, item)`` of the message ``worker`` marked last as starting (see ``wire``), or None."""
         if self.ctl is None:
             return None
         task, item = struct.unpack_from("<qq", self.ctl.view, ctl_base(worker) + MARK_AT)

@@ -11,9 +11,9 @@ the others come back under their old task ids, so an ordered pool gives the orde
 multiset, of an undisturbed run.
 
 Blame (:meth:`Supervisor.blame`): a worker runs its messages in the order sent, so the task it was running when
-it died is the first it held. When that message held the task alone, the death is the task's; a retried task's
-worker also marks which item of it starts (a datapoint of a batch stacked in the worker, a sample of a
-DataLoader batch), so a death there names the item. A task that killed :data:`POISON_DEATHS` workers while
+it died is the first it held, if its mark (in the control segment) says it started it. When that message held
+the task alone, the death is the task's; a retried task's worker also marks which item of it starts (a
+datapoint of a batch stacked in the worker, a sample of a DataLoader batch), so a death there names the item. A task that killed :data:`POISON_DEATHS` workers while
 running alone is *poison* and is not run again: under a skip policy (:attr:`FaultPolicy.skip`) the item is left
 out of the task, which is sent once more without it, or a task that is its own item is answered as skipped
 (:meth:`FaultPolicy.skipped`); otherwise the pool raises a :class:`~bridgeflow.WorkerError` naming it
@@ -107,14 +107,15 @@ class Supervisor:
     def blame(self, worker: int, cause: str, mark: tuple[int, int] | None) -> tuple[int, int | None, bool] | None:
         """Note ``worker``'s death (``cause``: how it ended): ``(task id, item, poison)`` of the task it was
         running when that task was alone in its message (the item from the worker's mark, None if unmarked),
-        None when the death cannot be put on one task (it ran a chunk of several, or held none)."""
+        None when the death cannot be put on one task: it ran a chunk of several, or had not started the first
+        task it held (its mark names another; or it has none: no control segment)."""
         held = self.held[worker]
         if not held:
             return None
         task_id = next(iter(held))
-        if not held[task_id][1]:
+        if not held[task_id][1] or mark is None or mark[0] != task_id:
             return None
-        item = mark[1] if mark is not None and mark[0] == task_id and mark[1] >= 0 else None
+        item = mark[1] if mark[1] >= 0 else None
         deaths = self.deaths.setdefault(task_id, [])
         deaths.append(cause)
         return task_id, item, len(deaths) >= POISON_DEATHS

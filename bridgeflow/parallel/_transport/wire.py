@@ -11,9 +11,10 @@ exits (its tasks are lost). An empty message, :data:`STOP`, tells a process work
 A pool of process workers shares one control segment (:mod:`bridgeflow.parallel._transport.shm`); worker ``w``'s part
 starts at :func:`ctl_base` ``(w)`` and holds :data:`MAX_SLABS` result-slab flags, as many task-slab flags,
 then two unsigned 64-bit counters: the results it completed and the nanoseconds it spent in its task
-function; then the *mark* of a :class:`Retry` in progress, two signed 64-bit numbers: its task id plus one
-(0: none) and the item of the task being run (see :class:`Retry`), which the consumer reads when the worker
-dies.
+function; then the *mark* of the message the worker is running, two signed 64-bit numbers that the consumer
+reads when the worker dies: the task id (of its first task) plus one (0: none yet), and the item of the task
+being run: -2 in a chunk (items not marked), and in a :class:`Retry` the item starting (-1: the task as a
+whole, a task that is its own item or a group being finished).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ LIVENESS_INTERVAL = 0.5  # seconds between checks that the workers (or the paren
 MAX_SLABS = 128
 COMPLETED_AT = 2 * MAX_SLABS  # offset, in a worker's part of the control segment, of its completed results
 BUSY_AT = COMPLETED_AT + 8  # and of the nanoseconds it spent working
-MARK_AT = BUSY_AT + 8  # and of the mark of a retried task in progress: (task id + 1, item)
+MARK_AT = BUSY_AT + 8  # and of the mark of the message in progress: (task id + 1, item)
 CTL_STRIDE = MARK_AT + 16  # bytes per worker: result slab flags, task slab flags, the counters, the mark
 
 

@@ -295,11 +295,14 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
         if data is None:  # the pipe closed without a stop
             return None
         try:
-            return reader.loads(data)
+            tasks = reader.loads(data)
         except shm.SegmentVanishedError as exc:  # the tasks cannot be read: say why, and stop
             send([(ERROR, FATAL, pack_exception(exc, True))], 0.0)
             stopped = True  # the consumer is alive and cleans up: do not sweep its other workers' memory
             return None
+        if view is not None and type(tasks) is list:  # the chunk starting: a death from now on is its (-2: no
+            struct.pack_into("<qq", view, base + MARK_AT, tasks[0][0] + 1, -2)  # item marked)
+        return tasks
 
     def send(msg: list, busy: float) -> None:
         nonlocal completed
