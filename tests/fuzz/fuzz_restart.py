@@ -17,9 +17,10 @@ epoch until the epoch ends (so arrays in the slabs of dead workers are read afte
 - ``loader``: bridgeflow's torch ``DataLoader`` over a map-style dataset, ``num_workers=2``, shuffled from a
   seeded generator: every batch equals the one ``num_workers=0`` gives (``exact``).
 
-A run also checks that ``stats()`` counts no more restarts than kills reached a live worker (a worker killed
-after it sent the last result the pipeline needs from it is never waited for, so its death goes unnoticed
-and uncounted: the summary gives both sums), that no process,
+A worker is killed while both hold tasks (it peeks at the pool's bookkeeping). A run also checks that
+``stats()`` counts no more restarts than kills reached a live worker (a worker killed after it sent the last
+result the run needs from it is never waited for, so its death goes unnoticed and uncounted: the summary
+gives both sums, and the runs with a restart), that no process,
 thread or shared-memory segment is left after it, and that it ends within ``--timeout`` seconds. One JSON line
 per failed run; a summary line per kind.
 
@@ -163,10 +164,17 @@ def epochs_of(spec: dict, restarts: int, kill: bool, workers: int = 2) -> tuple[
     total = 2 * spec["n"]
 
     def live() -> list[int]:
+        """The workers' pids, when both are up and the chosen victim holds tasks (a worker that has sent every
+        result the run needs from it may die unnoticed: no kill then)."""
         if stage is not None:
-            return list(stage._pool.pids) if stage._pool is not None else []
-        it = current[0]
-        return [p.pid for p in it.worker_processes if p.exitcode is None] if it is not None else []
+            pool = stage._pool
+        else:
+            it = current[0]
+            pool = it._pool._pool if it is not None and it._pool is not None else None
+        if pool is None or pool._supervisor is None:
+            return []
+        pids = list(pool.pids)
+        return pids if len(pids) == 2 and all(pool._supervisor.held) else []
 
     def killer() -> None:
         nonlocal delivered
@@ -179,7 +187,7 @@ def epochs_of(spec: dict, restarts: int, kill: bool, workers: int = 2) -> tuple[
                 return
             pids: list[int] = []
             while len(pids) != 2:  # a worker being replaced (or the next epoch's starting): wait for them
-                if stop.wait(0.005):
+                if stop.wait(0.002):
                     return
                 pids = live()
             try:
@@ -301,11 +309,14 @@ def _children() -> set[int]:
     return out
 
 
-def check_run(seed: int, index: int, timeout: float = 120.0, kinds: tuple[str, ...] = KINDS) -> dict:
+def check_run(seed: int, index: int, timeout: float | None = 120.0, kinds: tuple[str, ...] = KINDS) -> dict:
+    """Run ``index`` of ``seed`` and check it; ``timeout``: seconds before a hang ends the process with every
+    thread's stack (None: the caller guards, e.g. pytest's hang guard)."""
     spec = draw(seed, index, kinds)
     result: dict = {"seed": seed, "index": index, "spec": spec, "status": "ok"}
     before = _children()
-    faulthandler.dump_traceback_later(timeout, exit=True)
+    if timeout is not None:
+        faulthandler.dump_traceback_later(timeout, exit=True)
     try:
         ref = reference(spec)
         got, delivered, counted = epochs_of(spec, restarts=len(spec["kills"]) + 3, kill=True)
@@ -318,7 +329,8 @@ def check_run(seed: int, index: int, timeout: float = 120.0, kinds: tuple[str, .
     except Exception as exc:
         result.update(status="error", why=f"{type(exc).__name__}: {exc}"[:2000], trace=traceback.format_exc()[-3000:])
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        if timeout is not None:
+            faulthandler.cancel_dump_traceback_later()
     left = leaks(before)
     if left is not None and result["status"] == "ok":
         result.update(status="leak", why=left)
@@ -345,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[kind][result["status"]] += 1
         summary[kind]["kills"] += result.get("kills", 0)
         summary[kind]["restarts"] += result.get("restarts", 0)
+        summary[kind]["runs with a restart"] += result.get("restarts", 0) > 0
         if result["status"] != "ok" or args.verbose:
             print(json.dumps(result), flush=True)
     for kind, counts in summary.items():
