@@ -20,10 +20,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ._fused import BatchTask
+from ._fused import BatchTask, map_group
 from ._transport.supervision import FaultPolicy
 
-__all__ = ["ON_ERROR", "MapFaults", "SkipLog", "Skipped", "check_on_error", "guarded", "short_repr"]
+__all__ = ["ON_ERROR", "MapFaults", "SkipLog", "Skipped", "check_on_error", "guarded", "map_task", "short_repr"]
 
 log = logging.getLogger("bridgeflow.parallel._stages")
 
@@ -74,6 +74,49 @@ def guarded(map_one: Callable[[Any], Any], records: list) -> Callable[[Any, int 
             return None
 
     return one
+
+
+def map_task(map_one: Callable[[Any], Any], reserve: Callable[[int], Any] | None, skip: bool) -> Callable[[Any], Any]:
+    """A map stage worker's task function: ``map_one`` on a datapoint, or on a :class:`~._fused.BatchTask`'s
+    group stacked with ``reserve`` (:func:`~._fused.map_group`); under ``on_error="skip"`` (``skip``) guarded,
+    and the datapoints left out recorded in a :class:`Skipped`. Its ``careful(payload, mark, avoid)`` runs a
+    dead worker's task again (see :mod:`~bridgeflow.parallel._transport.supervision`): each datapoint of a
+    group marked as it starts, those in ``avoid`` (they killed workers) left out."""
+    records: list = []  # the datapoints of the task in progress left out
+    one = guarded(map_one, records) if skip else lambda dp, item: map_one(dp)
+
+    def run_guarded(payload: Any, avoid: dict[int, str] | None = None, mark: Any = None) -> Any:
+        if type(payload) is not BatchTask:
+            if mark is not None:
+                mark(-1)
+            out = one(payload, None)
+        else:
+            items = iter(range(len(payload.items)))
+
+            def each(dp: Any) -> Any:
+                i = next(items)
+                if mark is not None:
+                    mark(i)
+                if avoid and i in avoid:
+                    records.append((i, short_repr(dp), avoid[i]))
+                    return None
+                return one(dp, i)
+
+            out = map_group(payload, each, reserve)
+        if records:
+            out = Skipped(out, records[:])
+            records.clear()
+        return out
+
+    def run(payload: Any) -> Any:  # the fast path: nothing guarded, nothing marked
+        if type(payload) is not BatchTask:
+            return map_one(payload)
+        return map_group(payload, map_one, reserve)
+
+    careful = lambda payload, mark, avoid: run_guarded(payload, avoid, mark)
+    task = run_guarded if skip else run
+    task.careful = careful  # type: ignore[attr-defined]
+    return task
 
 
 class MapFaults(FaultPolicy):

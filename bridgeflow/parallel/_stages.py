@@ -52,8 +52,8 @@ from ._common import (
     seed_worker_globals,
     warn_if_oversubscribed,
 )
-from ._faults import MapFaults, Skipped, check_on_error, guarded, short_repr
-from ._fused import BatchPlan, BatchTask, WorkerBatching, map_group
+from ._faults import MapFaults, Skipped, check_on_error, map_task
+from ._fused import BatchPlan, WorkerBatching
 from ._progress import SNAPSHOT_EVERY, SourceLedger, check_runs, check_source_position
 from ._resume_plan import HeldFirst, close_stream, drop_in_flight, most_in_flight, read_ahead, resume_source
 from ._runners import MultiProcessRunner, MultiThreadRunner
@@ -79,44 +79,7 @@ def _map_init(map_func: Callable[[Any], Any], ctx: WorkerContext, skip: bool = F
             writer.reserve(nbytes)
             return writer.alloc
 
-    records: list = []  # on_error="skip": the datapoints of the task in progress left out
-    one = guarded(map_one, records) if skip else lambda dp, item: map_one(dp)
-
-    def run_guarded(payload: Any, avoid: dict[int, str] | None = None, mark: Any = None) -> Any:
-        """A task with its failures (and the items in ``avoid``) left out, and the records of them."""
-        if type(payload) is not BatchTask:
-            if mark is not None:
-                mark(-1)
-            out = one(payload, None)
-        else:
-            items = iter(range(len(payload.items)))
-
-            def each(dp: Any) -> Any:
-                i = next(items)
-                if mark is not None:
-                    mark(i)
-                if avoid and i in avoid:
-                    records.append((i, short_repr(dp), avoid[i]))
-                    return None
-                return one(dp, i)
-
-            out = map_group(payload, each, reserve)
-        if records:
-            out = Skipped(out, records[:])
-            records.clear()
-        return out
-
-    def run(payload: Any) -> Any:
-        if type(payload) is not BatchTask:
-            return map_one(payload)
-        return map_group(payload, map_one, reserve)
-
-    # a retried task of a dead worker: its items marked as they start, those that killed workers left out
-    run.careful = lambda payload, mark, avoid: run_guarded(payload, avoid, mark)  # type: ignore[attr-defined]
-    if skip:
-        run_guarded.careful = run.careful  # type: ignore[attr-defined]
-        return run_guarded
-    return run
+    return map_task(map_one, reserve, skip)
 
 
 def _say_strict(saved: Any, have: Any) -> str:

@@ -13,12 +13,13 @@ multiset, of an undisturbed run.
 Blame (:meth:`Supervisor.blame`): a worker runs its messages in the order sent, so the task it was running when
 it died is the first it held, if its mark (in the control segment) says it started it. When that message held
 the task alone, the death is the task's; a retried task's worker also marks which item of it starts (a
-datapoint of a batch stacked in the worker, a sample of a DataLoader batch), so a death there names the item. A task that killed :data:`POISON_DEATHS` workers while
-running alone is *poison* and is not run again: under a skip policy (:attr:`FaultPolicy.skip`) the item is left
-out of the task, which is sent once more without it, or a task that is its own item is answered as skipped
-(:meth:`FaultPolicy.skipped`); otherwise the pool raises a :class:`~bridgeflow.WorkerError` naming it
-(:meth:`FaultPolicy.describe`). Every death counts against the budget; past it, the pool raises the death's
-:class:`~bridgeflow.WorkerError` with the history of the restarts before it.
+datapoint of a batch stacked in the worker, a sample of a DataLoader batch), so a death there names the item.
+A task that killed :data:`POISON_DEATHS` workers while running alone is *poison* and is not run again: under a
+skip policy (:attr:`FaultPolicy.skip`) the item is left out of the task, which is sent once more without it,
+or a task that is its own item is answered as skipped (:meth:`FaultPolicy.skipped`); otherwise the pool
+raises a :class:`~bridgeflow.WorkerError` naming it (:meth:`FaultPolicy.describe`). Every death counts against
+the budget; past it, the pool raises the death's :class:`~bridgeflow.WorkerError` with the history of the
+restarts before it.
 """
 
 from __future__ import annotations
