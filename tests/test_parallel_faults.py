@@ -4,8 +4,6 @@ epoch goes on exactly; a datapoint that kills every worker it meets is named, or
 
 from __future__ import annotations
 
-import ctypes
-import faulthandler
 import functools
 import json
 import logging
@@ -15,17 +13,10 @@ import time
 
 import numpy as np
 import pytest
+from deaths import die, once
 
 import bridgeflow as bf
 from bridgeflow._errors import WorkerError
-
-
-def once(flag: str) -> bool:
-    try:
-        os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
-    except FileExistsError:
-        return False
-    return True
 
 
 def picky(dp, bad=(7, 17, 18, 33)):
@@ -175,17 +166,17 @@ def test_a_map_stage_replaces_a_killed_worker_and_gives_the_undisturbed_epoch(tm
     assert stats["restarts"] == 1 and "skipped" not in stats
 
 
-def segfault_on(dp, at):
+def segfault_on(dp, at, tally):
     if dp[0] == at:
-        faulthandler.disable()
-        ctypes.string_at(0)
+        die("segv", tally)
     return picky(dp, bad=())
 
 
 @pytest.mark.parametrize("batch", [0, 4])
-def test_a_datapoint_that_segfaults_every_worker_is_named_or_skipped(batch, caplog, leak_check):
+def test_a_datapoint_that_segfaults_every_worker_is_named_or_skipped(batch, tmp_path, caplog, leak_check):
     def make(on_error):
-        stage = bf.MultiProcessMapData(numbers(), 2, functools.partial(segfault_on, at=23), buffer_size=12,
+        f = functools.partial(segfault_on, at=23, tally=str(tmp_path / f"tally_{on_error}"))
+        stage = bf.MultiProcessMapData(numbers(), 2, f, buffer_size=12,
                                        max_restarts=4, on_error=on_error)
         return bf.BatchData(stage, batch, remainder=True) if batch else stage
 

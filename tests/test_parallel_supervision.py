@@ -5,8 +5,6 @@ killer of a memory cgroup."""
 
 from __future__ import annotations
 
-import ctypes
-import faulthandler
 import functools
 import os
 import signal
@@ -18,25 +16,12 @@ import uuid
 
 import numpy as np
 import pytest
+from deaths import die, kill_child, once
 
 from bridgeflow._errors import WorkerError
 from bridgeflow.parallel import WorkerPool
 from bridgeflow.parallel._transport.supervision import FaultPolicy
 from conftest import PROMPTLY_S, ROOT, shm_entries, wait_for
-
-
-def once(flag: str) -> bool:
-    """True the first time it is asked for ``flag`` (a file), in any process."""
-    try:
-        os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
-    except FileExistsError:
-        return False
-    return True
-
-
-def segfault() -> None:
-    faulthandler.disable()  # a crash report on stderr is noise here
-    ctypes.string_at(0)
 
 
 def killing_init(flag, victim, ctx):
@@ -49,10 +34,10 @@ def killing_init(flag, victim, ctx):
     return run
 
 
-def poison_init(victim, how, ctx):
+def poison_init(victim, how, tally, ctx):
     def run(x):
         if x == victim:
-            segfault() if how == "segv" else os.kill(os.getpid(), signal.SIGKILL)
+            die(how, tally)
         return x
     return run
 
@@ -104,8 +89,8 @@ def test_past_the_budget_the_death_is_raised_with_the_history_of_the_restarts(tm
     assert "killed by SIGKILL" in str(err) and "after 1 restart of max_restarts=1: worker 1 (pid " in str(err)
 
 
-def test_without_a_budget_a_death_is_the_error_it_always_was(leak_check):
-    with WorkerPool(functools.partial(poison_init, 3, "kill"), 2, name="Stage") as pool:
+def test_without_a_budget_a_death_is_the_error_it_always_was(tmp_path, leak_check):
+    with WorkerPool(functools.partial(poison_init, 3, "kill", str(tmp_path / "tally")), 2, name="Stage") as pool:
         pool.start()
         ids = [pool.put(i) for i in range(6)]
         with pytest.raises(WorkerError, match=r"worker 1 \(pid \d+\) of Stage was killed by SIGKILL") as info:
@@ -116,9 +101,10 @@ def test_without_a_budget_a_death_is_the_error_it_always_was(leak_check):
 
 @pytest.mark.parametrize("how", ["segv", "kill"])
 @pytest.mark.parametrize("chunk", [1, 4])
-def test_a_task_that_kills_every_worker_it_meets_is_named_after_two_deaths_running_alone(how, chunk, leak_check):
-    with WorkerPool(functools.partial(poison_init, 6, how), 2, chunk_size=chunk, max_restarts=5,
-                    name="Stage") as pool:
+def test_a_task_that_kills_every_worker_it_meets_is_named_after_two_deaths_running_alone(how, chunk, tmp_path,
+                                                                                         leak_check):
+    init = functools.partial(poison_init, 6, how, str(tmp_path / "tally"))
+    with WorkerPool(init, 2, chunk_size=chunk, max_restarts=5, name="Stage") as pool:
         pool.start()
         ids = [pool.put(i) for i in range(16)]
         with pytest.raises(WorkerError) as info:
@@ -131,9 +117,9 @@ def test_a_task_that_kills_every_worker_it_meets_is_named_after_two_deaths_runni
     assert str(info.value).count(f"killed by {signame}") >= 2 and "is not run again" in str(info.value)
 
 
-def test_a_poison_task_is_answered_as_skipped_under_a_skip_policy(leak_check):
-    with WorkerPool(functools.partial(poison_init, 6, "segv"), 2, chunk_size=4, max_restarts=5,
-                    fault_policy=Skipping(), name="Stage") as pool:
+def test_a_poison_task_is_answered_as_skipped_under_a_skip_policy(tmp_path, leak_check):
+    init = functools.partial(poison_init, 6, "segv", str(tmp_path / "tally"))
+    with WorkerPool(init, 2, chunk_size=4, max_restarts=5, fault_policy=Skipping(), name="Stage") as pool:
         pool.start()
         ids = [pool.put(i) for i in range(16)]
         got = [pool.get()[1] for _ in ids]
@@ -159,7 +145,7 @@ def test_a_worker_killed_before_it_started_the_task_does_not_count_against_that_
 
     def killer():
         assert wait_for(pids.exists)
-        os.kill(int(pids.read_text()), signal.SIGKILL)
+        assert kill_child(int(pids.read_text()))
 
     thread = threading.Thread(target=killer)
     thread.start()

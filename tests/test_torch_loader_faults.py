@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from deaths import die, once
 from test_torch_loader import ArrayDataset, assert_same, failing_init_fn, outcomes
 
 import bridgeflow
@@ -235,17 +236,10 @@ def test_num_workers_of_other_types_like_torch(num_workers, leak_check):
 # --- max_restarts and on_error ----------------------------------------------------------------------
 
 
-def once(flag: str) -> bool:
-    try:
-        os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
-    except FileExistsError:
-        return False
-    return True
-
-
 class Fragile(tud.Dataset):
     """60 samples of 2,000 numbers (batches travel in shared memory); ``__getitem__`` raises for ``bad``; the worker
-    reading ``kill`` is SIGKILLed (the first time only, ``flag``), the one reading ``crash`` segfaults (always).
+    reading ``kill`` is SIGKILLed (the first time only, ``flag``), the one reading ``crash`` segfaults (always, up to
+    the bound of deaths counted in ``flag``).
     Each sample carries the worker's id and seed as torch's get_worker_info() gives them."""
 
     def __init__(self, bad=(), kill=None, flag="", crash=None):
@@ -258,10 +252,7 @@ class Fragile(tud.Dataset):
         if i == self.kill and once(self.flag):
             os.kill(os.getpid(), signal.SIGKILL)
         if i == self.crash:
-            import ctypes
-            import faulthandler
-            faulthandler.disable()
-            ctypes.string_at(0)
+            die("segv", self.flag)
         if i in self.bad:
             raise OSError(f"sample {i}: truncated file")
         info = tud.get_worker_info()
@@ -350,13 +341,13 @@ def test_skip_reads_a_batch_dataset_sample_by_sample_only_when_the_batch_fails(l
                                             [16, 17, 18, 19]]
 
 
-def test_a_sample_that_segfaults_every_worker_is_named_or_skipped(caplog, leak_check):
+def test_a_sample_that_segfaults_every_worker_is_named_or_skipped(tmp_path, caplog, leak_check):
     with pytest.raises(bridgeflow.WorkerError) as info:
-        batches(make(2, ds={"crash": 21}, max_restarts=3))
+        batches(make(2, ds={"crash": 21, "flag": str(tmp_path / "raise")}, max_restarts=3))
     text = str(info.value)
     assert "is killed by signal: Segmentation fault" in text
     assert "the sample at index 21: it killed 2 worker processes in turn" in text and "SIGSEGV" in text
-    loader = make(2, ds={"crash": 21}, max_restarts=3, on_error="skip")
+    loader = make(2, ds={"crash": 21, "flag": str(tmp_path / "skip")}, max_restarts=3, on_error="skip")
     with caplog.at_level("WARNING"):
         got = [x for x, _ in batches(loader)]
     assert got == [[i for i in b if i != 21] for b in (x for x, _ in batches(make(0)))]

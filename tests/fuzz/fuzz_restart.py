@@ -24,6 +24,11 @@ gives both sums, and the runs with a restart), that no process,
 thread or shared-memory segment is left after it, and that it ends within ``--timeout`` seconds. One JSON line
 per failed run; a summary line per kind.
 
+The killer signals only live children of this process, held by a pidfd (``tests/deaths.py``): a worker's pid,
+freed once the pool reaped it, may belong to any process of the machine a moment later. And a run that has more
+than ``MAX_CHILDREN`` child processes at once ends the script (a pool restarting without end): run it under a
+pids limit too (``ulimit`` does not bound root; a pids cgroup does).
+
 Examples:
     python tests/fuzz/fuzz_restart.py --runs 200 --seed 0 > results.jsonl
     python tests/fuzz/fuzz_restart.py --only 17 --seed 0 --verbose
@@ -49,11 +54,15 @@ import numpy as np
 
 import bridgeflow as bf
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for deaths.py
+from deaths import kill_child
+
 KINDS = ("ordered", "unordered", "runner", "loader")
 SLAB_BYTES = 32 * 1024  # arrays this large travel in shared memory
 # Seconds between two kills at least: the same worker killed again while it runs a dead worker's batch once more
 # would count as a second death of that batch, which two deaths make a poison batch (raised, not run again)
 MIN_GAP = 0.25
+MAX_CHILDREN = 24  # child processes at once: 2 workers, the ones being replaced, torch's helpers; more is a runaway
 
 
 def draw(seed: int, index: int, kinds: tuple[str, ...] = KINDS) -> dict:
@@ -190,11 +199,8 @@ def epochs_of(spec: dict, restarts: int, kill: bool, workers: int = 2) -> tuple[
                 if stop.wait(0.002):
                     return
                 pids = live()
-            try:
-                os.kill(pids[int(victim * len(pids))], signal.SIGKILL)
+            if kill_child(pids[int(victim * len(pids))], signal.SIGKILL):
                 delivered += 1
-            except ProcessLookupError:
-                pass
             last = time.monotonic()
 
     thread = threading.Thread(target=killer, daemon=True)
@@ -309,6 +315,17 @@ def _children() -> set[int]:
     return out
 
 
+def _bound_children(stop: threading.Event, spec: dict) -> None:
+    """End this process when it has more than ``MAX_CHILDREN`` children at once: a pool that restarts its
+    workers without end must not go on forking (the processes under it exit with it: they watch their parent)."""
+    while not stop.wait(0.5):
+        n = len(_children())
+        if n > MAX_CHILDREN:
+            sys.stderr.write(json.dumps({"status": "runaway", "children": n, "spec": spec}) + "\n")
+            sys.stderr.flush()
+            os._exit(3)
+
+
 def check_run(seed: int, index: int, timeout: float | None = 120.0, kinds: tuple[str, ...] = KINDS) -> dict:
     """Run ``index`` of ``seed`` and check it; ``timeout``: seconds before a hang ends the process with every
     thread's stack (None: the caller guards, e.g. pytest's hang guard)."""
@@ -317,6 +334,9 @@ def check_run(seed: int, index: int, timeout: float | None = 120.0, kinds: tuple
     before = _children()
     if timeout is not None:
         faulthandler.dump_traceback_later(timeout, exit=True)
+    stop = threading.Event()
+    bound = threading.Thread(target=_bound_children, args=(stop, spec), name="fuzz-children-bound", daemon=True)
+    bound.start()
     try:
         ref = reference(spec)
         got, delivered, counted = epochs_of(spec, restarts=len(spec["kills"]) + 3, kill=True)
@@ -329,6 +349,8 @@ def check_run(seed: int, index: int, timeout: float | None = 120.0, kinds: tuple
     except Exception as exc:
         result.update(status="error", why=f"{type(exc).__name__}: {exc}"[:2000], trace=traceback.format_exc()[-3000:])
     finally:
+        stop.set()
+        bound.join()
         if timeout is not None:
             faulthandler.cancel_dump_traceback_later()
     left = leaks(before)
