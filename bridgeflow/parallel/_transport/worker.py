@@ -145,17 +145,17 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
             return
         out = []
         t0 = clock()
+        run = task_fn
         if type(chunk) is Retry:  # a dead worker's task, alone: its items are marked as they start
-            out.append(_run_retry(task_fn, chunk, mark, by_pickle))
+            run = _retried(task_fn, chunk, mark)
             chunk = [(chunk.task_id, chunk.payload)]
-        else:
-            for task_id, payload in chunk:
-                try:
-                    out.append((OK, task_id, task_fn(payload)))
-                except StopIteration:
-                    out.append((RAN_OUT, task_id, None))
-                except BaseException as exc:  # any failure, even SystemExit, goes to the consumer
-                    out.append((ERROR, task_id, pack_exception(exc, by_pickle)))
+        for task_id, payload in chunk:
+            try:
+                out.append((OK, task_id, run(payload)))
+            except StopIteration:
+                out.append((RAN_OUT, task_id, None))
+            except BaseException as exc:  # any failure, even SystemExit, goes to the consumer
+                out.append((ERROR, task_id, pack_exception(exc, by_pickle)))
         busy += clock() - t0
         try:
             send(out, busy)
@@ -165,22 +165,25 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
             send(_unsent(task_fn, chunk, out, exc, by_pickle), busy)
 
 
-def _run_retry(task_fn: Callable, retry: Retry, mark: Callable[[int, int], None] | None, by_pickle: bool) -> tuple:
-    """The result of a retried task: ``task_fn.careful(payload, mark, avoid)`` when the task function has that
-    method (it marks each item of a group as it starts, and leaves out those in ``avoid``), else the task
-    function on the payload, marked as item -1 (the task is its own item)."""
+def _retried(task_fn: Callable, retry: Retry, mark: Callable[[int, int], None] | None) -> Callable[[Any], Any]:
+    """The task function for a retried task: ``task_fn.careful(payload, mark, avoid)`` when it has that method
+    (it marks each item of a group as it starts, and leaves out those in ``avoid``), else ``task_fn`` with
+    the task marked as item -1 (the task is its own item)."""
     task_id = retry.task_id
-    marks = mark if mark is not None else (lambda task, item: None)
+
+    def marks(item: int) -> None:
+        if mark is not None:
+            mark(task_id, item)
+
     careful = getattr(task_fn, "careful", None)
-    try:
-        if careful is not None:
-            return OK, task_id, careful(retry.payload, lambda item: marks(task_id, item), retry.avoid)
-        marks(task_id, -1)
-        return OK, task_id, task_fn(retry.payload)
-    except StopIteration:
-        return RAN_OUT, task_id, None
-    except BaseException as exc:  # any failure, even SystemExit, goes to the consumer
-        return ERROR, task_id, pack_exception(exc, by_pickle)
+    if careful is not None:
+        return lambda payload: careful(payload, marks, retry.avoid)
+
+    def plain(payload: Any) -> Any:
+        marks(-1)
+        return task_fn(payload)
+
+    return plain
 
 
 def _unsent(task_fn: Callable, chunk: list, out: list, exc: Exception, by_pickle: bool) -> list:
