@@ -267,9 +267,10 @@ class WorkerTask:
         return self._read_marked(task, mark, avoid)
 
     def _read_marked(self, task: Any, mark: Callable[[int], None] | None, avoid: dict[int, str] | None) -> Result:
-        """A map-style task read sample by sample: with ``on_error="skip"`` a sample that raises is left out
-        (listed in ``skipped``; a batch left empty is ``SKIPPED``), as are those in ``avoid``; ``mark(i)`` runs
-        before sample ``i`` (and ``mark(-1)`` before the collation)."""
+        """A map-style task with ``on_error="skip"`` or run again after a death: read as a batch (as without
+        either), then, if that fails or with ``mark`` or ``avoid``, sample by sample: a sample that raises is
+        left out under ``on_error="skip"`` (listed in ``skipped``; a batch left empty is ``SKIPPED``), as are
+        those in ``avoid``; ``mark(i)`` runs before sample ``i`` (and ``mark(-1)`` before the collation)."""
         fetcher = self.fetcher
         assert fetcher is not None  # a failed start-up is raised by __call__ first
         catch = Exception if self.spec.skip else ()
@@ -284,16 +285,16 @@ class WorkerTask:
             except catch as exc:
                 return Result(SKIPPED, state=self._state(), skipped=[(task, f"{type(exc).__name__}: {exc}")])
             return Result(BATCH, self._collate(fetcher, task, sample), self._state())
-        getitems = getattr(fetcher.dataset, "__getitems__", None)
-        if mark is None and not avoid and getitems:  # the whole batch at once, unless it fails
+        if mark is None and not avoid:  # the batch read as without on_error; sample by sample if it fails
             try:
-                samples = getitems(task)
+                samples = fetcher.read(task)
             except StopIteration:
                 return Result(STOPPED, state=self._state())
             except catch:
                 pass
             else:
                 return Result(BATCH, self._collate(fetcher, task, samples), self._state())
+        getitems = getattr(fetcher.dataset, "__getitems__", None)
         kept, samples = [], []
         for i, index in enumerate(task):
             if mark is not None:
