@@ -46,10 +46,11 @@ from ..._errors import BridgeflowError, WorkerError
 from . import forensics, forking, shm
 from .mapping import MappingHookSet
 from .pickling import describe_unpicklable, dumps_as_launched
+from .supervision import oom_kills
 from .wire import BUSY_AT, COMPLETED_AT, CTL_STRIDE, MARK_AT, MAX_SLABS, STOP, ctl_base
 from .worker import WorkerContext, process_main, worker_loop
 
-__all__ = ["ProcessChannel", "ThreadChannel", "oom_kills"]
+__all__ = ["ProcessChannel", "ThreadChannel"]
 
 log = logging.getLogger("bridgeflow.parallel._transport.pool")
 
@@ -496,33 +497,6 @@ def _interrupts_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
     if caught:
         raise KeyboardInterrupt
-
-
-def oom_kills() -> int | None:
-    """How many processes the OOM killer has killed in this process's memory cgroup (v2 ``memory.events``, v1
-    ``memory.oom_control``), None when that cannot be read."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    paths = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            paths.append(f"/sys/fs/cgroup{path.rstrip('/')}/memory.events")
-        elif "memory" in controllers.split(","):
-            paths.append(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.oom_control")
-    for path in paths + ["/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"]:
-        try:
-            with open(path) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            continue
-    return None
 
 
 def unguarded_main() -> str | None:

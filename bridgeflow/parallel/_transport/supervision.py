@@ -32,7 +32,7 @@ from typing import Any
 from ..._errors import WorkerError
 from .wire import Retry
 
-__all__ = ["POISON_DEATHS", "FaultPolicy", "Supervisor", "check_max_restarts", "ending"]
+__all__ = ["POISON_DEATHS", "FaultPolicy", "Supervisor", "check_max_restarts", "ending", "oom_kills"]
 
 log = logging.getLogger("bridgeflow.parallel._transport.pool")
 
@@ -47,6 +47,33 @@ def ending(exitcode: int | None) -> str:
         except ValueError:
             return f"killed by signal {-exitcode}"
     return f"exited with code {exitcode}"
+
+
+def oom_kills() -> int | None:
+    """How many processes the OOM killer has killed in this process's memory cgroup (v2 ``memory.events``, v1
+    ``memory.oom_control``), None when that cannot be read."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    paths = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            paths.append(f"/sys/fs/cgroup{path.rstrip('/')}/memory.events")
+        elif "memory" in controllers.split(","):
+            paths.append(f"/sys/fs/cgroup/memory{path.rstrip('/')}/memory.oom_control")
+    for path in paths + ["/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"]:
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def check_max_restarts(value: Any, who: str) -> int:
