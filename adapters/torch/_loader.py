@@ -139,7 +139,13 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
 
     Takes exactly torch's arguments (see the module docstring for the few differences), plus torchdata
     ``StatefulDataLoader``'s one keyword, ``snapshot_every_n_steps`` (an integer >= 0 or None, kept as an
-    attribute): it changes nothing here. And two of bridgeflow's own, for faults (see the Faults page):
+    attribute): it changes nothing here. torchdata sends the workers' states to the main process every n
+    steps and replays up to n - 1 batches at a resume; bridgeflow's workers send their dataset's state with
+    every batch (only datasets with ``state_dict()`` have one, and it costs one small pickle per batch),
+    so ``state_dict()`` is exact at every step whatever n is. ``dataset`` may be a map-style dataset, a
+    ``torch.utils.data.IterableDataset`` (DataPipes included) or a bridgeflow ``DataFlow``.
+
+    And two keywords of bridgeflow's own, for faults (see the Faults page), kept as attributes too:
 
     - ``max_restarts`` (default 0): how many dead worker processes (a signal, the OOM killer, an exit) are
       replaced in an iterator's life (an epoch; the loader's life with ``persistent_workers``) before a
@@ -150,12 +156,8 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
     - ``on_error`` (default ``"raise"``): ``"skip"`` leaves a sample whose ``__getitem__`` raises out of its
       batch (the batch is shorter: batches stay the sampler's; a batch left empty is not handed out),
       counts it in ``stats()["DataLoader"]["skipped"]`` and logs its index and the exception; a sample that
-      kills every worker it meets is left out alike (within ``max_restarts``). Map-style datasets only.
-      Same with ``num_workers=0``. torchdata sends the workers' states to the main process every n
-    steps and replays up to n - 1 batches at a resume; bridgeflow's workers send their dataset's state with
-    every batch (only datasets with ``state_dict()`` have one, and it costs one small pickle per batch),
-    so ``state_dict()`` is exact at every step whatever n is. ``dataset`` may be a map-style dataset, a
-    ``torch.utils.data.IterableDataset`` (DataPipes included) or a bridgeflow ``DataFlow``.
+      kills every worker it meets is left out alike (within ``max_restarts``). Map-style datasets only; the
+      same with ``num_workers=0``.
 
     Example:
         >>> loader = DataLoader(list(range(6)), batch_size=2, shuffle=True,
