@@ -32,7 +32,20 @@ import numpy.random  # noqa: F401
 
 from ..._errors import BridgeflowError
 from . import forensics, shm
-from .wire import COMPLETED_AT, ERROR, FATAL, INIT, LIVENESS_INTERVAL, MAX_SLABS, OK, RAN_OUT, STOP, ctl_base
+from .wire import (
+    COMPLETED_AT,
+    ERROR,
+    FATAL,
+    INIT,
+    LIVENESS_INTERVAL,
+    MARK_AT,
+    MAX_SLABS,
+    OK,
+    RAN_OUT,
+    STOP,
+    Retry,
+    ctl_base,
+)
 
 __all__ = [
     "EXHAUSTED", "RemoteError", "RemoteTraceback", "WorkerContext", "pack_exception", "process_main",
@@ -146,13 +159,15 @@ def _leave_forked_child(exc: BaseException | None) -> NoReturn:
 
 
 def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
-                send: Callable[[list, float], None], by_pickle: bool) -> None:
+                send: Callable[[list, float], None], by_pickle: bool,
+                mark: Callable[[int, int], None] | None = None) -> None:
     """The loop every worker runs, thread or process: init, then answer tasks until told to stop.
 
     ``recv()`` returns a chunk, a list of ``(task_id, payload)``, or ``None`` to stop. The results of a
     chunk go back together, ``send([(kind, task_id, value), ...], busy)``: one message per chunk is what
     makes small tasks cheap. ``busy`` is the seconds spent in the task function so far (the stages'
-    ``workers_busy``).
+    ``workers_busy``). A :class:`~bridgeflow.parallel._transport.wire.Retry` instead of a chunk is a dead
+    worker's task, run with ``mark(task_id, item)`` called as each of its items starts.
 
     A child forked by the task function (or ``init_fn``) that comes back here (``sys.exit`` in it raises,
     or it returns) leaves with ``os._exit`` at once (:func:`_leave_forked_child`): its end is its own business, not the
@@ -182,9 +197,13 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
             return
         out = []
         t0 = clock()
+        run = task_fn
+        if type(chunk) is Retry:  # a dead worker's task, alone: its items are marked as they start
+            run = _retried(task_fn, chunk, mark)
+            chunk = [(chunk.task_id, chunk.payload)]
         for task_id, payload in chunk:
             try:
-                out.append((OK, task_id, task_fn(payload)))
+                out.append((OK, task_id, run(payload)))
             except StopIteration:
                 out.append((RAN_OUT, task_id, None))
             except BaseException as exc:  # any failure, even SystemExit, goes to the consumer
@@ -200,6 +219,27 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
             return  # the consumer is gone
         except Exception as exc:  # a result cannot be sent, e.g. not picklable: say which
             send(_unsent(task_fn, chunk, out, exc, by_pickle), busy)
+
+
+def _retried(task_fn: Callable, retry: Retry, mark: Callable[[int, int], None] | None) -> Callable[[Any], Any]:
+    """The task function for a retried task: ``task_fn.careful(payload, mark, avoid)`` when it has that method
+    (it marks each item of a group as it starts, and leaves out those in ``avoid``), else ``task_fn`` with
+    the task marked as item -1 (the task is its own item)."""
+    task_id = retry.task_id
+
+    def marks(item: int) -> None:
+        if mark is not None:
+            mark(task_id, item)
+
+    careful = getattr(task_fn, "careful", None)
+    if careful is not None:
+        return lambda payload: careful(payload, marks, retry.avoid)
+
+    def plain(payload: Any) -> Any:
+        marks(-1)
+        return task_fn(payload)
+
+    return plain
 
 
 def _unsent(task_fn: Callable, chunk: list, out: list, exc: Exception, by_pickle: bool) -> list:
@@ -318,7 +358,8 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
     stop_requested = threading.Event()
     threading.Thread(target=_pump_tasks, args=(task_conn, inbox, stop_requested),
                      name="bridgeflow-task-pump", daemon=True).start()
-    completed = 0
+    # A restarted worker goes on with the counters of the one it replaces (the pool's statistics add them up)
+    completed, busy_before = struct.unpack_from("<QQ", view, base + COMPLETED_AT) if view is not None else (0, 0)
     stopped = False  # the consumer said stop; otherwise the task pipe closed because the consumer is dying
 
     def recv() -> Any:
@@ -330,18 +371,25 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
         if data is None:  # the pipe closed without a stop
             return None
         try:
-            return reader.loads(data)
+            tasks = reader.loads(data)
         except shm.SegmentVanishedError as exc:  # the tasks cannot be read: say why, and stop
             send([(ERROR, FATAL, pack_exception(exc, True))], 0.0)
             stopped = True  # the consumer is alive and cleans up: do not sweep its other workers' memory
             return None
+        if view is not None and type(tasks) is list:  # the chunk starting: a death from now on is its (-2: no
+            struct.pack_into("<qq", view, base + MARK_AT, tasks[0][0] + 1, -2)  # item marked)
+        return tasks
 
     def send(msg: list, busy: float) -> None:
         nonlocal completed
         result_conn.send_bytes(writer.dumps(msg))
         completed += len(msg)
         if view is not None:
-            struct.pack_into("<QQ", view, base + COMPLETED_AT, completed, int(busy * 1e9))
+            struct.pack_into("<QQ", view, base + COMPLETED_AT, completed, busy_before + int(busy * 1e9))
+
+    def mark(task_id: int, item: int) -> None:  # which item of a retried task is starting
+        if view is not None:
+            struct.pack_into("<qq", view, base + MARK_AT, task_id + 1, item)
 
     def on_sigterm(signum: int, frame: Any) -> None:
         # The pool's own terminate() comes after a stop, and the pool then sweeps. Any other SIGTERM may
@@ -359,7 +407,7 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        worker_loop(ctx, init_fn, recv, send, by_pickle=True)
+        worker_loop(ctx, init_fn, recv, send, by_pickle=True, mark=mark)
     finally:
         writer.close()
         # A consumer that closes the pool always says stop first. Without it, the consumer is dying: its
