@@ -71,11 +71,14 @@ def warn_if_reseeded(flow: DataFlow, seed: int | None, what: str = "it") -> None
     in a worker (a fork included) is seeded in the worker's own scope, which is no repeat.
     """
     key = (seed, getattr(_seed_local, "seed", None))
-    if seed is not None and flow._iterated() and flow.__dict__.get("_seeded_from") == key:
+    repeats = getattr(flow, "_reseed_repeats", None)
+    if seed is not None and flow._iterated() and flow.__dict__.get("_seeded_from") == key and (
+            repeats is None or repeats()):
         warnings.warn(
             f"{type(flow).__name__}.reset_state() called again after an epoch seeds {what} again from "
             f"seed={seed}: the next epoch repeats the first one's random order and draws. Call "
-            "reset_state() once (iter() does it); the epochs after it then differ, reproducibly",
+            "reset_state() once (iter() does it): the epochs after it then differ, reproducibly (a source "
+            "read by epoch also takes set_epoch(n) before a reset_state())",
             ReseededWarning,
             stacklevel=4,
         )
@@ -94,6 +97,11 @@ class RNGDataFlow(DataFlow):
 
     seed: int | None = None
     rng: np.random.RandomState
+
+    def _reseed_repeats(self) -> bool:
+        """Whether seeding ``rng`` again repeats an epoch read already (a source read by epoch: unless
+        ``set_epoch`` moved it ahead)."""
+        return True
 
     def _on_reset(self) -> None:
         warn_if_reseeded(self, self.seed)
