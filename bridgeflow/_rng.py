@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 
 from ._base import DataFlow
+from ._errors import outside_bridgeflow
 
 __all__ = ["RNGDataFlow", "ReseededWarning", "get_rng", "worker_seed_scope"]
 
@@ -80,7 +81,7 @@ def warn_if_reseeded(flow: DataFlow, seed: int | None, what: str = "it") -> None
             "reset_state() once (iter() does it): the epochs after it then differ, reproducibly (a source "
             "read by epoch also takes set_epoch(n) before a reset_state())",
             ReseededWarning,
-            stacklevel=4,
+            stacklevel=outside_bridgeflow(),
         )
     flow.__dict__["_seeded_from"] = key
 

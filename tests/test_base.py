@@ -672,8 +672,9 @@ def test_a_seeded_flow_reset_again_after_an_epoch_warns_that_the_epoch_repeats()
         df.reset_state()  # before any epoch: nothing repeats yet
         once = [list(df) for _ in range(2)]
     assert not all((a[0] == b[0]).all() for a, b in zip(*once))  # the second epoch draws anew
-    with pytest.warns(ReseededWarning, match=r"DataFromList\.reset_state\(\) called again .*seed=5.*repeats"):
+    with pytest.warns(ReseededWarning, match=r"DataFromList\.reset_state\(\) called again .*seed=5.*repeats") as rec:
         df.reset_state()
+    assert rec[0].filename == __file__  # the user's line, not the proxy's that reset the source
     again = list(df)
     assert all((a[0] == b[0]).all() for a, b in zip(again, once[0]))  # what the warning says: the epoch repeats
     with warnings.catch_warnings():
