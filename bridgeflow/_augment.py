@@ -36,7 +36,6 @@ import numpy as np
 
 from ._base import DataFlow
 from ._proxy import ProxyDataFlow
-from ._rng import warn_if_reseeded
 from ._state import child_state, rng_state, set_rng_state
 from ._state_schema import Child, Rngs
 from ._transforms import get_component
@@ -97,7 +96,6 @@ class _AugmentBase(ProxyDataFlow):
 
     def _on_reset(self) -> None:
         super()._on_reset()
-        warn_if_reseeded(self, self.augs.seed, "its augmentors")  # the list seeds the ones in it
         self.augs.reset_state()
 
     def _own_state(self) -> dict:

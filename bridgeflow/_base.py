@@ -475,10 +475,6 @@ class DataFlow:
     def _reset_done(self) -> bool:
         return self.__reset_done
 
-    def _iterated(self) -> bool:
-        """Whether an epoch of this flow began in this process (its copies in workers start without one)."""
-        return self.__epoch is not None
-
     def _forget_loaded(self) -> None:
         """Drop the states loaded into this flow and the flows under it (a state refused as a whole)."""
         self.__loaded = None

@@ -102,13 +102,11 @@ def run_demo(size: int = 2048, workdir: str | None = None, batch_size: int = 64)
         # process to the workers would make this process the bottleneck.
         db = LMDBSerializer.load(path, shuffle=False)
         task = functools.partial(load_and_augment, db)
-        def indices() -> DataFromList:  # one each: the same order for both, each read from its start
-            return DataFromList(list(range(size)), shuffle=True, seed=0)
-
-        with BatchData(MapData(indices(), task), batch_size) as local:
+        indices = DataFromList(list(range(size)), shuffle=True, seed=0)
+        with BatchData(MapData(indices, task), batch_size) as local:
             local.reset_state()
             in_process = _rate(local, n_batches) * batch_size
-        with BatchData(MultiProcessMapData(indices(), 2, task, buffer_size=4 * batch_size), batch_size) as parallel:
+        with BatchData(MultiProcessMapData(indices, 2, task, buffer_size=4 * batch_size), batch_size) as parallel:
             parallel.reset_state()
             _rate(parallel, n_batches)  # the first epoch starts the workers
             two_workers = _rate(parallel, n_batches) * batch_size

@@ -7,9 +7,6 @@ them all at once; where a builtin type carries meaning (``TypeError`` for an unk
 
 from __future__ import annotations
 
-import os
-import sys
-from types import FrameType
 from typing import Any
 
 __all__ = [
@@ -89,14 +86,3 @@ class WorkerTimeoutError(WorkerError, TimeoutError):
 
 class MissingDependencyError(BridgeflowError, ImportError):
     """An optional dependency is needed for the feature used; the message names the extra to install."""
-
-
-def outside_bridgeflow() -> int:
-    """The ``stacklevel`` of a warning issued by the caller that names the first frame outside bridgeflow (the
-    user's line that made the stage or called the method)."""
-    package = os.path.dirname(os.path.abspath(__file__))
-    frame: FrameType | None = sys._getframe(2)
-    level = 2
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level

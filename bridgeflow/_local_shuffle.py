@@ -280,9 +280,6 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
         super()._on_reset()
         self._drop_stream()
 
-    def _reseed_repeats(self) -> bool:
-        return self.one_pass  # else its endless stream reads the source's next pass, not the first one again
-
     def __len__(self) -> int:
         return len(self.ds) * self.num_reuse
 

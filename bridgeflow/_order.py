@@ -74,10 +74,6 @@ class EpochOrder:
             self.base = int(rng.randint(0, 2**62, dtype=np.int64)) if self.shuffle else None
         self.next_epoch = self._asked if self._asked is not None else 0
 
-    def rereads(self) -> bool:
-        """Whether :meth:`reset` now would go back to an epoch begun already (not ahead, as to a ``set_epoch``)."""
-        return (self._asked if self._asked is not None else 0) <= self.epoch
-
     def set_epoch(self, epoch: int, live: bool) -> None:
         """The next iteration reads epoch ``epoch``, unless the one in progress is that epoch already."""
         epoch = int(epoch)
@@ -270,9 +266,6 @@ class IndexedSource(RNGDataFlow):
     def _on_reset(self) -> None:
         super()._on_reset()
         self._order.reset(self.rng)
-
-    def _reseed_repeats(self) -> bool:
-        return self._order.rereads()
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
         self._sync_length()

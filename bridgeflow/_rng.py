@@ -15,14 +15,12 @@ Example:
 from __future__ import annotations
 
 import threading
-import warnings
 
 import numpy as np
 
 from ._base import DataFlow
-from ._errors import outside_bridgeflow
 
-__all__ = ["RNGDataFlow", "ReseededWarning", "get_rng", "worker_seed_scope"]
+__all__ = ["RNGDataFlow", "get_rng", "worker_seed_scope"]
 
 _seed_local = threading.local()
 
@@ -64,32 +62,6 @@ def get_rng(obj: object = None, seed: int | None = None) -> np.random.RandomStat
     return np.random.RandomState(int(state))
 
 
-def warn_if_reseeded(flow: DataFlow, seed: int | None, what: str = "it") -> None:
-    """Called as ``flow.reset_state()`` seeds ``what`` from ``seed``: warn when that repeats the generator an
-    epoch already drew from (the same seed, in the same worker's scope, after an ``iter()``).
-
-    tensorpack's habit of a ``reset_state()`` per epoch drew a new seed there; here the epoch repeats. A copy
-    in a worker (a fork included) is seeded in the worker's own scope, which is no repeat.
-    """
-    key = (seed, getattr(_seed_local, "seed", None))
-    repeats = getattr(flow, "_reseed_repeats", None)
-    if seed is not None and flow._iterated() and flow.__dict__.get("_seeded_from") == key and (
-            repeats is None or repeats()):
-        warnings.warn(
-            f"{type(flow).__name__}.reset_state() called again after an epoch seeds {what} again from "
-            f"seed={seed}: the next epoch repeats the first one's random order and draws. Call "
-            "reset_state() once (iter() does it): the epochs after it then differ, reproducibly (a source "
-            "read by epoch also takes set_epoch(n) before a reset_state())",
-            ReseededWarning,
-            stacklevel=outside_bridgeflow(),
-        )
-    flow.__dict__["_seeded_from"] = key
-
-
-class ReseededWarning(UserWarning):
-    """A seeded flow's ``reset_state()`` called again after an epoch: the next epoch repeats its draws."""
-
-
 class RNGDataFlow(DataFlow):
     """A flow with ``self.rng``, a ``numpy.random.RandomState`` seeded in ``reset_state()``.
 
@@ -99,12 +71,6 @@ class RNGDataFlow(DataFlow):
     seed: int | None = None
     rng: np.random.RandomState
 
-    def _reseed_repeats(self) -> bool:
-        """Whether seeding ``rng`` again repeats an epoch read already (a source read by epoch: unless
-        ``set_epoch`` moved it ahead)."""
-        return True
-
     def _on_reset(self) -> None:
-        warn_if_reseeded(self, self.seed)
         self.rng = get_rng(self, self.seed)
         super()._on_reset()

@@ -33,7 +33,7 @@ A pipeline is a tree of flows: a source at the leaves, wrappers above it. Every 
 then ``close()``.
 """, {
         "The DataFlow": ["bridgeflow.DataFlow", "bridgeflow.ProxyDataFlow", "bridgeflow.RNGDataFlow",
-                         "bridgeflow.ReseededWarning", "bridgeflow.iter_flows"],
+                         "bridgeflow.iter_flows"],
         "Sources": ["bridgeflow.DataFromList", "bridgeflow.DataFromGenerator", "bridgeflow.DataFromIterable",
                     "bridgeflow.as_dataflow", "bridgeflow.FakeData", "bridgeflow.DataFromQueue"],
         "Random numbers": ["bridgeflow.get_rng", "bridgeflow.worker_seed_scope"],

@@ -306,16 +306,3 @@ def test_augmented_state_names_a_different_pipeline():
     b = AugmentImageComponent(DataFromList(images(3), shuffle=False), [imgaug.RandomCrop(4), imgaug.Flip(horiz=True)])
     with pytest.raises(StateMismatchError, match="AugmentImageComponent.*2 augmentors' generators, this flow has 3"):
         b.load_state_dict(state)
-
-
-def test_seeded_augmentors_reset_again_after_an_epoch_warn():
-    """The augmentors of an augment flow are seeded again by a second reset_state(), like a seeded source
-    (a seed of an augmentor inside the list does not repeat: the list draws the seeds of those in it)."""
-    augs = imgaug.AugmentorList([imgaug.Flip(horiz=True, prob=0.5)])
-    augs.seed = 11
-    df = AugmentImageComponent(DataFromList(images(8), shuffle=False), augs)
-    df.reset_state()
-    first = [dp[0] for dp in df]
-    with pytest.warns(bf.ReseededWarning, match=r"AugmentImageComponent.* its augmentors .*seed=11"):
-        df.reset_state()
-    assert all((a == b).all() for a, b in zip(first, [dp[0] for dp in df]))

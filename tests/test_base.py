@@ -656,35 +656,3 @@ def test_a_moved_method_calling_another_public_method_gets_this_flows_own():
 
     df = Restarting()
     assert list(df) == [[2]] and list(df) == [[3]]
-
-
-def test_a_seeded_flow_reset_again_after_an_epoch_warns_that_the_epoch_repeats():
-    """tensorpack's habit of reset_state() before every epoch: over a seeded flow each call seeds it again,
-    so the epoch repeats; it warns, naming the flow and the seed. Called once, the epochs differ."""
-    import warnings
-
-    from bridgeflow import ReseededWarning
-
-    df = BatchData(DataFromList([[i] for i in range(64)], shuffle=True, seed=5), 8)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ReseededWarning)
-        df.reset_state()
-        df.reset_state()  # before any epoch: nothing repeats yet
-        once = [list(df) for _ in range(2)]
-    assert not all((a[0] == b[0]).all() for a, b in zip(*once))  # the second epoch draws anew
-    with pytest.warns(ReseededWarning, match=r"DataFromList\.reset_state\(\) called again .*seed=5.*repeats") as rec:
-        df.reset_state()
-    assert rec[0].filename == __file__  # the user's line, not the proxy's that reset the source
-    again = list(df)
-    assert all((a[0] == b[0]).all() for a, b in zip(again, once[0]))  # what the warning says: the epoch repeats
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ReseededWarning)
-        with worker_seed_scope(3):  # as a forked worker resets the copy it inherited: a stream of its own
-            df.reset_state()
-        assert not all((a[0] == b[0]).all() for a, b in zip(list(df), once[0]))
-    unseeded = DataFromList([[i] for i in range(8)], shuffle=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ReseededWarning)
-        unseeded.reset_state()
-        list(unseeded)
-        unseeded.reset_state()  # seeded from the OS each time: nothing repeats, nothing to say

@@ -18,13 +18,16 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
 import pickle
+import sys
 import warnings
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from .._base import DataFlow, epoch_live, pending_state, unordered_stage
-from .._errors import LengthUnknownError, outside_bridgeflow
+from .._errors import LengthUnknownError
 from .._local_shuffle import LocallyShuffleData
 from .._renamed import renamed_keywords
 from .._rng import worker_seed_scope
@@ -293,7 +296,17 @@ def _warn_if_copies_repeat(ds: DataFlow, workers: int, who: str) -> None:
                   "random source); to read a dataset once with the work done in parallel, use "
                   "MultiProcessMapData(source, num_proc, map_func) (silence with "
                   "warnings.simplefilter('ignore', bridgeflow.UnshardedWarning))",
-                  UnshardedWarning, stacklevel=outside_bridgeflow())
+                  UnshardedWarning, stacklevel=_outside_bridgeflow())
+
+
+def _outside_bridgeflow() -> int:
+    """The ``stacklevel`` that names the first caller outside bridgeflow (the line that made the stage)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame: FrameType | None = sys._getframe(2)
+    level = 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class MultiProcessRunner(_RunnerStage):
