@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 
-from conftest import results_of_forked_children
-
 from bridgeflow.serialize._pinned import PinnedFile
+from conftest import results_of_forked_children
 
 
 def _close_in_child(pin: PinnedFile, q) -> None:
