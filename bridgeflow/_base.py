@@ -258,6 +258,8 @@ class DataFlow:
             reason = self._why_not_resumable()
             if reason:
                 raise NotResumableError(reason)
+            if not self.__reset_done:
+                self._draw_seeds()
             out = copy.deepcopy(self.__loaded) if self.__loaded is not None else self._own_state()
         except StateError as exc:
             raise exc.within(type(self).__name__) from None
@@ -426,6 +428,10 @@ class DataFlow:
     def _on_reset(self) -> None:
         """Prepare this flow in this process (a hook; a tensorpack-style ``reset_state`` becomes it). End
         with ``super()._on_reset()``."""
+
+    def _draw_seeds(self) -> None:
+        """A state asked before ``reset_state()``: draw now the seeds that ``reset_state()`` would draw at random,
+        so that the state says where the first epoch begins (a hook; ``RNGDataFlow`` seeds its generator)."""
 
     def _own_state(self) -> dict:
         """This flow's own fields between two datapoints (a hook; see :meth:`state_dict` for the default)."""

@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 
 import numpy as np
@@ -21,6 +23,8 @@ import numpy as np
 from ._base import DataFlow
 
 __all__ = ["RNGDataFlow", "get_rng", "worker_seed_scope"]
+
+log = logging.getLogger(__name__)
 
 _seed_local = threading.local()
 
@@ -65,12 +69,41 @@ def get_rng(obj: object = None, seed: int | None = None) -> np.random.RandomStat
 class RNGDataFlow(DataFlow):
     """A flow with ``self.rng``, a ``numpy.random.RandomState`` seeded in ``reset_state()``.
 
-    Set ``self.seed`` (subclasses take a ``seed=`` argument) for reproducible output.
+    Set ``self.seed`` (subclasses take a ``seed=`` argument) for reproducible output. Without one, the flow
+    draws a seed once, at its first ``reset_state()`` or at a ``state_dict()`` taken before it, so that a
+    state taken even before the first datapoint says where the first epoch begins (in a parallel worker the
+    worker's seed decides instead). The generator is seeded once per process: a second ``reset_state()`` (a
+    tensorpack habit, once per epoch) goes on with the random streams and epoch counters where they are,
+    instead of repeating the first epoch's shuffle.
     """
 
     seed: int | None = None
     rng: np.random.RandomState
+    _seed_drawn: int | None = None  # the seed drawn for seed=None outside a worker
+    _seeded_in: int | None = None  # the process whose reset_state() (or early state_dict()) seeded self.rng
 
     def _on_reset(self) -> None:
-        self.rng = get_rng(self, self.seed)
+        if not self._reset_done() or self._seeded_in != os.getpid():
+            self._seed_random()
+        else:
+            log.debug("%s: reset_state() again in this process: its random streams go on where they are (a flow "
+                      "is reset once; set_epoch(n) or a new flow starts an epoch's order over)", type(self).__name__)
         super()._on_reset()
+
+    def _seed_random(self) -> None:
+        """Seed ``self.rng`` and what derives from it (a hook: sources that draw their shuffle's entropy from it
+        extend it); runs once per process, in the first ``reset_state()`` or an earlier ``state_dict()``."""
+        self.rng = get_rng(self, self._seed_now())
+        self._seeded_in = os.getpid()
+
+    def _seed_now(self) -> int | None:
+        """``seed``; for an unseeded flow outside a worker, a seed drawn once (a worker's seed decides there)."""
+        if self.seed is not None or getattr(_seed_local, "seed", None) is not None:
+            return self.seed
+        if self._seed_drawn is None:
+            self._seed_drawn = int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+        return self._seed_drawn
+
+    def _draw_seeds(self) -> None:
+        if self.seed is None and self._seeded_in != os.getpid() and getattr(_seed_local, "seed", None) is None:
+            self._seed_random()  # what reset_state() will seed: the state says where the first epoch begins

@@ -17,7 +17,6 @@ from typing import Any
 from .._state import StateError, StateMismatchError, child_state, unpack_held
 from ._common import forever
 from ._fused import BatchPlan
-from ._progress import SNAPSHOT_EVERY
 from ._transport.pool import WorkerPool
 
 __all__ = ["HeldFirst", "close_stream", "drop_in_flight", "most_in_flight", "read_ahead", "resume_source"]
