@@ -5,18 +5,19 @@ hundreds of batches in (issue 39). The reproductions of the refusals found, then
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import os
+import random
 import sys
 import time
 
-import numpy as np
 import pytest
-from conftest import PROMPTLY_S
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import bridgeflow as bf
+from conftest import PROMPTLY_S
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))
 
@@ -121,3 +122,36 @@ def test_an_unordered_stage_whose_straggler_lets_300_pass_resumes(kind, tmp_path
         fake = bf.FakeData([[1]], size=n, dtype="int64", domain=(0, 10**15), seed=1)
         fake.reset_state()
         assert {(2 * i, int(dp[0][0])) for i, dp in enumerate(fake)} <= set(seen)  # the straggler among them
+
+
+def _generated_pipeline_resumes(seed: int, most: int, long: float) -> None:
+    r = random.Random(seed)  # the fuzz's draws (hypothesis' own random draws rarely leave a bare source)
+    spec = fuzz_resume.draw_defaults(r, most=most, long=long)
+    result = fuzz_resume.check_defaults_in_process(spec, seed)
+    assert not result["failures"], result  # an own state refused, a wrong resume or an error
+    counts = result["counts"]
+    assert sum(counts.values()) >= 4, result  # the points: every one resumed as promised, or refused by design
+
+
+_SETTINGS = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                      HealthCheck.function_scoped_fixture])
+
+
+@settings(max_examples=12, **_SETTINGS)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_generated_default_pipelines_load_back_every_state_they_save(seed):
+    """Pipelines of default arguments (unseeded sources, shuffles and runners, buffers of 200), epochs of up to
+    1,000 datapoints; states taken in the uninterrupted run (before reset_state(), at random points of two
+    epochs, between them) through JSON, loaded into a fresh pipeline: the rest equals the uninterrupted run's
+    (exact, or the multiset over an unordered stage). A refusal of one of its own states fails
+    (``tests/fuzz/fuzz_resume.py --defaults`` runs many more, in fresh processes)."""
+    _generated_pipeline_resumes(seed, 1_000, 0.0)
+
+
+@pytest.mark.slow
+@settings(max_examples=10, **_SETTINGS)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_generated_default_pipelines_with_epochs_of_up_to_20000_datapoints(seed):
+    """The same, with epochs of up to 20,000 datapoints (a third of the sources 2,000 or more): past every buffer
+    and snapshot interval."""
+    _generated_pipeline_resumes(seed, 20_000, 0.33)
