@@ -60,7 +60,8 @@ def make(rank: int, workers: int, dataset: type = Drawn, **kwargs) -> DataLoader
                       **kwargs)
 
 
-def batches(loader: DataLoader, epochs: range, cut: int | None = None, resumed: bool = False) -> tuple[list, dict | None]:
+def batches(loader: DataLoader, epochs: range, cut: int | None = None,
+            resumed: bool = False) -> tuple[list, dict | None]:
     """Each batch as plain lists over ``epochs`` (the sampler's epoch set before each but a resumed one); the
     state after ``cut`` batches, through JSON."""
     out, state = [], None

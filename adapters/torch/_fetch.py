@@ -31,6 +31,7 @@ import numpy as np
 from . import _compat, _convert
 from ._compat import torch
 from ._result import BATCH, ENDED, STARTED, STOPPED, Result
+from ._sample_seeds import SeededTask, Seeder
 from ._state import is_stateful
 
 __all__ = [
@@ -77,12 +78,12 @@ class Fetcher:
     def fetch(self, task: Any) -> Any:
         return self.collate_fn(self.read(task))
 
-    def read(self, task: Any) -> Any:
-        """The task's samples, not yet collated."""
+    def read(self, task: Any, seeder: Seeder | None = None) -> Any:
+        """The task's samples, not yet collated; ``seeder`` reads each with its seeds (seed_per_sample)."""
         if self.kind == MAP:
-            return self._read_map(task)
+            return self._read_map(task) if seeder is None else self._read_map_seeded(task, seeder)
         if self.kind == ITERABLE:
-            return self._read_iterable(task)
+            return self._read_iterable(task, seeder)
         return task
 
     def _read_map(self, task: Any) -> Any:
@@ -93,17 +94,26 @@ class Fetcher:
             return getitems(task)
         return [self.dataset[i] for i in task]
 
-    def _read_iterable(self, task: Any) -> Any:
+    def _read_map_seeded(self, task: Any, seeder: Seeder) -> Any:
+        get = self.dataset.__getitem__
+        if not self.auto_collation:
+            return seeder(0, get, task)
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems:  # one call for the batch: seeded once
+            return seeder(0, getitems, task)
+        return [seeder(j, get, i) for j, i in enumerate(task)]
+
+    def _read_iterable(self, task: Any, seeder: Seeder | None = None) -> Any:
         if self.ended:
             raise StopIteration
         it = self.iterator
         assert it is not None  # made in __init__ for an ITERABLE fetcher
         if not self.auto_collation:
-            return next(it)
+            return next(it) if seeder is None else seeder(0, next, it)
         samples = []
-        for _ in task:
+        for j in range(len(task)):
             try:
-                samples.append(next(it))
+                samples.append(next(it) if seeder is None else seeder(j, next, it))
             except StopIteration:
                 self.ended = True
                 break
@@ -248,8 +258,11 @@ class WorkerTask:
             raise RuntimeError(
                 f"DataLoader worker {self.worker_id} cannot load data: its start-up failed earlier with "
                 f"{self.failed!r} (raised with its first batch)") from self.failed
+        seeder = None
+        if type(task) is SeededTask:
+            seeder, task = Seeder(task.seed, restore=not self.in_worker), task.task
         try:
-            data = self._fetch(self.fetcher, task)
+            data = self._fetch(self.fetcher, task, seeder)
         except StopIteration:
             return Result(ENDED if self.spec.kind == ITERABLE else STOPPED, state=self._state())
         return Result(BATCH, data, self._state())
@@ -264,10 +277,10 @@ class WorkerTask:
         except Exception as exc:
             return exc
 
-    def _fetch(self, fetcher: Fetcher, task: Any) -> Any:
+    def _fetch(self, fetcher: Fetcher, task: Any, seeder: Seeder | None = None) -> Any:
         """Read the task's samples and collate them: nothing more per sample than torch does. When torch's
         collation fails on a value that could not be sent either, the error names that value's sample."""
-        samples = fetcher.read(task)
+        samples = fetcher.read(task, seeder)
         try:
             return fetcher.collate_fn(samples)
         except Exception as exc:
@@ -283,6 +296,8 @@ class WorkerTask:
         be sent, its type, and the sample (by index) or batch it came from; None when none is found."""
         if isinstance(task, Reset):
             return None
+        if type(task) is SeededTask:
+            task = task.task
         if self._names_samples and not self.spec.auto_collation:
             what = f"the sample at index {task!r}"
         elif self.spec.kind == MAP:

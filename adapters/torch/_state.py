@@ -39,7 +39,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from bridgeflow._state import StateMismatchError
+from bridgeflow._state import MAX_DEPTH, StateMismatchError, short
 
 from . import _compat
 from ._compat import InfiniteConstantSampler, torch
@@ -178,7 +178,7 @@ def _ranks(saved: dict, here: dict) -> tuple[Any, Any]:
     return rank(saved), rank(here)
 
 
-def _without_rank(config: dict) -> dict:
+def _without_rank(config: dict) -> Any:
     sampler = config.get("distributed")
     return {k: v for k, v in sampler.items() if k != "rank"} if isinstance(sampler, dict) else sampler
 
@@ -357,8 +357,28 @@ def _note_reuse(state: dict, record: EpochRecord) -> None:
 
 
 def _mismatch(what: str, saved: Any, here: Any) -> ResumeStateError:
-    return ResumeStateError(f"DataLoader.load_state_dict: the state was saved with {what}={saved!r}, this loader "
-                            f"has {what}={here!r}")
+    return ResumeStateError(f"DataLoader.load_state_dict: the state was saved with {what}={_say(saved)}, this "
+                            f"loader has {what}={_say(here)}")
+
+
+def _say(value: Any) -> str:
+    """``repr`` of a setting, cut short when it is long (a state's are untrusted)."""
+    text = short(value)
+    return text if "..." in text else repr(value)
+
+
+def _too_deep(state: Any) -> bool:
+    """Whether dicts and lists nest deeper than ``MAX_DEPTH`` levels in ``state`` (walked without recursion)."""
+    stack = [(state, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
+    return False
 
 
 def check_state(loader: Any, state: Any) -> dict:
@@ -366,6 +386,9 @@ def check_state(loader: Any, state: Any) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ResumeStateError("DataLoader.load_state_dict: not a state of bridgeflow's DataLoader (no "
                                f"'format': {FORMAT!r} entry); states of other loaders cannot be loaded")
+    if _too_deep(state):
+        raise ResumeStateError(f"DataLoader.load_state_dict: the state is nested deeper than {MAX_DEPTH} levels: no "
+                               "loader saves one")
     version = state.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ResumeStateError(f"DataLoader.load_state_dict: state['version'] = {version!r}: not a format version")

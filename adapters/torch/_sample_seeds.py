@@ -1,0 +1,100 @@
+"""Per-sample seeds: ``DataLoader(seed_per_sample=True)``.
+
+torch seeds each worker once (``base_seed + worker_id``) and a sample's random augmentation is drawn from
+its worker's stream: it depends on which worker read the sample and on how many that worker read before.
+After a resume the workers' streams start again from their seeds, so the batches hold the same samples
+with other augmentations; with another ``num_workers`` the augmentations differ too.
+
+With ``seed_per_sample=True`` every sample is read with Python's ``random``, numpy's global generator and
+torch's CPU generator seeded from (the epoch's base seed, the number of epochs the workers ran on it, the
+task's number in the epoch, the sample's place in the task), and inside a :class:`bridgeflow.sample_scope`
+of that seed (bridgeflow's augmentors draw from it). A sample's randomness is then a function of where it
+is in the epoch: the same bytes at any ``num_workers`` (0 included), after a resume at any point, as in the
+uninterrupted run. The base seed is the one torch draws (from the loader's ``generator``, else torch's
+global generator), kept in the loader's state.
+
+The seeds are set around ``dataset[i]`` (around ``__getitems__`` once per batch; around each ``next()``
+of an iterable dataset's iterator), not around ``collate_fn``. In a worker they are left as the sample
+left them (the worker's streams are the loader's); with ``num_workers=0`` the three generators are put
+back after each sample, so the training loop's own draws (dropout...) go on as without the loader.
+
+Example:
+    >>> from bridgeflow.adapters.torch._sample_seeds import task_seed, sample_seed
+    >>> sample_seed(task_seed(12345, 0, 3), 1) == sample_seed(task_seed(12345, 0, 3), 1)
+    True
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from bridgeflow import sample_scope
+
+from ._compat import torch
+
+__all__ = ["SeededTask", "Seeder", "sample_seed", "task_seed"]
+
+MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """A 64-bit bijective mix (splitmix64's): nearby inputs give unrelated outputs."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def task_seed(base_seed: int, reuse: int, seq: int) -> int:
+    """The seed of task ``seq`` of an epoch: from the workers' base seed and the epochs run on it before."""
+    return _mix(_mix(_mix(base_seed & MASK) ^ reuse) ^ seq)
+
+
+def sample_seed(task: int, place: int) -> int:
+    """The seed of the sample at ``place`` in a task of seed ``task``."""
+    return _mix(task ^ _mix(place))
+
+
+class SeededTask:
+    """A task sent with its seed (``seed_per_sample=True``)."""
+
+    __slots__ = ("seed", "task")
+
+    def __init__(self, seed: int, task: Any) -> None:
+        self.seed = seed
+        self.task = task
+
+    def __reduce__(self) -> tuple:
+        return (SeededTask, (self.seed, self.task))
+
+
+class Seeder:
+    """Reads a sample with the global generators seeded for its place (see the module doc); ``restore`` puts
+    them back after it (the consumer's process, ``num_workers=0``)."""
+
+    __slots__ = ("task", "restore")
+
+    def __init__(self, task: int, restore: bool) -> None:
+        self.task = task
+        self.restore = restore
+
+    def __call__(self, place: int, read: Callable[..., Any], *args: Any) -> Any:
+        seed = sample_seed(self.task, place)
+        torch_rng = torch.default_generator
+        if self.restore:
+            saved = (random.getstate(), np.random.get_state(), torch_rng.get_state())
+        random.seed(seed)
+        np.random.seed(_mix(seed ^ 1) & 0xFFFFFFFF)
+        torch_rng.manual_seed(_mix(seed ^ 2))
+        try:
+            with sample_scope(_mix(seed ^ 3)):
+                return read(*args)
+        finally:
+            if self.restore:
+                random.setstate(saved[0])
+                np.random.set_state(saved[1])
+                torch_rng.set_state(saved[2])
