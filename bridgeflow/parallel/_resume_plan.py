@@ -117,7 +117,7 @@ def resume_source(self: Any, pool: WorkerPool, resume: dict, size: int | None, h
     if resume.get("costs") is not None:
         pool.assume_costs(resume["costs"])
     if held is None:
-        held = unpack_held(resume["held"]) if resume.get("held") is not None else []
+        held = unpack_held(resume["held"], gaps=True) if resume.get("held") is not None else []
     ended = bool(resume.get("ended"))
     loose = self._source_loose() is not None
     first = None

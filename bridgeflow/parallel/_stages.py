@@ -108,7 +108,7 @@ class _MapStage(ParallelStage):
         Child("source"), Count("replay"), Value("skip", list, check_runs), Count("taken"),
         Part("batch", (Count("size", 1 << 16, "batches of at most 65536 in the workers"), Count("offset"),
                        Count("held"), Value("partial", list, _check_pair, none=True)), none=True),
-        Held(), Flag("ended", optional=True), Count("ahead", optional=True),
+        Held(gaps=True), Flag("ended", optional=True), Count("ahead", optional=True),
         Value("costs", list, _check_costs, none=True, optional=True),
     )
 
@@ -448,7 +448,7 @@ class _MapStage(ParallelStage):
         Count("taken", None if size is None else -(-size // per) if batch is not None else size,
               "the epoch's length").check(self, state["taken"])
         if state.get("held") is not None:  # over an unordered stage: what was pulled and not received, held
-            held = len(unpack_held(state["held"]))
+            held = len(unpack_held(state["held"], gaps=True))
             if state["replay"] or held > reach or any(a + n > held for a, n in state["skip"]):
                 raise StateMismatchError(f"the state's {held} held datapoints disagree with its 'replay' "
                                          f"{state['replay']} and 'skip' {state['skip']!r:.60} (at most {reach})")
