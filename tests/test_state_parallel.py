@@ -732,3 +732,19 @@ def test_an_unseeded_runner_saves_its_workers_seed_so_a_map_stage_over_it_resume
         skip = 0 if k == "fresh" else k
         assert got == [ref[0][skip:], ref[1]], k
     assert states[0]["source"]["seed"] == states[10]["source"]["seed"] is not None
+
+
+def test_a_runner_inside_a_runners_copy_draws_its_workers_seed_from_that_copys(leak_check):
+    """An unseeded thread runner inside a process runner's copy drew its workers' seed from the OS: a copy
+    restarted from the outer runner's saved seed (a state taken before its worker gave anything) read other
+    random datapoints from the first one on, silently (issue 39's fuzz, pipeline 129)."""
+    def make():
+        inner = MultiThreadRunner(lambda: bf.FakeData([[1]], size=40, dtype="int64", domain=(0, 10**9)), num_thread=1)
+        return bf.MultiProcessRunner(inner, num_proc=1)
+
+    with make() as df:
+        state = json.loads(json.dumps(df.state_dict()))  # before any worker started
+        ref = [[int(dp[0][0]) for dp in df] for _ in range(2)]
+    with make() as again:
+        again.load_state_dict(state)
+        assert [[int(dp[0][0]) for dp in again] for _ in range(2)] == ref

@@ -24,7 +24,7 @@ from typing import Any
 from .._base import DataFlow, epoch_live, pending_state, unordered_stage
 from .._errors import LengthUnknownError
 from .._renamed import renamed_keywords
-from .._rng import worker_seed_scope
+from .._rng import get_rng, in_worker_scope, worker_seed_scope
 from .._shard import UnshardedWarning
 from .._state import NotResumableError, StateError, StateMismatchError, check_plain, verify_checksum
 from .._state_schema import Count, Same, Value
@@ -81,7 +81,12 @@ def _runner_init(make_flow: Callable[[], DataFlow] | DataFlow, resume: list[dict
 
 
 def _draw_seed() -> int:
-    return int.from_bytes(os.urandom(4), "little") >> 1  # workers add their number: room below 2**32
+    """A base seed for the workers (they add their number: room below 2**32). Random, but where a worker's seed
+    scope is active (a runner in another runner's copy, reset there) derived from that worker's seed, so a copy
+    restarted from the same seed, as a resume restarts it, starts its workers from the same seeds."""
+    if in_worker_scope():
+        return int(get_rng(None, None).randint(0, 1 << 31))
+    return int.from_bytes(os.urandom(4), "little") >> 1
 
 
 def _copy_flow(df: DataFlow) -> DataFlow:

@@ -478,7 +478,8 @@ def draw_defaults(r: random.Random, depth: int = 3, most: int = 20_000, long: fl
         return (r.choice(["list", "list", "gen", "fake"]), default_length(r, most, long))
     kind = r.choice(DEFAULT_WRAPPERS)
     child = draw_defaults(r, depth - 1, most, long)
-    while kind in DEFAULT_ENDLESS and not _default_has_len(child):  # endless by design over a flow without len()
+    # endless by design over a flow without len(); a process stage in a process runner's worker is refused
+    while (kind in DEFAULT_ENDLESS and not _default_has_len(child)) or (kind == "prun" and _has_process(child)):
         kind = r.choice(DEFAULT_WRAPPERS)
     if kind in DEFAULT_STAGES:
         return (kind, child, r.random() < 0.7)  # ordered: the default, mostly
@@ -526,6 +527,10 @@ def make_default(spec: tuple) -> Any:
     if kind == "prun":
         return bf.MultiProcessRunner(c, num_proc=spec[2], start_method="fork")
     raise ValueError(kind)
+
+
+def _has_process(spec: tuple) -> bool:
+    return spec[0] in ("pmap", "prun") or any(_has_process(c) for c in _default_children(spec))
 
 
 def _default_children(spec: tuple) -> list[tuple]:
