@@ -36,6 +36,14 @@ The shapes users bring (sizes as torch's, Hugging Face's and torchrec's examples
 - ``var_tokens``: ``{"input_ids": list of 16-128 ints, "label": int}`` (a tokenized text dataset, lengths up
   to run_glue's default max_seq_length=128), padded by a user ``collate_fn`` as Hugging Face's
   ``DataCollatorWithPadding`` pads (``input_ids``, ``attention_mask``, ``labels``), batch 256, shuffled;
+- ``tokens_built``: the token lists built per sample in ``__getitem__`` (as a tokenizer called per item
+  builds them), padded by the same ``collate_fn`` to torch tensors, batch 256, shuffled;
+- ``var_tokens_512``: ``var_tokens`` at batch 512;
+- ``ragged_lists``: a list of 3 arrays of different lengths per sample (``float32[8-256]``, ``int64[4-64]``,
+  ``uint8[100-2000]``: features, ids, bytes), and a user ``collate_fn`` that returns the 3 lists of 64 arrays
+  as they are (``[list(c) for c in zip(*samples)]``), batch 64, shuffled;
+- ``first_batch_fork``, ``first_batch_spawn``: the time from ``iter()`` to the first batch of ``numpy``
+  samples (worker start-up included) under each start method; the epoch ends at that first batch;
 - ``strings_bytes``: ``(text str of 40-200 chars, raw bytes of 0.5-4 KB, int label)``, batch 256, shuffled
   (strings and bytes are collated into lists);
 - ``no_collate``: ``batch_size=None`` (no auto-collation: ``default_convert`` per sample, one task per
@@ -55,7 +63,9 @@ The shapes users bring (sizes as torch's, Hugging Face's and torchrec's examples
   shared-memory input and bridgeflow's DataLoader output, against a raw pinned ``copy_`` of the same
   bytes; and a loop with a GPU step of known length (the copy should hide behind it).
 
-Run: python benchmarks/bench_torch.py [--reps 5] [--scale 1] [--cases scalar_int,dict_rows]
+``--busy N`` keeps N processes spinning on the CPU for the whole run (a machine with other work on it).
+
+Run: python benchmarks/bench_torch.py [--reps 5] [--scale 1] [--cases scalar_int,dict_rows] [--busy 1]
 """
 
 from __future__ import annotations
@@ -309,6 +319,46 @@ def pad_collate(samples: list) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([s["label"] for s in samples])}
 
 
+class BuiltTokens(tud.Dataset):
+    """Token lists built per sample in ``__getitem__`` (16-128 ints each), as a tokenizer called per item
+    builds them."""
+
+    def __init__(self, n: int) -> None:
+        self.lengths = np.random.default_rng(0).integers(16, 129, n).tolist()
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int):
+        return {"input_ids": [(i * 7919 + k * 104729) % 30522 for k in range(self.lengths[i])], "label": i % 2}
+
+
+def _tokens_512(n: int) -> Any:
+    return Tokens(n)
+
+
+class Ragged(tud.Dataset):
+    """A list of 3 arrays of different lengths per sample (512 distinct samples, cycled)."""
+
+    def __init__(self, n: int) -> None:
+        rng = np.random.default_rng(0)
+        self.n = n
+        self.pool = [[rng.random(int(rng.integers(8, 257)), dtype=np.float32),
+                      rng.integers(0, 1 << 20, int(rng.integers(4, 65))),
+                      rng.integers(0, 256, int(rng.integers(100, 2001)), dtype=np.uint8)] for _ in range(512)]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.pool[i % 512]
+
+
+def list_collate(samples: list) -> list:
+    """A user's ``collate_fn`` for ragged samples: the components as lists, nothing stacked."""
+    return [list(c) for c in zip(*samples)]
+
+
 class StringsBytes(tud.Dataset):
     """``(text, raw bytes, label)`` (512 distinct samples, cycled)."""
 
@@ -337,6 +387,8 @@ class Case:
     samples: int
     options: dict = field(default_factory=dict)
     persistent: bool = False
+    context: str = "fork"  # the start method, both loaders'
+    first_only: bool = False  # an epoch ends at its first batch: the time to first batch
 
 
 def _images(n: int) -> Any:
@@ -359,6 +411,11 @@ CASES = {
     "dict_rows": Case(DictRows, 100 * 1024, {"batch_size": 1024, "shuffle": True}),
     "nested": Case(Nested, 100 * 128, {"batch_size": 128, "shuffle": True}),
     "var_tokens": Case(Tokens, 60 * 256, {"batch_size": 256, "shuffle": True, "collate_fn": pad_collate}),
+    "tokens_built": Case(BuiltTokens, 60 * 256, {"batch_size": 256, "shuffle": True, "collate_fn": pad_collate}),
+    "var_tokens_512": Case(_tokens_512, 40 * 512, {"batch_size": 512, "shuffle": True, "collate_fn": pad_collate}),
+    "ragged_lists": Case(Ragged, 150 * 64, {"batch_size": 64, "shuffle": True, "collate_fn": list_collate}),
+    "first_batch_fork": Case(_images, 100 * BATCH, {"batch_size": BATCH}, first_only=True),
+    "first_batch_spawn": Case(_images, 100 * BATCH, {"batch_size": BATCH}, context="spawn", first_only=True),
     "strings_bytes": Case(StringsBytes, 60 * 256, {"batch_size": 256, "shuffle": True}),
     "no_collate": Case(DictRows, 10_000, {"batch_size": None, "shuffle": True}),
     "numpy_persistent": Case(_images, 100 * BATCH, {"batch_size": BATCH, "persistent_workers": True},
@@ -401,8 +458,9 @@ class Epoch:
     worker_cpu: float | None  # None: read once for the whole run (persistent workers)
 
 
-def timed_epoch(loader_or_make: Any, persistent: bool = False) -> Epoch:
-    """One epoch from ``iter()`` to exhaustion (a fresh loader from ``loader_or_make()`` unless persistent)."""
+def timed_epoch(loader_or_make: Any, persistent: bool = False, first_only: bool = False) -> Epoch:
+    """One epoch from ``iter()`` to exhaustion (a fresh loader from ``loader_or_make()`` unless persistent), or
+    to its first batch (``first_only``: the loader is then dropped, its workers stopped and reaped)."""
     reap(persistent)
     kids0, main0 = children_cpu(), time.process_time()
     start = time.perf_counter()
@@ -412,7 +470,9 @@ def timed_epoch(loader_or_make: Any, persistent: bool = False) -> Epoch:
         if first is None:
             first = time.perf_counter() - start
         batches += 1
-    elapsed = time.perf_counter() - start
+        if first_only:
+            break
+    elapsed = first if first_only else time.perf_counter() - start
     main = time.process_time() - main0
     if persistent:
         return Epoch(elapsed, first, batches, main, None)
@@ -422,7 +482,8 @@ def timed_epoch(loader_or_make: Any, persistent: bool = False) -> Epoch:
 
 
 def compare(case: str, loaders: dict[str, Callable[[], Any]], reps: int, machine: dict, anchor: str,
-            target: float | None, samples: int, persistent: bool = False, extra: dict | None = None) -> None:
+            target: float | None, samples: int, persistent: bool = False, extra: dict | None = None,
+            first_only: bool = False) -> None:
     """Time ``loaders`` (name -> a function making a fresh loader) interleaved ``reps`` times after a
     warm-up epoch each; print one line per loader and the ratio of every other loader to ``anchor``.
     ``persistent``: each function is called once, its loader runs every epoch and is closed at the end."""
@@ -431,10 +492,10 @@ def compare(case: str, loaders: dict[str, Callable[[], Any]], reps: int, machine
     runs: dict[str, list[Epoch]] = {name: [] for name in loaders}
     try:
         for name in loaders:
-            timed_epoch(made[name], persistent)
+            timed_epoch(made[name], persistent, first_only)
         for _ in range(reps):
             for name in loaders:
-                runs[name].append(timed_epoch(made[name], persistent))
+                runs[name].append(timed_epoch(made[name], persistent, first_only))
     finally:
         if persistent:  # one loader at a time, so each one's reaped workers are told apart
             for name in list(made):
@@ -483,11 +544,13 @@ def bench_case(name: str, case: Case, reps: int, scale: float, machine: dict) ->
     dataset = case.dataset(samples)
 
     def make(cls):
-        return lambda: cls(dataset, num_workers=WORKERS, multiprocessing_context="fork", **case.options)
+        return lambda: cls(dataset, num_workers=WORKERS, multiprocessing_context=case.context, **case.options)
 
     options = {k: v.__name__ if callable(v) else v for k, v in case.options.items()}
+    per_epoch = case.options.get("batch_size") or 1 if case.first_only else samples  # CPU per sample of what ran
     compare(name, {"torch": make(tud.DataLoader), "bridgeflow": make(BFDataLoader)}, reps, machine, "torch",
-            TARGETS.get(name, DEFAULT_TARGET), samples, case.persistent, {"options": options})
+            TARGETS.get(name, DEFAULT_TARGET), per_epoch, case.persistent,
+            {"options": options, "context": case.context}, case.first_only)
 
 
 def bench_pil_folder(reps: int, machine: dict, data: str) -> None:
@@ -828,7 +891,32 @@ def main() -> None:
                                                      "seed_per_sample"]))
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "bf-bench-torch"),
                         help="where the generated JPEGs and LMDB file are kept between runs")
+    parser.add_argument("--busy", type=int, default=0, help="processes kept spinning on the CPU meanwhile")
     args = parser.parse_args()
+    with busy_cpus(args.busy):
+        run_cases(parser, args)
+
+
+def busy_cpus(n: int) -> Any:
+    """A context in which ``n`` processes spin on the CPU (other work on the machine); they are killed and
+    reaped when it ends."""
+    import contextlib
+    import subprocess
+    import sys
+
+    @contextlib.contextmanager
+    def spinning():
+        procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+        try:
+            yield
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+    return spinning()
+
+
+def run_cases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     # no accelerator: both loaders say once per iterator that they pin nothing (the *_pin cases say so too)
     warnings.filterwarnings("ignore", message="'pin_memory' argument is set as true")
     machine = {"machine": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,

@@ -19,7 +19,11 @@ torch`` selects: each takes a minute):
 - ``lmdb_150k_seq``, ``lmdb_150k_shuffled``, ``lmdb_300b_seq``, ``lmdb_300b_shuffled``: ``LMDBSerializer``
   reads (checksums on) against py-lmdb loops with the environment kept open, as a long-lived reader keeps
   it: ``raw`` copies each value into an array (``txn.get`` / the cursor), ``raw_buffers`` views it in
-  place (``buffers=True``, the physical reference: nothing is copied);
+  place (``buffers=True``, the physical reference: nothing is copied); ``lmdb_300b-nocrc_seq`` and
+  ``_shuffled`` read a file saved with ``checksum=False``; ``lmdb_300b_getitem`` and ``lmdb_150k_getitem``
+  read one ``ds[i]`` at a time in a shuffled order (random access) against ``txn.get`` in the same order,
+  and (``bridgeflow_batch64``) 64 indices a call, as torch's DataLoader fetches a batch (``__getitems__``
+  where the reader has it, else one ``ds[i]`` each);
 - ``hdf5_seq``, ``hdf5_shuffled``: ``HDF5Serializer`` reads against raw h5py item reads of the same file;
 - ``jpeg``: JPEG bytes in LMDB, decoded (simplejpeg when installed, else cv2), RandomResizedCrop(224)
   (``GoogleNetRandomCropAndResize``) and a flip, CHW (a view, copied once: into the batch), in a 2-worker
@@ -34,7 +38,10 @@ Output: one JSON line per (case, configuration, tree) with medians, then one per
 configuration's throughput (the median of the per-repetition ratios), and within each tree the ratio of
 bridgeflow's configuration to the anchor (``vs``). A table for people goes to stderr.
 
-Run: python benchmarks/compare.py --base e068cb2 [--cases w1,w1_torch,lmdb_150k_seq] [--reps 3]
+``--busy N`` keeps N processes spinning on the CPU for the whole run: the same cases with N cores taken by
+other work (the issue-42 targets are judged quiet and with ``--busy 1``).
+
+Run: python benchmarks/compare.py --base e068cb2 [--cases w1,w1_torch,lmdb_150k_seq] [--reps 3] [--busy 1]
 """
 
 from __future__ import annotations
@@ -63,11 +70,15 @@ CASES: dict[str, list[str]] = {
     "lmdb_150k_shuffled": ["raw", "bridgeflow", "raw_buffers"],
     "lmdb_300b_seq": ["raw", "bridgeflow", "raw_buffers"],
     "lmdb_300b_shuffled": ["raw", "bridgeflow", "raw_buffers"],
+    "lmdb_300b-nocrc_seq": ["raw", "bridgeflow", "raw_buffers"],
+    "lmdb_300b-nocrc_shuffled": ["raw", "bridgeflow", "raw_buffers"],
+    "lmdb_300b_getitem": ["raw", "bridgeflow", "bridgeflow_batch64", "raw_buffers"],
+    "lmdb_150k_getitem": ["raw", "bridgeflow", "bridgeflow_batch64", "raw_buffers"],
     "hdf5_seq": ["raw", "bridgeflow"],
     "hdf5_shuffled": ["raw", "bridgeflow"],
     "jpeg": ["floor", "bridgeflow"],
 }
-SIZES = {"150k": (150_000, 3_000), "300b": (300, 100_000)}  # value bytes, datapoints
+SIZES = {"150k": (150_000, 3_000), "300b": (300, 100_000), "300b-nocrc": (300, 100_000)}  # value bytes, datapoints
 JPEGS = 1_000
 
 
@@ -187,7 +198,8 @@ def setup_files(data: str) -> None:
     for tag, (nbytes, n) in SIZES.items():
         pool = [rng.integers(0, 256, nbytes, dtype=np.uint8) for _ in range(32)]
         rows = DataFromList([[pool[i % 32], i] for i in range(n)], shuffle=False)
-        LMDBSerializer.save(rows, os.path.join(data, f"{tag}.lmdb"), progress=False, overwrite=True)
+        LMDBSerializer.save(rows, os.path.join(data, f"{tag}.lmdb"), progress=False, overwrite=True,
+                            checksum=not tag.endswith("-nocrc"))
         if tag == "150k":
             HDF5Serializer.save(rows, os.path.join(data, "150k.h5"), progress=False, overwrite=True)
     import cv2
@@ -208,13 +220,29 @@ def run_serialize(case: str, config: str, data: str, epochs: int) -> dict:
     from bridgeflow.serialize import HDF5Serializer, LMDBSerializer
 
     kind, *_, order_kind = case.split("_")  # lmdb_<size>_<order>, hdf5_<order>
-    shuffled = order_kind == "shuffled"
+    shuffled = order_kind in ("shuffled", "getitem")
     if kind == "hdf5":
         path, n = os.path.join(data, "150k.h5"), SIZES["150k"][1]
     else:
         tag = case.split("_")[1]
         path, n = os.path.join(data, f"{tag}.lmdb"), SIZES[tag][1]
     rng = np.random.default_rng(1)
+    if config.startswith("bridgeflow") and order_kind == "getitem":  # random access: ds[i], or 64 at a time
+        with LMDBSerializer.load(path, shuffle=False) as ds:
+            ds.reset_state()
+            batch = getattr(ds, "__getitems__", None) or (lambda idx: [ds[i] for i in idx])  # torch's fetcher
+
+            def getitem_epoch(_):
+                order = rng.permutation(n).tolist()
+                if config == "bridgeflow":
+                    for i in order:
+                        ds[i]
+                else:
+                    for j in range(0, n, 64):
+                        batch(order[j:j + 64])
+                return n
+
+            return measure(None, getitem_epoch, epochs)
     if config == "bridgeflow":
         load = HDF5Serializer.load if kind == "hdf5" else LMDBSerializer.load
         with load(path, shuffle=shuffled, seed=0) as ds:
@@ -303,6 +331,8 @@ def bench_torch_module() -> types.ModuleType:
     """bench_torch.py, imported from beside this script (it imports torch)."""
     import importlib.util
 
+    if HERE not in sys.path:  # a spawned worker unpickles the datasets by this module's name
+        sys.path.append(HERE)
     spec = importlib.util.spec_from_file_location("bench_torch", os.path.join(HERE, "bench_torch.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_torch"] = module  # its dataclasses look their module up while the file runs
@@ -468,6 +498,21 @@ def summarize_torch(case: str, runs: dict, trees: list[Tree], table: list[str]) 
             paired = [h / b for h, b in zip(keys[(name, "head")], keys[(name, "base")])]
             emit(case=case, loader=name, ratio="head/base", value=round(statistics.median(paired), 3))
             table.append(f"{case:20} {name:28} head/base {statistics.median(paired):6.3f}")
+    for tree in trees:  # within each tree: bridgeflow against torch's loader, wall and CPU per sample
+        lines = [x for run in runs[("", tree.label)] for x in run]
+        vs = [x for x in lines if x.get("anchor") == "torch" and "ratio" in x]
+        cpu: dict = {}
+        for x in lines:
+            if "worker_cpu_us_per_sample" in x:
+                cpu.setdefault(x["loader"], []).append(x["worker_cpu_us_per_sample"] + x["main_cpu_us_per_sample"])
+        if vs and "torch" in cpu and "bridgeflow" in cpu:
+            wall = statistics.median(x["ratio"] for x in vs)
+            mine, theirs = statistics.median(cpu["bridgeflow"]), statistics.median(cpu["torch"])
+            emit(case=case, tree=tree.label, vs="torch-DataLoader", wall_ratio=round(wall, 3),
+                 cpu_us_per_sample=round(mine, 2), torch_cpu_us_per_sample=round(theirs, 2),
+                 cpu_ratio=round(mine / max(theirs, 1e-9), 3))
+            table.append(f"{case:20} {'bridgeflow vs torch':28} {tree.label:4} wall {wall:6.3f}  CPU us/sample "
+                         f"{mine:8.2f} vs {theirs:8.2f}")
 
 
 def main() -> int:
@@ -478,6 +523,8 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3, help="timed epochs per run (torch's DataLoader: a third)")
     p.add_argument("--data", default=None, help="where each tree's files are written (default: a temporary folder)")
+    p.add_argument("--busy", type=int, default=0,
+                   help="processes kept spinning on the CPU for the whole run (a machine with other work on it)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--tree", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -492,10 +539,11 @@ def main() -> int:
         p.error(f"unknown cases {unknown}; known: {list(CASES)}, torch, torch:NAME")
     data = args.data or tempfile.mkdtemp(prefix="bf-compare-data-")
     trees = [Tree("base", args.base), Tree("head", args.head)]
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
         emit(machine=f"{os.uname().nodename} {os.cpu_count()} cpus", python=sys.version.split()[0],
              **{t.label: f"{t.name} {t.path}" for t in trees}, reps=args.reps, epochs=args.epochs,
-             date=time.strftime("%Y-%m-%d %H:%M"), load=round(os.getloadavg()[0], 2))
+             date=time.strftime("%Y-%m-%d %H:%M"), load=round(os.getloadavg()[0], 2), busy=args.busy)
         if any(not c.startswith(("w1", "torch:")) for c in cases):
             for tree in trees:  # each tree writes its own files (the formats may differ)
                 errs = [r["error"] for r in tree.run("setup", "-", data, 0) if "error" in r]
@@ -514,6 +562,9 @@ def main() -> int:
             (summarize_torch if case.startswith("torch:") else summarize)(case, runs, trees, table)
         print("\n".join(table), file=sys.stderr)
     finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
         for tree in trees:
             tree.close()
         if not args.data:

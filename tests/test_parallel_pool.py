@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+import pickle
 import threading
 import time
 
@@ -277,6 +278,44 @@ def test_arrays_built_in_place_are_not_copied():
     finally:
         writer.close()
         shm_mod.sweep_segments(prefix)
+
+
+def test_a_large_pickle_travels_in_its_slab_and_the_slab_is_free_once_read():
+    """A batch of many small arrays (all pickled in-band) is a large pickle: it goes into a slab, the pipe
+    carries a head of a few hundred bytes (a send never waits for the consumer), and the slab is free again
+    as soon as the consumer has read the message, since no array of it lives on in shared memory."""
+    writer, reader, flags, prefix = _pair()
+    try:
+        rng = np.random.default_rng(0)
+        batch = [[rng.random(int(k), dtype=np.float32) for k in rng.integers(8, 257, 64)],
+                 [rng.integers(0, 256, int(k), dtype=np.uint8) for k in rng.integers(100, 2001, 64)],
+                 list(range(5_000))]
+        assert len(pickle.dumps(batch, protocol=5)) > 64 * 1024  # more than a pipe holds
+        msg = writer.dumps(batch)
+        assert len(msg) < 512 and flags[0] == shm_mod.IN_USE
+        out = reader.loads(msg)
+        assert flags[0] == shm_mod.FREE  # read: nothing of the slab is kept
+        assert pickle.dumps(out, protocol=5) == pickle.dumps(batch, protocol=5)
+        assert all(a.flags.writeable for a in out[0] + out[1])
+        out2 = reader.loads(writer.dumps([batch, np.arange(50_000)]))  # with a large array: held by it
+        assert [flags[i] for i in range(len(writer.slabs))].count(shm_mod.IN_USE) == 1
+        assert pickle.dumps(out2[0], protocol=5) == pickle.dumps(batch, protocol=5)
+        del out2
+        assert [flags[i] for i in range(len(writer.slabs))].count(shm_mod.IN_USE) == 0
+    finally:
+        writer.close()
+        shm_mod.sweep_segments(prefix)
+
+
+def test_a_message_without_a_slab_carries_its_pickle_and_buffers_in_the_pipe():
+    writer, reader = shm_mod.SlabWriter("", None, 0), shm_mod.SlabReader(None)
+    small = {"ids": list(range(3)), "x": np.arange(4)}
+    big = [np.arange(50_000, dtype=np.int64), "text", [np.ones(3)] * 40_000]
+    for obj in (small, big):
+        out = reader.loads(writer.dumps(obj))
+        assert pickle.dumps(out, protocol=5) == pickle.dumps(obj, protocol=5)
+    with pytest.raises(ValueError, match="not a message"):
+        reader.loads(pickle.dumps(small))
 
 
 class _Unpicklable:

@@ -139,12 +139,14 @@ def test_a_file_cut_under_a_sequential_reader_is_an_error(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["vector_int", "matrix", "strings", "ragged", "mixed"])
-def test_shuffled_batches_give_what_single_reads_give(kind, tmp_path):
-    """Shuffled epochs read small values a batch at a time (``_lmdb_rows``): each datapoint is the one its
-    index names, resuming mid-batch hands out the rest of the order, and the arrays are independent."""
+@pytest.mark.parametrize("checksum", [True, False])
+def test_shuffled_batches_give_what_single_reads_give(kind, checksum, tmp_path):
+    """Shuffled epochs read small values a batch at a time (``_lmdb_rows``), with checksums or without: each
+    datapoint is the one its index names, resuming mid-batch hands out the rest of the order, and the arrays
+    are independent."""
     rows = [KINDS[kind](i) for i in range(1200)]
     path = str(tmp_path / "d.lmdb")
-    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False)
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False, checksum=checksum)
     with LMDBSerializer.load(path, shuffle=True, seed=3) as ds:
         ds.reset_state()
         got = list(ds)
@@ -203,6 +205,90 @@ def test_a_file_cut_under_a_shuffled_reader_is_an_error(tmp_path):
         with pytest.raises(CorruptDataError, match="d.lmdb.*cut"):
             for _ in it:
                 pass
+
+
+@pytest.mark.parametrize("kind", ["vector_int", "dict", "ragged", "mixed"])
+@pytest.mark.parametrize("checksum", [True, False])
+@pytest.mark.parametrize("region", [True, False])
+def test_getitems_gives_what_single_reads_give(kind, checksum, region, tmp_path, monkeypatch):
+    """``ds.__getitems__(indices)`` (what torch's DataLoader calls for a batch) reads small values as a batch,
+    from the file's values held in memory or one ``preadv`` each: the datapoints of ``ds[i]``, negative
+    indices and a shard's numbering included, independent arrays, and ``ds[i]``'s errors for bad indices."""
+    from bridgeflow.serialize import _lmdb_rows
+
+    if not region:
+        monkeypatch.setattr(_lmdb_rows, "REGION_BYTES", 0)
+    rows = [KINDS[kind](i) for i in range(700)]
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False, checksum=checksum)
+    order = np.random.default_rng(0).permutation(700).tolist() + [-1, -700, 5, 5]
+    with LMDBSerializer.load(path, shuffle=False) as ds:
+        ds.reset_state()
+        got = ds.__getitems__(order)
+        assert (ds.__dict__.get("_values_region") is not None) == region
+        for i, dp in zip(order, got):
+            _same(dp, ds[i])
+            _same(dp, rows[i])
+        first = got[-2][0] if isinstance(got[-2], list) else got[-2]["x"]
+        first[...] = 1
+        _same(got[-1], rows[5])  # the same index twice: two datapoints of their own
+        with pytest.raises(IndexError, match="index 700 out of range"):
+            ds.__getitems__([1, 700])
+        with pytest.raises(TypeError, match="integers"):
+            ds.__getitems__([1, None])
+    with LMDBSerializer.load(path, shuffle=False, shard=(1, 3)) as part:
+        part.reset_state()
+        _same(part.__getitems__([0, 5, -1]), [part[0], part[5], part[-1]])
+
+
+@pytest.mark.parametrize("where", ["array", "crc"])
+def test_a_damaged_value_read_by_getitems_is_named(where, tmp_path):
+    rows = [[np.full(300, i % 250, np.uint8), i] for i in range(1000)]
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False)
+    with LMDBSerializer.load(path, shuffle=False) as ds:
+        off, size = int(ds._index.offsets[777]), int(ds._index.sizes[777])
+    pos = {"array": off + size - 100, "crc": off + size - 2}[where]
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        byte = f.read(1)
+        f.seek(pos)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with LMDBSerializer.load(path, shuffle=False) as ds:
+        ds.reset_state()
+        assert [dp[1] for dp in ds.__getitems__([3, 776, 778])] == [3, 776, 778]
+        with pytest.raises(CorruptDataError, match="datapoint 777: checksum mismatch"):
+            ds.__getitems__([3, 777, 778])
+
+
+def test_getitems_on_a_file_cut_or_committed_to_since_it_was_read_is_an_error(tmp_path):
+    """The values ``__getitems__`` holds are the file as opened: a file cut or written since is an error at
+    the next call, as for ``ds[i]``, never the held bytes."""
+    import lmdb
+
+    from bridgeflow.serialize import DatasetChangedError
+
+    rows = [[np.full(300, i % 250, np.uint8), i] for i in range(3000)]
+    path = str(tmp_path / "d.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), path, progress=False)
+    with LMDBSerializer.load(path, shuffle=False) as ds:
+        ds.reset_state()
+        assert [dp[1] for dp in ds.__getitems__([0, 2999])] == [0, 2999]
+        assert ds.__dict__.get("_values_region") is not None
+        env = lmdb.open(path, subdir=False, lock=False, map_size=1 << 30)
+        with env.begin(write=True) as txn:
+            txn.put(b"other", b"x")
+        env.close()
+        with pytest.raises(DatasetChangedError, match="being written"):
+            ds.__getitems__([1, 2])
+    cut = str(tmp_path / "cut.lmdb")
+    LMDBSerializer.save(DataFromList(rows, shuffle=False), cut, progress=False)
+    with LMDBSerializer.load(cut, shuffle=False) as ds:
+        ds.reset_state()
+        ds.__getitems__([0])
+        os.truncate(cut, os.path.getsize(cut) // 2)
+        with pytest.raises(CorruptDataError, match="cut.lmdb.*cut"):
+            ds.__getitems__([1, 2])
 
 
 def test_rows_crc_is_the_crc_of_sound_rows_end_to_end_and_catches_one_flipped_bit():

@@ -158,6 +158,25 @@ def test_an_lmdb_file_is_read_by_index_in_the_workers(tmp_path, leak_check):
     flow.close()
 
 
+def test_an_lmdb_reader_given_as_the_dataset_reads_each_batch_at_once(tmp_path, leak_check, monkeypatch):
+    """The loader asks a reader with ``__getitems__`` (LMDBDataset) for a batch's datapoints in one call, and
+    gets what torch's loader gets from the same reader."""
+    from bridgeflow.serialize._lmdb_format import LMDBDataset
+
+    path = str(tmp_path / "items.lmdb")
+    bridgeflow.LMDBSerializer.save(bridgeflow.DataFromList(_items(40), shuffle=False), path, progress=False)
+    calls = []
+    batched = LMDBDataset.__getitems__
+    monkeypatch.setattr(LMDBDataset, "__getitems__", lambda self, idx: calls.append(len(idx)) or batched(self, idx))
+    with bridgeflow.LMDBSerializer.load(path, shuffle=False) as ds:
+        ours = [b for b in DataLoader(ds, batch_size=8, num_workers=0)]
+        theirs = [b for b in tud.DataLoader(ds, batch_size=8, num_workers=0)]
+    assert calls == [8] * 10  # five batches each, one call a batch
+    assert len(ours) == len(theirs) == 5
+    for a, b in zip(ours, theirs):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 class Noisy(bridgeflow.RNGDataFlow):
     """A random-access flow drawing from its generator: reset in each worker under the worker's seed."""
 

@@ -164,7 +164,8 @@ class FlowItems(Dataset):
 
     def __getitems__(self, indices: list) -> list:
         flow = self._ready()
-        return [dp for dp in (flow[i] for i in indices) if dp is not None]
+        batch = getattr(flow, "__getitems__", None)  # a file reader reads a batch at once (LMDBDataset)
+        return [dp for dp in (batch(indices) if batch else (flow[i] for i in indices)) if dp is not None]
 
 
 class _Stream:

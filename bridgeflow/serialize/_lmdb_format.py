@@ -481,7 +481,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
         fd, get = self._fd(), self._get
         for it, run, _skip in self._order.iters(runs, pos):
             if self.shuffle or not self._index.small:  # each value read alone
-                if self.format == "bridgeflow" and self._crc and self._index.small and not self._unpickle:
+                if self.format == "bridgeflow" and self._index.small and not self._unpickle:
                     yield from self._read_batches(fd, it, run, _skip)  # see SmallValueReads
                 elif self.format == "bridgeflow" and self._crc:
                     yield from self._read_each(fd, it, run, _skip)
@@ -607,9 +607,14 @@ class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
             raise self._written()
         return i, i + n, lo, memoryview(block)
 
+    def close(self) -> None:
+        self.__dict__.pop("_values_region", None)  # the values __getitems__ held
+        super().close()
+
     def __getstate__(self) -> dict:
         state = super().__getstate__()
         del state["_offsets"], state["_sizes"]  # memoryviews: made again from the index in the copy
+        state.pop("_values_region", None)  # held values (see __getitems__): read again by the copy
         return state
 
     def __setstate__(self, state: dict) -> None:

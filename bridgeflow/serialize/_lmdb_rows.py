@@ -33,13 +33,14 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._checksum import crc32
 from ._codec import DECODE_ERRORS, decode_many
+from ._common import normalize_index
 from ._errors import CorruptDataError
 from ._lmdb_file import new_bytearray
 
@@ -98,13 +99,18 @@ def gather_rows(block: Any, starts: np.ndarray, s: int) -> memoryview:
 
 class SmallValueReads:
     """The shuffled-epoch reads of :class:`~bridgeflow.serialize._lmdb_format.LMDBDataset` for small values
-    of bridgeflow's format with checksums: a batch of :data:`ROWS` at a time, gathered from the epoch's
-    :meth:`_region` (or read one ``preadv`` each), checked by one CRC call and decoded together. The reader
-    provides ``_index`` (``offsets``, ``sizes``), ``_pin``, ``_watch_at``/``_watch``, and ``_get``,
-    ``_finish``, ``_cut``, ``_written``.
+    of bridgeflow's format: a batch of :data:`ROWS` at a time, gathered from the epoch's :meth:`_region` (or
+    read one ``preadv`` each), checked by one CRC call (files with checksums) and decoded together. The
+    reader provides ``_index`` (``offsets``, ``sizes``), ``_crc`` (whether values carry a CRC), ``_pin``,
+    ``_watch_at``/``_watch``, and ``_get``, ``_finish``, ``_cut``, ``_written``.
     """
 
     _index: Any
+    _crc: bool
+    _order: Any
+    _unpickle: bool
+    format: str
+    _fd: Callable[[], int]
     _pin: Any
     _watch_at: int
     _watch: bytes
@@ -112,6 +118,47 @@ class SmallValueReads:
     _finish: Callable[[int, Any, Any], Any]
     _cut: Callable[[int, int, str], CorruptDataError]
     _written: Callable[[], Exception]
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """``[self[i] for i in indices]``, read as a batch (torch's ``DataLoader`` asks for each batch's
+        samples so): small values of bridgeflow's format :data:`ROWS` at a time, from the file's values read
+        once and held while the reader is open (where they lie within :data:`REGION_BYTES`, as a shuffled
+        epoch's), else one ``preadv`` each; checked by one CRC call and decoded together. The watch and the
+        file's size are checked for each batch, before any of it is returned, as for one ``self[i]``: a file
+        committed to or cut since it was opened is an error. Other files are read one value at a time."""
+        idx = self._file_indices(indices)
+        fd = self._fd()
+        if self.format != "bridgeflow" or not self._index.small or self._unpickle:
+            return [self._get(fd, i) for i in idx]
+        region = self._held_region(fd)
+        out: list = []
+        for j in range(0, len(idx), ROWS):
+            batch, failed = self._rows(fd, idx[j:j + ROWS], region)
+            if failed is not None:
+                raise failed
+            out += batch
+        return out
+
+    def _file_indices(self, indices: Sequence[int]) -> list[int]:
+        """The file's datapoint numbers of ``indices`` (this rank's, negative ones from the end), in one
+        numpy pass; any that is not an integer in range is named by the error of ``self[i]``."""
+        n, who, order = len(self), type(self).__name__, self._order  # type: ignore[arg-type]
+        a = np.asarray(indices)
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            return [order.shard_index(normalize_index(k, n, who)) for k in indices]
+        a = np.where(a < 0, a + n, a)
+        if len(a) and (int(a.min()) < 0 or int(a.max()) >= n):
+            return [order.shard_index(normalize_index(k, n, who)) for k in indices]
+        return ((a + order.shard_index(0)) % order.n).tolist() if order.shard is not None else a.tolist()
+
+    def _held_region(self, fd: int) -> tuple[int, memoryview] | None:
+        """The bytes holding every value of the file, read at the first :meth:`__getitems__` and held (see
+        :meth:`_region`); ``None`` when they do not fit. A forked copy shares them; a pickled one reads
+        them again."""
+        held = self.__dict__.get("_values_region", False)
+        if held is False:
+            held = self.__dict__["_values_region"] = self._region(fd, range(len(self._index.sizes)), 0)
+        return held
 
     def _read_batches(self, fd: int, it: Iterator[int], run: Any, skip: int) -> Iterator[Any]:
         """Small values in any order (a shuffled epoch), :data:`ROWS` at a time: gathered into one buffer
@@ -150,7 +197,7 @@ class SmallValueReads:
         return lo, memoryview(buf)
 
     def _rows(self, fd: int, idx: list[int], region: tuple[int, memoryview] | None) -> tuple[list, Exception | None]:
-        """The datapoints ``idx`` (small values of bridgeflow's format with checksums) read (from ``region``
+        """The datapoints ``idx`` (small values of bridgeflow's format) read (from ``region``
         where given), checked and decoded as one batch where their values have one size, else each alone;
         with the error of the first damaged one, the list then stopping before it. The watch (and, for a
         region read earlier, the file's size) is checked before any is handed out, so a file a writer
@@ -185,19 +232,19 @@ class SmallValueReads:
         return out, None
 
     def _decode_rows(self, idx: list[int], buf: bytearray | memoryview, s: int) -> tuple[list, Exception | None]:
-        """Datapoints ``idx`` from their values end to end in ``buf`` (``s`` bytes each, CRC included):
-        their CRCs checked by one call (:mod:`bridgeflow.serialize._lmdb_rows`), decoded together; where
-        that check fails or they do not decode together, each alone (which names a damaged one)."""
-        k = len(idx)
-        sound = crc32()(buf) == rows_crc(k, s)
+        """Datapoints ``idx`` from their values end to end in ``buf`` (``s`` bytes each, CRC included where
+        the file has checksums): their CRCs checked by one call (see the module doc), decoded together;
+        where that check fails or they do not decode together, each alone (which names a damaged one)."""
+        k, tail = len(idx), _TAIL if self._crc else 0
+        sound = not tail or crc32()(buf) == rows_crc(k, s)
         if sound and k > 1:
             try:
-                got = decode_many(buf, np.arange(0, k * s, s, dtype=np.int64), s - _TAIL)
+                got = decode_many(buf, np.arange(0, k * s, s, dtype=np.int64), s - tail)
             except DECODE_ERRORS:
                 got = None
             if got is not None:
                 return got, None
-        mv, n, out = memoryview(buf), s - _TAIL, []
+        mv, n, out = memoryview(buf), s - tail, []
         for a, i in enumerate(idx):
             at = a * s
             try:

@@ -1,12 +1,16 @@
 """Move datapoints between processes with array bytes in shared memory: one copy, no pickling of bytes.
 
-The worker pickles a result with protocol 5. Numpy arrays of at least ``INBAND_LIMIT`` bytes hand
+The worker pickles a result with protocol 5, once. Numpy arrays of at least ``INBAND_LIMIT`` bytes hand
 their memory out of band (an array of any other layout than C or Fortran order is made contiguous first,
 so a transposed view never travels inside the pickle, whatever numpy's version); the :class:`SlabWriter`
 copies those buffers into a *slab*, a shared-memory file under ``/dev/shm`` that the worker owns and
-reuses, and sends only the small pickle plus offsets. A result built in a slab to begin with
-(:meth:`SlabWriter.alloc`: a batch stacked straight into shared memory) is not copied at all; the slab it is
-built in is sized from the bytes the writer's recent messages carried, or from :meth:`SlabWriter.reserve`.
+reuses, and the pickle itself too when it is larger than ``PIPE_DATA_LIMIT`` (a batch of many small
+arrays, lists, strings). The pipe carries only a head of a few hundred bytes (where the pickle and the
+buffers lie), so a worker's send never waits for the consumer to read its pipe; the consumer unpickles
+straight from the slab and, when no array of the message lives on in it, frees the slab at once. A result
+built in a slab to begin with (:meth:`SlabWriter.alloc`: a batch stacked straight into shared memory) is not
+copied at all; the slab it is built in is sized from the bytes the writer's recent messages carried, or from
+:meth:`SlabWriter.reserve`.
 The :class:`SlabReader` in the consumer maps each slab once and rebuilds the arrays as views of it: the
 single copy is the worker's write into the slab. Mappings keep no file descriptor open
 (:mod:`bridgeflow.parallel._transport.mapping`), so holding many results never runs into ``ulimit -n``.
@@ -33,6 +37,7 @@ import io
 import logging
 import os
 import pickle
+import struct
 import threading
 import weakref
 from typing import Any
@@ -74,8 +79,9 @@ MIN_TRIM_WINDOW = 16  # results of one worker: no shorter window, or slabs would
 
 
 EXACT_ABOVE = 64 << 20  # slabs above this size are made to measure (in 2 MiB steps), not to a power of two
-_FRAMED = b"BFOB"  # a pipe message whose large buffers follow its pickle (no slab could be had)
-_FRAME_HEAD = len(_FRAMED) + 8
+PIPE_DATA_LIMIT = 4096  # a pickle up to this size travels in the pipe, after the head; a larger one in the slab
+_MAGIC = b"BFm2"
+_HEAD = struct.Struct("<4sI")  # the magic, then the size of the pickled head that follows
 
 
 def _round_size(n: int) -> int:
@@ -91,6 +97,36 @@ def _round_size(n: int) -> int:
 
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+def _layout(raws: list[memoryview], used: int, where: list[int | None] | None = None) -> tuple[list, int]:
+    """Where each buffer of a message goes in its slab, from offset ``used`` on: ``(offsets, bytes taken
+    after used)``. Each starts at an ``ALIGN`` boundary, or stays at ``where[k]`` (built in the slab)."""
+    layout: list[tuple[int, int]] = []
+    at = used
+    for k, r in enumerate(raws):
+        built = where[k] if where is not None else None
+        if built is not None:
+            layout.append((built, r.nbytes))
+        else:
+            at = _align(at)
+            layout.append((at, r.nbytes))
+            at += r.nbytes
+    return layout, _align(at) - used
+
+
+def _pairs(layout: list[tuple[int, int]]) -> bytes:
+    """The offsets of a message's buffers, as its head carries them: int64 (offset, size) pairs."""
+    return struct.pack(f"<{2 * len(layout)}q", *(v for pair in layout for v in pair)) if layout else b""
+
+
+def _rebuild(region: Any, layout: Any, lease: np.ndarray | None) -> list:
+    """The buffers of a message at ``layout``'s flat (offset, size) pairs: views of ``lease`` (the slab), or
+    without one (the pipe message's tail) a writable copy each."""
+    if lease is not None:
+        whole = lease.data  # views of it keep the lease alive
+        return [whole[layout[k]:layout[k] + layout[k + 1]] for k in range(0, len(layout), 2)]
+    return [bytearray(region[layout[k]:layout[k] + layout[k + 1]]) for k in range(0, len(layout), 2)]
 
 
 class SlabWriter:
@@ -240,8 +276,13 @@ class SlabWriter:
         """How a numpy array is pickled here: as numpy does (its memory out of band when it is contiguous),
         except that a large array in any other layout (a transposed or sliced view, channels-last) is first
         copied into the message's slab (or ordinary memory), contiguous: numpy < 2.3 would copy it into the
-        pickle itself, through the pipe, and copy it again in the consumer. It arrives contiguous."""
-        if a.nbytes >= INBAND_LIMIT and not (a.flags.c_contiguous or a.flags.f_contiguous) and not a.dtype.hasobject:
+        pickle itself, through the pipe, and copy it again in the consumer. It arrives contiguous. A small
+        array is pickled in numpy's protocol-4 form, in the pickle: built and rebuilt in C (protocol 5's
+        in-band form is rebuilt through a Python function, and hands the buffer callback a buffer per
+        array), which makes a batch of many small arrays about a third cheaper to pickle and unpickle."""
+        if a.nbytes < INBAND_LIMIT:
+            return a.__reduce_ex__(4)
+        if not (a.flags.c_contiguous or a.flags.f_contiguous) and not a.dtype.hasobject:
             out = self.alloc(a.shape, a.dtype)
             np.copyto(out, a)
             a = out
@@ -254,15 +295,21 @@ class SlabWriter:
         pickler.dump(obj)
         return out.getvalue()
 
-    def _message(self, slab: Any, data: bytes, extra: int = 0) -> bytes:
+    def _frame(self, head: tuple, data: Any, extra: int = 0) -> bytearray:
+        """The pipe message: its head (where the pickle and the buffers lie, the retired slabs), then the
+        pickle itself when it travels in the pipe (``data``; empty when it lies in the slab)."""
         retired, self._retired = self._retired, []
-        message = pickle.dumps((slab, data, retired), protocol=5)
-        self.last_bytes = len(message) + extra  # what the message occupies, its shared memory included
-        return message
+        packed = pickle.dumps((*head, retired), protocol=5)
+        out = bytearray(_HEAD.size + len(packed) + len(data))
+        _HEAD.pack_into(out, 0, _MAGIC, len(packed))
+        out[_HEAD.size:_HEAD.size + len(packed)] = packed
+        out[_HEAD.size + len(packed):] = data
+        self.last_bytes = len(out) + extra  # what the message occupies, its shared memory included
+        return out
 
-    def _inband(self, obj: Any) -> bytes | bytearray:
-        """The whole message for the pipe: the pickle, then the large buffers after it, copied once into
-        one buffer (a pickle would copy them into itself, then into the message: 4 copies in all)."""
+    def _inband(self, obj: Any) -> bytearray:
+        """The whole message for the pipe, when no slab can be had: the head, the pickle, then the large
+        buffers, each copied once into the message (a pickle would copy them into itself, then again)."""
         self._arena = None
         raws: list[memoryview] = []
 
@@ -277,34 +324,35 @@ class SlabWriter:
             data = self._pickle(obj, keep)
         finally:
             self._opens_arena = True
-        if not raws:
-            return self._message(None, data)
-        offsets, at = [], 0
-        for r in raws:
-            offsets.append((at, r.nbytes))
-            at += _align(r.nbytes)
-        head = self._message(offsets, data)
-        start = _align(_FRAME_HEAD + len(head))
-        out = bytearray(start + at)
+        layout, total = _layout(raws, 0)
+        retired, self._retired = self._retired, []
+        packed = pickle.dumps((None, (0, len(data)) if raws else None, _pairs(layout), retired), protocol=5)
+        start = _align(_HEAD.size + len(packed) + len(data))
+        out = bytearray(start + total)
+        _HEAD.pack_into(out, 0, _MAGIC, len(packed))
         view = memoryview(out)  # assigning to a bytearray's slice would copy a non-bytearray source first
-        view[:_FRAME_HEAD] = _FRAMED + len(head).to_bytes(8, "little")
-        view[_FRAME_HEAD:_FRAME_HEAD + len(head)] = head
-        for (off, n), r in zip(offsets, raws):
+        view[_HEAD.size:_HEAD.size + len(packed)] = packed
+        view[_HEAD.size + len(packed):_HEAD.size + len(packed) + len(data)] = data
+        for (off, n), r in zip(layout, raws):
             view[start + off:start + off + n] = r.cast("B")
         view.release()
         self.last_bytes = len(out)
         return out
 
     def dumps(self, obj: Any) -> bytes | bytearray:
-        """Serialize ``obj``; the returned message goes to :meth:`SlabReader.loads` in the consumer."""
+        """Serialize ``obj`` in one pickling pass; the returned message goes to :meth:`SlabReader.loads` in
+        the consumer. Large array buffers go into a slab, and so does the pickle unless it is small (up to
+        ``PIPE_DATA_LIMIT`` bytes): the pipe carries a head of a few hundred bytes, so a send does not wait
+        for the consumer to read (a pipe holds 64 KiB), and nothing is pickled twice."""
         if self.max_slabs == 0:
             return self._inband(obj)
-        buffers: list[pickle.PickleBuffer] = []
+        raws: list[memoryview] = []
 
         def keep(pb: pickle.PickleBuffer) -> bool:
-            if pb.raw().nbytes < INBAND_LIMIT:
+            raw = pb.raw()
+            if raw.nbytes < INBAND_LIMIT:
                 return True  # pickle it in-band
-            buffers.append(pb)
+            raws.append(raw)
             return False
 
         try:  # arrays made contiguous while pickling go into the message's slab (started then if need be)
@@ -315,45 +363,56 @@ class SlabWriter:
             raise
         finally:
             arena, self._arena = self._arena, None
-        if not buffers:
+        if not raws and len(data) <= PIPE_DATA_LIMIT:
             if arena is not None:
                 self.flags[arena[0]] = FREE
-            return self._message(None, data)
-        raws = [pb.raw() for pb in buffers]
-        total = sum(_align(r.nbytes) for r in raws)
-        self._sent.append(total)
-        placed = self._place(raws, arena) if arena is not None else None
-        if placed is None:  # no arena, or it cannot take the buffers not built in it: a slab for them all
-            index = self._acquire(total)
+            return self._frame((None, None, b""), data)
+        inline = len(data) <= PIPE_DATA_LIMIT
+        placed = self._place(raws, data, inline, arena) if arena is not None else None
+        if placed is None:  # no arena, or it cannot take what was not built in it: a slab for it all
+            _, total = _layout(raws, 0)
+            index = self._acquire(total + (0 if inline else len(data)))
             if arena is not None:
                 self.flags[arena[0]] = FREE  # after the acquire: the new slab is another one
-            if index < 0:  # no shared memory to be had: pickle the bytes in-band
+            if index < 0:  # no shared memory to be had: everything through the pipe
                 return self._inband(obj)
-            placed = self._place(raws, [index, 0], in_place=False)
-        index, offsets = placed
+            placed = self._place(raws, data, inline, [index, 0], in_place=False)
+            assert placed is not None  # the slab was acquired for all of it
+        index, layout, data_at, nbytes = placed
+        self._sent.append(nbytes)
         self.flags[index] = IN_USE
-        return self._message((self.slabs[index][0], index, offsets), data, sum(n for _, n in offsets))
+        return self._frame(((self.slabs[index][0], index), data_at, _pairs(layout)),
+                           data if inline else b"", nbytes)
 
-    def _place(self, raws: list[memoryview], arena: list[int], in_place: bool = True) -> Any:
-        """``(slab index, offsets)`` of ``raws`` in the ``arena`` slab (``[index, bytes used]``): those built
-        in it stay where they are (``in_place``), the others are copied after its used bytes; None when they
-        do not fit."""
+    def _place(self, raws: list[memoryview], data: bytes, inline: bool, arena: list[int],
+               in_place: bool = True) -> Any:
+        """Lay out ``raws`` (and ``data``, the pickle, unless it goes ``inline`` in the pipe) in the
+        ``arena`` slab (``[index, bytes used]``): buffers built in it stay where they are (``in_place``),
+        the others are copied after its used bytes. ``(index, offsets, data's (offset, size) or None, bytes
+        used)``; None when it does not fit."""
         index, used = arena
         _, size, m = self.slabs[index]
         view = self._views[index]
         assert m is not None and view is not None  # _acquire and the arena hand out live slabs only
         base = m.address
-        offsets = []
-        for r in raws:
-            off = np.frombuffer(r, np.uint8).__array_interface__["data"][0] - base
-            if not in_place or not 0 <= off <= size - r.nbytes:  # not built in place: copy it in
-                off = used
-                if off + r.nbytes > size:
-                    return None
-                view[off:off + r.nbytes] = r
-                used += _align(r.nbytes)
-            offsets.append((off, r.nbytes))
-        return index, offsets
+        where: list[int | None] = [None] * len(raws)
+        if in_place:
+            for k, r in enumerate(raws):
+                off = np.frombuffer(r, np.uint8).__array_interface__["data"][0] - base
+                if 0 <= off <= size - r.nbytes:
+                    where[k] = off
+        layout, total = _layout(raws, used, where)
+        end = used + total + (0 if inline else len(data))
+        if end > size:
+            return None
+        for (off, n), r, built in zip(layout, raws, where):
+            if built is None:
+                view[off:off + n] = r.cast("B")
+        data_at = None
+        if not inline:
+            data_at = (used + total, len(data))
+            view[used + total:end] = data
+        return index, layout, data_at, end - used
 
     def close(self) -> None:
         with self._lock:
@@ -390,32 +449,36 @@ class SlabReader:
 
     def loads(self, message: bytes | bytearray) -> Any:
         self.last_bytes = len(message)  # what the message occupies, its shared memory included
-        if message[:len(_FRAMED)] == _FRAMED:
-            return self._loads_framed(memoryview(message))
-        slab, data, retired = pickle.loads(message)
+        view = memoryview(message)
+        magic, n = _HEAD.unpack_from(view, 0)
+        if magic != _MAGIC:
+            raise ValueError(f"not a message of bridgeflow's transport (it starts with {bytes(view[:4])!r})")
+        slab, data_at, pairs, retired = pickle.loads(view[_HEAD.size:_HEAD.size + n])
         if retired:
             self._unmap(retired)
-        if slab is None:
-            return pickle.loads(data)
-        name, index, offsets = slab
-        self.last_bytes += sum(n for _, n in offsets)
+        layout = memoryview(pairs).cast("q") if pairs else ()
+        after = _HEAD.size + n
+        if slab is None:  # everything in the pipe: the pickle, then (no slab could be had) the buffers
+            if data_at is None:
+                return pickle.loads(view[after:])
+            end = after + data_at[1]
+            return pickle.loads(view[after:end], buffers=_rebuild(view[_align(end):], layout, None))
+        name, index = slab
         known = self._maps.get(index)
         if known is None or known[0] != name:  # a new slab, or the worker replaced this one
             known = self._maps[index] = (name, open_segment(name, self.hooks).array().data)
-        # A new array on the mapping's view: views of it point to it, so it goes only when they all have.
-        lease = np.frombuffer(known[1], np.uint8, max(off + n for off, n in offsets))
-        weakref.finalize(lease, _release, self.flags, index, self._pid)
-        return pickle.loads(data, buffers=[lease[off:off + n] for off, n in offsets])
-
-    def _loads_framed(self, view: memoryview) -> Any:
-        """A message with its large buffers after the pickle (see ``SlabWriter._inband``): each becomes a
-        writable array of its own (one copy; the message goes once this returns)."""
-        n = int.from_bytes(view[len(_FRAMED):_FRAME_HEAD], "little")
-        offsets, data, retired = pickle.loads(view[_FRAME_HEAD:_FRAME_HEAD + n])
-        if retired:
-            self._unmap(retired)
-        start = _align(_FRAME_HEAD + n)
-        return pickle.loads(data, buffers=[bytearray(view[start + off:start + off + size]) for off, size in offsets])
+        mapping = known[1]
+        self.last_bytes += sum(layout[k + 1] for k in range(0, len(layout), 2)) + (data_at[1] if data_at else 0)
+        lease = None
+        if layout:  # the arrays are views of the slab: it goes back to the worker when the last has gone
+            lease = np.frombuffer(mapping, np.uint8, max(layout[k] + layout[k + 1] for k in range(0, len(layout), 2)))
+            weakref.finalize(lease, _release, self.flags, index, self._pid)
+        try:
+            data = mapping[data_at[0]:data_at[0] + data_at[1]] if data_at else view[after:]
+            return pickle.loads(data, buffers=_rebuild(mapping, layout, lease))
+        finally:
+            if lease is None:  # nothing of the slab is kept (the pickle is read): it is free again now
+                _release(self.flags, index, self._pid)
 
     def _unmap(self, names: list[str]) -> None:
         """Forget the slabs the writer retired; each is unmapped once no array of it is left (none is)."""
