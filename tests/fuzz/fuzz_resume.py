@@ -595,7 +595,7 @@ def save_defaults(spec: tuple, seed: int) -> dict:
     with ``refused`` for a state_dict() that raised."""
     r = random.Random(seed)
     with make_default(spec) as probe:  # the epochs' lengths, to draw the points from (another run: unseeded)
-        lengths = [len(e) for e in epochs(probe, DEFAULT_EPOCHS, limit=25_000)]
+        lengths = [len(e) for e in epochs(probe, DEFAULT_EPOCHS, limit=200_000)]
     points = default_points(r, lengths)
     wanted: dict = collections.defaultdict(list)
     for p in points:
@@ -643,7 +643,7 @@ def load_defaults(saved: dict) -> list:
                 out.append({"load_refused": str(exc)[:300]})
                 continue
             try:
-                out.append({"got": epochs(b, DEFAULT_EPOCHS - point["epoch"], limit=25_000)})
+                out.append({"got": epochs(b, DEFAULT_EPOCHS - point["epoch"], limit=200_000)})
             except Exception as exc:
                 out.append({"raised": f"{type(exc).__name__}: {exc}"[:300],
                             "where": traceback.format_exc().splitlines()[-3].strip()})
