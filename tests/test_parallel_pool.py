@@ -476,3 +476,157 @@ def test_a_worker_whose_pool_is_gone_exits_quietly():
     proc.join(30)
     task_w.close()
     assert proc.exitcode == 0
+
+
+# --- processes a task starts: a forked child's exit is its own, and nothing outlives the pool ---------
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _ps(pids) -> str:
+    """``ps`` of ``pids`` (for an assertion's message)."""
+    import subprocess
+
+    if not pids:
+        return "(none)"
+    return subprocess.run(["ps", "-o", "pid,ppid,pgid,stat,etime,args", "-p", ",".join(map(str, pids))],
+                          capture_output=True, text=True).stdout
+
+
+def forking_init(how, ctx):
+    """A task that forks a child which ends as ``how`` says, waits for it and returns its exit code."""
+    import signal
+    import sys
+
+    def run(x):
+        pid = os.fork()
+        if pid == 0:  # the child: never waits for anything here, whatever the worker loop does after
+            if how == "exit0":
+                sys.exit(0)
+            if how == "exit3":
+                sys.exit(3)
+            if how == "raise":
+                raise RuntimeError("the child fails")
+            return x  # "return": the child comes back to the worker loop
+        deadline = time.monotonic() + PROMPTLY_S
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return x, os.waitstatus_to_exitcode(status)
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)  # it stayed in the worker loop: the bug this test is about
+        os.waitpid(pid, 0)
+        return x, "stayed"
+
+    return run
+
+
+@pytest.mark.parametrize("processes", [True, False])
+@pytest.mark.parametrize("how, code", [("exit0", 0), ("exit3", 3), ("raise", 1), ("return", 0)])
+def test_a_child_forked_by_a_task_ends_as_its_own_process_not_a_worker_error(processes, how, code, leak_check):
+    """``sys.exit(0)`` in a child that a map function forks (as code written for a main process ends one)
+    was "SystemExit in worker 0", and the child then waited for tasks forever, holding the caller's stdout.
+    The child is not the worker: it leaves with its own exit code at once, whatever way it comes back."""
+    with WorkerPool(functools.partial(forking_init, how), 2, processes=processes, start_method="fork") as pool:
+        pool.start()
+        for i in range(4):
+            pool.put(i)
+        assert [pool.get(timeout=2 * PROMPTLY_S)[1] for _ in range(4)] == [(i, code) for i in range(4)]
+
+
+def sleeper_init(ctx):
+    """A task that starts a process left running (``sleep``) and one orphaned at once (a double fork),
+    and returns their pids."""
+    import subprocess
+
+    def run(x):
+        kept = subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL)
+        r, w = os.pipe()
+        middle = os.fork()
+        if middle == 0:
+            grandchild = os.fork()
+            if grandchild == 0:
+                os.close(r)
+                os.write(w, f"{os.getpid()}\n".encode())
+                time.sleep(600)
+            os._exit(0)  # the grandchild is an orphan now
+        os.close(w)
+        orphan = int(os.read(r, 64))
+        os.close(r)
+        os.waitpid(middle, 0)
+        return kept.pid, orphan
+
+    return run
+
+
+def test_processes_that_tasks_start_end_when_the_pool_closes(leak_check):
+    """Each worker leads a process group of its own; ``close()`` ends what is left in it: a process a task
+    started and left running, and one orphaned at once (reparented away from the worker)."""
+    with WorkerPool(sleeper_init, 2, start_method="fork") as pool:
+        pool.start()
+        for i in range(4):
+            pool.put(i)
+        pids = [p for _ in range(4) for p in pool.get(timeout=PROMPTLY_S)[1]]
+        assert all(_alive(p) for p in pids), _ps(pids)
+        before = _ps(pids)
+        workers = pool.pids
+        assert all(os.getpgid(p) in workers for p in pids), before  # in the workers' groups, not pytest's
+    assert wait_for(lambda: not any(_alive(p) for p in pids)), f"before close():\n{before}after:\n{_ps(pids)}"
+
+
+_STDOUT_SCRIPT = """
+import os, subprocess, sys, time
+import bridgeflow as bf
+
+def task(x):
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # a child written like a main program, never waited for
+    if x < 2:
+        p = subprocess.Popen(["sleep", "600"])  # a process left running
+        with open(sys.argv[1], "a") as f:
+            f.write(f"{p.pid} {pid}\\n")
+    return [x]
+
+if __name__ == "__main__":
+    with bf.MultiProcessMapData(bf.DataFromList(list(range(8)), shuffle=False), 2, task) as df:
+        df.reset_state()
+        print("got", sorted(dp[0] for dp in df), flush=True)
+"""
+
+
+def test_a_caller_reading_the_consumers_stdout_is_not_held_by_what_tasks_started(tmp_path):
+    """A caller waits for the end of the consumer's stdout (``subprocess.run(..., stdout=PIPE)``): what
+    the map function forked or started inherits that pipe, so it ends when the consumer does only if
+    nothing outlives the flow."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "consumer.py"
+    script.write_text(_STDOUT_SCRIPT)
+    pids_file = tmp_path / "pids"
+    proc = subprocess.Popen([sys.executable, str(script), str(pids_file)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=2 * PROMPTLY_S)
+    except subprocess.TimeoutExpired:
+        out, err = "", "the caller's read did not end"
+    finally:
+        pids = [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
+        left = [p for p in pids if _alive(p)]
+        report = _ps(left)
+        for p in left:  # what the bug leaves, so that it does not outlive the test either
+            os.kill(p, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert out.strip() == f"got {list(range(8))}", err[-2000:]
+    assert proc.returncode == 0 and "SystemExit" not in err, err[-2000:]
+    assert len(pids) >= 4 and not left, report  # (workers read ahead into the next epoch: more tasks ran)

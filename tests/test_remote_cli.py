@@ -135,3 +135,23 @@ def test_register_defaults_to_loopback():
     args = parser.parse_args(["serve", "mod:fn"])
     assert args.addr == DEFAULT_ADDR and DEFAULT_ADDR.startswith("tcp://127.0.0.1:")
     assert args.epochs == 1 and args.hwm == 50 and callable(args.func)
+
+
+def test_an_address_other_machines_reach_needs_keys_or_allow_insecure(tmp_path):
+    """Without --keys, serve binds only loopback or ipc://: any peer that can connect could read the stream.
+    The error names both ways out; --allow-insecure binds (here, a wildcard) for a network you trust."""
+    import socket
+
+    src = tmp_path / "one.py"
+    src.write_text("from bridgeflow import DataFromList\n\ndef flow():\n    return DataFromList([[1]])\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    addr = f"tcp://0.0.0.0:{port}"
+    rc, _, err = finish(serve(f"{src}:flow", "--addr", addr, "--quiet"))
+    assert rc == 1 and addr in err
+    assert "keys=FOLDER" in err and "bridgeflow keys FOLDER" in err and "--allow-insecure" in err, err
+    proc = serve(f"{src}:flow", "--addr", addr, "--quiet", "--allow-insecure", "--send-timeout", "20")
+    got = read_all(f"tcp://127.0.0.1:{port}")
+    rc, out, err = finish(proc)
+    assert rc == 0 and [int(dp[0]) for dp in got] == [1], err

@@ -1,6 +1,7 @@
 """The wire with and without CurveZMQ keys, over real sockets, with real producer processes and rogue peers:
-with keys, injection, spoofed ends and stream theft fail; without, one stray or spoofed message is dropped
-and counted, and the bytes a consumer buffers are bounded across producers."""
+with keys, a stranger cannot end, inject, corrupt, flood or steal the stream; without, one stray message is
+dropped and counted, a stranger that says hello is a producer like any other (what the docs say, and why
+keyless addresses are loopback only), and the bytes a consumer buffers are bounded across producers."""
 
 from __future__ import annotations
 
@@ -163,6 +164,87 @@ def test_with_keys_a_rogue_producer_cannot_inject_or_end_the_stream(leak_check, 
         stats = df.stats()["RemoteDataZMQ"]
         assert stats["messages_dropped"] == 0  # never even reached the flow
         assert stats["peers_refused"] >= 1  # the one with keys of its own was refused by key
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+STRANGER = {  # what a stranger sends after its hello, to do what the docs say keys prevent
+    "end": lambda: [[P.LAST]],
+    "inject": lambda: [[b"\x93BFC" + bytes(28)], [P.END]],
+    "corrupt": lambda: [[P.SPLIT_PART, b"x" * 100], [P.ERROR + b"spoofed error"]],
+    "flood": lambda: [[bytes(1 << 20)] * 300],  # one message of 300 frames of 1 MiB, each under the frame cap
+}
+
+
+def _stranger(addr, attack, done):
+    """A peer without the job's keys, in a process of its own (what it buffers is not the consumer's)."""
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    push.setsockopt(zmq.SNDTIMEO, 2000)
+    push.connect(addr)
+    tag = [P.TAG + os.urandom(P.TAG_ID_BYTES)]
+    for msg in [[P.HELLO], *STRANGER[attack]()]:
+        try:
+            push.send_multipart(tag + msg)
+        except zmq.Again:
+            break
+    done.set()
+    time.sleep(PROMPTLY_S)  # connected (and trying) while the real stream runs; killed at the end
+    push.close(0)
+    ctx.term()
+
+
+@pytest.mark.parametrize("attack", list(STRANGER))
+def test_with_keys_a_stranger_cannot_end_inject_corrupt_or_flood_the_stream(leak_check, producer, keys, attack):
+    """A bound consumer with keys; a stranger without them connects before the real producer and sends a hello
+    then an end, a datapoint, a malformed piece and an error, or one message of 300 frames of 1 MiB (ZeroMQ
+    bounds frames, not messages: without keys a consumer buffers it whole). Its handshake fails, so none of it
+    is read or buffered: the real stream arrives whole and the consumer's memory does not grow by it."""
+    addr = free_tcp()
+    with RemoteDataZMQ(addr, bind=True, producers=1, keys=keys, timeout=20) as df:
+        df.reset_state()
+        before = _rss_kib()
+        done = FORK.Event()
+        stranger = FORK.Process(target=_stranger, args=(addr, attack, done), daemon=True)
+        stranger.start()
+        try:
+            assert done.wait(PROMPTLY_S)
+            time.sleep(1.0)  # the stranger's bytes arrive (or are refused) meanwhile
+            producer(addr, keys, bind=False, delay=0.01)
+            assert labels(df) == list(range(N))
+            stats = df.stats()["RemoteDataZMQ"]
+            assert stats["messages_dropped"] == 0 and stats["producers_lost"] == 0, stats  # none of it reached the flow
+            assert _rss_kib() - before < 64 << 10, (before, _rss_kib())  # KiB: not the 300 MiB it sent
+        finally:
+            stranger.kill()
+            stranger.join(5)
+
+
+def test_without_keys_a_stranger_that_says_hello_is_a_producer(leak_check, producer, rogue):
+    """What the docs say of a keyless stream, and why keyless addresses are this machine's only: a stranger that
+    says hello first is heard as a producer. Its "last" ends the iteration before the real stream did (the
+    bound consumer waits for one producer), with nothing dropped; its datapoint is delivered as data."""
+    addr = free_tcp()
+    with RemoteDataZMQ(addr, bind=True, producers=1, timeout=PROMPTLY_S) as df:
+        df.reset_state()
+        push = rogue(zmq.PUSH)
+        push.connect(addr)
+        tag = [P.TAG + os.urandom(P.TAG_ID_BYTES)]
+        for msg in ([P.HELLO], *encode_frames_list([np.arange(3), 999]), [P.LAST]):
+            push.send_multipart(tag + msg)
+        got = labels(df)
+        assert got == [999] and df.stats()["RemoteDataZMQ"]["messages_dropped"] == 0
+
+
+def encode_frames_list(dp):
+    from bridgeflow.serialize._codec import encode_frames
+
+    return [[bytes(memoryview(f).cast("B")) if not isinstance(f, bytes) else f for f in encode_frames(dp)]]
 
 
 def test_with_keys_a_rogue_consumer_cannot_take_the_stream(leak_check, producer, keys, rogue, tmp_path):

@@ -519,3 +519,36 @@ def test_max_message_bytes_is_validated():
     for bad in (0, -1, 1.5, True, "1"):
         with pytest.raises(ValueError, match="max_message_bytes"):
             RemoteDataZMQ("tcp://127.0.0.1:1", max_message_bytes=bad)
+
+
+def test_without_keys_only_addresses_of_this_machine_unless_allowed(leak_check):
+    """Without keys, any peer that can connect can read, end, inject or corrupt the stream: an address other
+    machines can reach is refused (naming keys=, `bridgeflow keys` and allow_insecure=True) by the consumer and
+    the producer, binding or connecting; loopback and ipc:// need nothing, keys or allow_insecure=True open the
+    rest."""
+    from bridgeflow.remote._protocol import is_local
+
+    for addr in ("tcp://127.0.0.1:5555", "tcp://127.3.4.5:5555", "tcp://localhost:5555", "tcp://[::1]:5555",
+                 "ipc:///tmp/bf.sock"):
+        assert is_local(addr), addr
+    for addr in ("tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://10.0.0.5:5555", "tcp://trainer:5555",
+                 "tcp://eth0:5555", "tcp://[::]:5555"):
+        assert not is_local(addr), addr
+    refused = r"can be reached from other machines.*keys=FOLDER.*bridgeflow keys FOLDER.*allow_insecure=True"
+    with pytest.raises(ValueError, match="tcp://10.0.0.5:5555 " + refused):
+        RemoteDataZMQ("tcp://10.0.0.5:5555")
+    with pytest.raises(ValueError, match="tcp://0.0.0.0:5555 " + refused):
+        RemoteDataZMQ(["tcp://127.0.0.1:5556", "tcp://0.0.0.0:5555"], bind=True)
+    with pytest.raises(ValueError, match="tcp://0.0.0.0:5555 " + refused):
+        send_dataflow_zmq(DataFromList([[1]]), "tcp://0.0.0.0:5555")
+    with pytest.raises(ValueError, match="tcp://10.0.0.5:5555 " + refused):
+        send_dataflow_zmq(DataFromList([[1]]), "tcp://10.0.0.5:5555", bind=False)
+    RemoteDataZMQ("tcp://10.0.0.5:5555", allow_insecure=True).close()  # allowed: nothing opened before reset_state
+    port = free_tcp().rpartition(":")[2]
+    with RemoteDataZMQ(f"tcp://0.0.0.0:{port}", bind=True, allow_insecure=True, producers=1, timeout=20) as df:
+        df.reset_state()
+        sender = threading.Thread(target=send_dataflow_zmq, args=(DataFromList([[i] for i in range(5)], shuffle=False),
+                                                                  f"tcp://127.0.0.1:{port}"), kwargs={"bind": False})
+        sender.start()
+        assert [dp[0] for dp in df] == list(range(5))
+        sender.join(PROMPTLY_S)

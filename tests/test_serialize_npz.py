@@ -159,3 +159,99 @@ def test_flipped_and_cut_files_give_the_saved_data_or_a_library_error(tmp_path):
             assert_same_datapoints(dps, got)
         p.unlink()
     assert errors > 140
+
+
+# --- compression: decoders bounded by what the file declares ------------------------------------------
+
+sys_path_fuzz = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz")
+
+
+def _crafted():
+    import sys
+
+    if sys_path_fuzz not in sys.path:
+        sys.path.insert(0, sys_path_fuzz)
+    import crafted
+
+    return crafted
+
+
+@pytest.mark.parametrize("method", ["deflate", "bzip2", "lzma"])
+def test_a_member_that_inflates_past_its_declared_size_is_refused_naming_it(tmp_path, method):
+    """A member whose stream goes on past the size it declares (its CRC is that of the declared bytes): zipfile
+    inflated a bzip2 or LZMA chunk whole and cut it to size afterwards, so a 3.7 KB file cost 4.3 GB and
+    loaded without error. The reader stops one byte past the declared size."""
+    path = tmp_path / f"{method}.npz"
+    _crafted().npz_bomb(str(path), method, extra=64 << 20)
+    with pytest.raises(CorruptDataError, match=rf"{method}\.npz: .*member 'c0\.npy': its compressed data runs past "
+                                               r"the \d+ bytes it declares"):
+        NumpyData(path)
+
+
+@pytest.mark.parametrize("method", ["stored", "deflate", "bzip2", "lzma"])
+def test_members_of_every_method_read_back_and_lies_about_sizes_are_refused(tmp_path, method):
+    crafted = _crafted()
+    good = save(tmp_path, every_kind(12))
+    members = crafted._members(str(good))
+    honest = tmp_path / "honest.npz"
+    import zlib
+
+    crafted.write_zip(str(honest), [(n, method, len(d), zlib.crc32(d), crafted._compress(method, [d]))
+                                    for n, d in members])
+    assert_same_datapoints(list(NumpyData(good, shuffle=False)), list(NumpyData(honest, shuffle=False)))
+    short = tmp_path / "short.npz"  # a stream that ends before the declared size
+    n, d = members[0]
+    crafted.write_zip(str(short), [(n, method, len(d), zlib.crc32(d), crafted._compress(method, [d[:-5]]))]
+                      + [(m, "stored", len(e), zlib.crc32(e), e) for m, e in members[1:]])
+    with pytest.raises(CorruptDataError, match=r"short\.npz: .*(ends after \d+ of|more than its \d+ stored bytes)"):
+        NumpyData(short)
+    huge = tmp_path / "huge.npz"  # 4 GB declared: more than the bytes can give (bzip2 could: the npy header cannot)
+    crafted.write_zip(str(huge), [(n, method, 0xFFFF_FFF0, zlib.crc32(d), crafted._compress(method, [d]))]
+                      + [(m, "stored", len(e), zlib.crc32(e), e) for m, e in members[1:]])
+    with pytest.raises(CorruptDataError, match=r"huge\.npz: .*(declares 4294967280 bytes, more than its \d+ |"
+                                               r"but it holds 4294967\d+ bytes)"):
+        NumpyData(huge)
+
+
+def test_a_name_two_members_share_is_refused_as_ambiguous(tmp_path):
+    path = tmp_path / "dup.npz"
+    _crafted().npz_duplicate(str(path))
+    with pytest.raises(CorruptDataError, match=r"dup\.npz: .*member 'c0\.npy' appears twice: which one to read is "
+                                               "ambiguous"):
+        NumpyData(path)
+
+
+MEMORY_SCRIPT = """
+import sys
+from bridgeflow.serialize._npz_format import NumpyData
+
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) << 10
+
+open("/proc/self/clear_refs", "w").write("5")
+before = hwm()
+ds = NumpyData(sys.argv[1], shuffle=False)
+print(hwm() - before, ds[0][0].nbytes)
+"""
+
+
+def test_a_deflate_member_costs_its_array_once(tmp_path):
+    """A deflate npz of a 64 MiB array: zipfile's reader handed the member over as one bytes object before it
+    was copied into the array (twice the array: 1,074 MB for a 522 KB file of 512 MiB); pieces of 1 MiB go
+    straight into the array now."""
+    import subprocess
+    import sys
+    import zlib
+
+    crafted = _crafted()
+    src = save(tmp_path, [[np.zeros(64 << 20, np.uint8)]], name="big.npz")
+    members = crafted._members(str(src))
+    path = tmp_path / "deflate.npz"
+    crafted.write_zip(str(path), [(n, "deflate", len(d), zlib.crc32(d), crafted._compress("deflate", [d]))
+                                  for n, d in members])
+    assert path.stat().st_size < 1 << 20
+    proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(path)], capture_output=True, text=True, timeout=120)
+    grew, nbytes = map(int, proc.stdout.split())
+    assert nbytes == 64 << 20 and grew < nbytes + (16 << 20), (grew, proc.stderr[-2000:])

@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from deaths import die, once
 from test_torch_loader import ArrayDataset, assert_same, failing_init_fn, outcomes
 
 import bridgeflow
@@ -230,3 +231,156 @@ def test_num_workers_of_other_types_like_torch(num_workers, leak_check):
             except Exception as exc:
                 results.append((type(exc), str(exc)))
     assert results[0] == results[1]
+
+
+# --- max_restarts and on_error ----------------------------------------------------------------------
+
+
+class Fragile(tud.Dataset):
+    """60 samples of 2,000 numbers (batches travel in shared memory); ``__getitem__`` raises for ``bad``; the worker
+    reading ``kill`` is SIGKILLed (the first time only, ``flag``), the one reading ``crash`` segfaults (always, up to
+    the bound of deaths counted in ``flag``).
+    Each sample carries the worker's id and seed as torch's get_worker_info() gives them."""
+
+    def __init__(self, bad=(), kill=None, flag="", crash=None):
+        self.bad, self.kill, self.flag, self.crash = bad, kill, flag, crash
+
+    def __len__(self):
+        return 60
+
+    def __getitem__(self, i):
+        if i == self.kill and once(self.flag):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if i == self.crash:
+            die("segv", self.flag)
+        if i in self.bad:
+            raise OSError(f"sample {i}: truncated file")
+        info = tud.get_worker_info()
+        who = [-1, -1] if info is None else [info.id, info.seed]
+        return {"x": torch.full((2000,), i), "who": torch.tensor(who)}
+
+
+def batches(loader):
+    return [(b["x"][:, 0].tolist(), b["who"].tolist()) for b in loader]
+
+
+def make(num_workers, **kw):
+    return DataLoader(Fragile(**kw.pop("ds", {})), batch_size=4, shuffle=True, num_workers=num_workers,
+                      generator=torch.Generator().manual_seed(3), **kw)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_killed_worker_is_replaced_with_its_id_and_seed_and_the_epoch_is_the_undisturbed_one(
+        tmp_path, in_order, pinned, leak_check):
+    from torch_backends import FakePinnedMemory
+
+    ref = make(2)
+    want = batches(ref)
+    loader = make(2, ds={"kill": 30, "flag": str(tmp_path / "once")}, max_restarts=1, in_order=in_order,
+                  pin_memory=pinned)
+    loader._bf.pin_backend = FakePinnedMemory() if pinned else None
+    got = batches(loader)
+    if in_order:  # each batch from the worker (id and seed) that read it in the undisturbed run
+        assert got == want
+    else:  # batches as they are ready, from either worker
+        assert sorted(x for x, _ in got) == sorted(x for x, _ in want)
+    assert loader.stats()["DataLoader"]["restarts"] == 1
+
+
+def test_a_persistent_worker_replaced_in_one_epoch_serves_the_next(tmp_path, leak_check):
+    ref = make(2, persistent_workers=True)
+    want = [batches(ref), batches(ref)]
+    ref.close()
+    loader = make(2, ds={"kill": 50, "flag": str(tmp_path / "once")}, max_restarts=1, persistent_workers=True)
+    assert [batches(loader), batches(loader)] == want
+    assert loader.stats()["DataLoader"]["restarts"] == 1  # the pool's, over its life
+    loader.close()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_skip_leaves_failing_samples_out_of_their_batches_the_same_with_and_without_workers(num_workers, caplog,
+                                                                                            leak_check):
+    loader = make(num_workers, ds={"bad": (4, 17, 18)}, on_error="skip")
+    with caplog.at_level("WARNING", "bridgeflow.adapters.torch._epoch"):
+        got = [x for x, _ in batches(loader)]
+    full = [x for x, _ in batches(make(0))]
+    assert got == [[i for i in b if i not in (4, 17, 18)] for b in full if set(b) - {4, 17, 18}]
+    assert loader.stats()["DataLoader"]["skipped"] == 3
+    lines = [r.getMessage() for r in caplog.records if "skipped the sample at index" in r.getMessage()]
+    assert len(lines) == 3 and any("index 17: OSError: sample 17: truncated file" in m for m in lines), lines
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_sample_that_skips_a_whole_batch_leaves_no_batch(num_workers, leak_check):
+    loader = DataLoader(Fragile(bad=(4, 5)), batch_size=2, num_workers=num_workers, on_error="skip")
+    got = [b["x"][:, 0].tolist() for b in loader]
+    assert [4, 5] not in got and len(got) == 29 and loader.stats()["DataLoader"]["skipped"] == 2
+    loader = DataLoader(Fragile(bad=(4,)), batch_size=None, num_workers=num_workers, on_error="skip")
+    assert [int(s["x"][0]) for s in loader] == [i for i in range(60) if i != 4]
+
+
+class ItemsDataset(tud.Dataset):
+    """A dataset read a batch at a time (``__getitems__``) that fails on index 7."""
+
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return self.__getitems__([i])[0]
+
+    def __getitems__(self, indices):
+        if 7 in indices:
+            raise KeyError(7)
+        return [torch.tensor(i) for i in indices]
+
+
+def test_skip_reads_a_batch_dataset_sample_by_sample_only_when_the_batch_fails(leak_check):
+    loader = DataLoader(ItemsDataset(), batch_size=4, num_workers=2, on_error="skip")
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6], [8, 9, 10, 11], [12, 13, 14, 15],
+                                            [16, 17, 18, 19]]
+
+
+def test_a_sample_that_segfaults_every_worker_is_named_or_skipped(tmp_path, caplog, leak_check):
+    with pytest.raises(bridgeflow.WorkerError) as info:
+        batches(make(2, ds={"crash": 21, "flag": str(tmp_path / "raise")}, max_restarts=3))
+    text = str(info.value)
+    assert "is killed by signal: Segmentation fault" in text
+    assert "the sample at index 21: it killed 2 worker processes in turn" in text and "SIGSEGV" in text
+    loader = make(2, ds={"crash": 21, "flag": str(tmp_path / "skip")}, max_restarts=3, on_error="skip")
+    with caplog.at_level("WARNING"):
+        got = [x for x, _ in batches(loader)]
+    assert got == [[i for i in b if i != 21] for b in (x for x, _ in batches(make(0)))]
+    stats = loader.stats()["DataLoader"]
+    assert stats["skipped"] == 1 and stats["restarts"] == 2
+    assert any("skipped the sample at index 21: it killed 2 worker processes" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_resume_after_skips_is_exact(num_workers, leak_check):
+    full = batches(make(num_workers, ds={"bad": (4, 17, 18, 40)}, on_error="skip"))
+    loader = make(num_workers, ds={"bad": (4, 17, 18, 40)}, on_error="skip")
+    it = iter(loader)
+    head = [next(it) for _ in range(7)]
+    state = loader.state_dict()
+    del it
+    again = make(num_workers, ds={"bad": (4, 17, 18, 40)}, on_error="skip")
+    again.load_state_dict(state)
+    rest = batches(again)
+    assert [(b["x"][:, 0].tolist(), b["who"].tolist()) for b in head] + rest == full
+
+
+def test_restarts_and_skips_are_refused_where_they_cannot_hold():
+    with pytest.raises(ValueError, match="max_restarts=2 needs a map-style dataset"):
+        DataLoader(FailingIterable(3), num_workers=2, max_restarts=2)
+    with pytest.raises(ValueError, match="on_error='skip' leaves out samples whose __getitem__ raises"):
+        DataLoader(FailingIterable(3), on_error="skip")
+    with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip'"):
+        DataLoader(list(range(4)), on_error="ignore")
+    with pytest.raises(ValueError, match="max_restarts must be an integer >= 0"):
+        DataLoader(list(range(4)), max_restarts=-1)
+    loader = DataLoader(list(range(4)), max_restarts=2, on_error="skip")  # kept, as torch keeps its arguments
+    assert (loader.max_restarts, loader.on_error) == (2, "skip")
+    assert sorted(DataLoader(list(range(8)), batch_size=4, num_workers=2).stats() or {"DataLoader": {}}) == \
+        ["DataLoader"]

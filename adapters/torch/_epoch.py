@@ -25,6 +25,7 @@ torch's private names are :class:`~._compat.TorchIteratorNames`'s), but none of 
 
 from __future__ import annotations
 
+import logging
 import operator
 import time
 import warnings
@@ -39,13 +40,17 @@ from ._draws import DrawOrder
 from ._fetch import COLLATE, ITERABLE, MAP, WorkerSpec
 from ._flows import StreamReads
 from ._pin_memory import PinThread, loader_pinner, pins, update_pinner
-from ._result import ENDED, FAILED, STOPPED
+from ._result import ENDED, FAILED, SKIPPED, STOPPED
 from ._resume import ResumePlan
 from ._sample_seeds import SeededTask, task_seed
 from ._sources import LocalSource, PoolSource
 from ._state import EpochRecord
 
 __all__ = ["EpochIterator", "EpochStats", "LoaderStateError"]
+
+log = logging.getLogger(__name__)
+
+_LOGGED = 20  # skipped samples logged as warnings per epoch; the later ones at debug level (stats() counts them)
 
 
 class LoaderStateError(BridgeflowError, ValueError, AssertionError):
@@ -57,13 +62,14 @@ class EpochStats:
     """One epoch's figures (see ``DataLoader.stats()``): counted by its iterator, kept by the loader. The
     pool's figures are read from ``pool`` while it runs, and kept as they were when it stopped."""
 
-    def __init__(self, workers: int, depth: int) -> None:
-        self.workers, self.depth = workers, depth
+    def __init__(self, workers: int, depth: int, skips: bool = False) -> None:
+        self.workers, self.depth, self.skips = workers, depth, skips
         self.restart()
 
     def restart(self) -> None:
         """Another epoch (persistent workers): its own figures."""
         self.batches = 0
+        self.skipped = 0  # samples left out under on_error="skip"
         self.wait_s = 0.0  # time the consumer spent waiting for batches
         self.since: float | None = None  # when the first batch was asked for
         self.until: float | None = None  # when the epoch ended or its iterator stopped
@@ -96,6 +102,8 @@ class EpochStats:
         elapsed = max(end - self.since, 1e-9)
         out = {"batches": self.batches, "workers": self.workers, "consumer_wait_s": self.wait_s,
                "consumer_wait_frac": min(1.0, self.wait_s / elapsed)}
+        if self.skips:
+            out["skipped"] = self.skipped
         out.update(self._pool_figures if self.until is not None else self._read_pool())
         return out
 
@@ -142,11 +150,11 @@ class EpochIterator(_compat.TorchIteratorNames):
             auto_collation=_compat.auto_collation(loader), collate_fn=loader.collate_fn, drop_last=loader.drop_last,
             base_seed=self.draws.base_seed, num_workers=max(1, workers), worker_init_fn=loader.worker_init_fn,
             shared_seed=self.draws.shared_seed, world_size=world_size, rank=rank,
-            saved=plan.worker_states if plan is not None else kept.get("workers"))
+            saved=plan.worker_states if plan is not None else kept.get("workers"), skip=loader.on_error == "skip")
         self._spec = spec
         self._sampler = _compat.index_sampler(loader)
         self._pool: PoolSource | None = None
-        self.stats = bf.stats = EpochStats(self._num_workers, depth)
+        self.stats = bf.stats = EpochStats(self._num_workers, depth, skips=loader.on_error == "skip")
         try:
             if workers == 0:
                 self._source = LocalSource(spec)
@@ -289,11 +297,15 @@ class EpochIterator(_compat.TorchIteratorNames):
                 else:
                     self._end_epoch()
                 raise StopIteration
-            record.deliver(seq, worker)  # an error is consumed too: a resume must not read it again
-            if self._stream is not None:
+            if result.skipped:
+                self._note_skipped(result.skipped)
+            record.deliver(seq, worker)  # an error (or a batch skipped whole) is consumed too: a resume must not
+            if self._stream is not None:  # read it again
                 self._stream.delivered(record)
             if self._source.reads_ahead:
                 self._fill()  # the task replacing it, drawn here as torch does
+            if result.tag == SKIPPED:  # no sample of it is left
+                continue
             if result.tag == FAILED:
                 error = result.value
                 try:
@@ -301,6 +313,17 @@ class EpochIterator(_compat.TorchIteratorNames):
                 finally:  # no cycle through this frame: the iterator goes when the user drops it
                     del error, result
             return result.value
+
+    def _note_skipped(self, skipped: list) -> None:
+        """Samples left out of a batch under ``on_error="skip"``: counted, and logged with their index."""
+        stats = self.stats
+        for index, error in skipped:
+            stats.skipped += 1
+            what = "a batch of the DataFlow's samples" if index is None else \
+                f"the batch of indices {index!r}" if isinstance(index, list) else f"the sample at index {index!r}"
+            log.log(logging.WARNING if stats.skipped <= _LOGGED else logging.DEBUG,
+                    "DataLoader: skipped %s: %s (on_error='skip'; %d skipped in this epoch)%s", what, error,
+                    stats.skipped, "; further skips are logged at debug level" if stats.skipped == _LOGGED else "")
 
     def _end_epoch(self) -> None:
         record = self._record

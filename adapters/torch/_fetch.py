@@ -30,7 +30,7 @@ import numpy as np
 
 from . import _compat, _convert
 from ._compat import torch
-from ._result import BATCH, ENDED, STARTED, STOPPED, Result
+from ._result import BATCH, ENDED, SKIPPED, STARTED, STOPPED, Result
 from ._sample_seeds import SeededTask, Seeder
 from ._state import is_stateful
 
@@ -162,6 +162,7 @@ class WorkerSpec:
     world_size: int = 1  # torch.distributed settings, for DataPipe sharding
     rank: int = 0
     saved: list | None = None  # per worker, the dataset state to resume from (Fetcher.state)
+    skip: bool = False  # on_error="skip": a sample whose __getitem__ raises is left out of its batch
 
 
 class Reset:
@@ -258,14 +259,84 @@ class WorkerTask:
             raise RuntimeError(
                 f"DataLoader worker {self.worker_id} cannot load data: its start-up failed earlier with "
                 f"{self.failed!r} (raised with its first batch)") from self.failed
-        seeder = None
-        if type(task) is SeededTask:
-            seeder, task = Seeder(task.seed, restore=not self.in_worker), task.task
+        seeder, task = self._unseed(task)
+        if self.spec.skip:
+            return self._read_marked(task, None, None, seeder)
         try:
             data = self._fetch(self.fetcher, task, seeder)
         except StopIteration:
             return Result(ENDED if self.spec.kind == ITERABLE else STOPPED, state=self._state())
         return Result(BATCH, data, self._state())
+
+    def careful(self, task: Any, mark: Callable[[int], None], avoid: dict[int, str]) -> Result:
+        """A task a dead worker held, run again (see ``bridgeflow.parallel._transport.supervision``): a map-style
+        batch is read one sample at a time, each marked as it starts, and those in ``avoid`` (they killed
+        workers) are left out; anything else is marked as a whole."""
+        if self.spec.kind != MAP or self.error is not None or self.fetcher is None or isinstance(task, Reset):
+            mark(-1)
+            return self(task)
+        seeder, task = self._unseed(task)
+        return self._read_marked(task, mark, avoid, seeder)
+
+    def _unseed(self, task: Any) -> tuple[Seeder | None, Any]:
+        """The seeder of a ``SeededTask`` (seed_per_sample) and the task it carries; (None, task) for others."""
+        if type(task) is SeededTask:
+            return Seeder(task.seed, restore=not self.in_worker), task.task
+        return None, task
+
+    def _read_marked(self, task: Any, mark: Callable[[int], None] | None, avoid: dict[int, str] | None,
+                     seeder: Seeder | None = None) -> Result:
+        """A map-style task with ``on_error="skip"`` or run again after a death: read as a batch (as without
+        either), then, if that fails or with ``mark`` or ``avoid``, sample by sample: a sample that raises is
+        left out under ``on_error="skip"`` (listed in ``skipped``; a batch left empty is ``SKIPPED``), as are
+        those in ``avoid``; ``mark(i)`` runs before sample ``i`` (and ``mark(-1)`` before the collation).
+        With ``seeder`` each sample is read with the seeds of its place in the batch, as ``Fetcher.read`` does
+        (a dataset's ``__getitems__``, seeded once per batch there, is seeded per sample here)."""
+        fetcher = self.fetcher
+        assert fetcher is not None  # a failed start-up is raised by __call__ first
+        catch = Exception if self.spec.skip else ()
+        skipped: list = []
+        if not self.spec.auto_collation:  # the task is one index
+            if mark is not None:
+                mark(-1)
+            try:
+                sample = fetcher.read(task, seeder)
+            except StopIteration:
+                return Result(STOPPED, state=self._state())
+            except catch as exc:
+                return Result(SKIPPED, state=self._state(), skipped=[(task, f"{type(exc).__name__}: {exc}")])
+            return Result(BATCH, self._collate(fetcher, task, sample), self._state())
+        if mark is None and not avoid:  # the batch read as without on_error; sample by sample if it fails
+            try:
+                samples = fetcher.read(task, seeder)
+            except StopIteration:
+                return Result(STOPPED, state=self._state())
+            except catch:
+                pass
+            else:
+                return Result(BATCH, self._collate(fetcher, task, samples), self._state())
+        getitems = getattr(fetcher.dataset, "__getitems__", None)
+        read_one = (lambda index: getitems([index])[0]) if getitems else fetcher.dataset.__getitem__
+        kept, samples = [], []
+        for i, index in enumerate(task):
+            if mark is not None:
+                mark(i)
+            if avoid and i in avoid:
+                skipped.append((index, avoid[i]))
+                continue
+            try:
+                samples.append(read_one(index) if seeder is None else seeder(i, read_one, index))
+            except StopIteration:
+                return Result(STOPPED, state=self._state())
+            except catch as exc:
+                skipped.append((index, f"{type(exc).__name__}: {exc}"))
+                continue
+            kept.append(index)
+        if mark is not None:
+            mark(-1)
+        if not samples:
+            return Result(SKIPPED, state=self._state(), skipped=skipped)
+        return Result(BATCH, self._collate(fetcher, kept, samples), self._state(), skipped or None)
 
     def _state(self) -> Any:
         """The dataset's state now (None without one; the exception if reading it failed)."""
@@ -280,7 +351,9 @@ class WorkerTask:
     def _fetch(self, fetcher: Fetcher, task: Any, seeder: Seeder | None = None) -> Any:
         """Read the task's samples and collate them: nothing more per sample than torch does. When torch's
         collation fails on a value that could not be sent either, the error names that value's sample."""
-        samples = fetcher.read(task, seeder)
+        return self._collate(fetcher, task, fetcher.read(task, seeder))
+
+    def _collate(self, fetcher: Fetcher, task: Any, samples: Any) -> Any:
         try:
             return fetcher.collate_fn(samples)
         except Exception as exc:

@@ -55,6 +55,7 @@ from typing import Any, TypeVar
 
 from bridgeflow._base import DataFlow
 from bridgeflow._shard import warn_if_unsharded
+from bridgeflow.parallel._transport.supervision import check_max_restarts
 from bridgeflow.pipeline import iter_flows
 
 from . import _compat
@@ -150,6 +151,20 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
     ``num_workers`` and after a resume, byte for byte. Off by default: torch draws them from each worker's
     stream, and seeding costs some microseconds per sample (``docs/torch.md``).
 
+    And two keywords of bridgeflow's own, for faults (see the Faults page), kept as attributes too:
+
+    - ``max_restarts`` (default 0): how many dead worker processes (a signal, the OOM killer, an exit) are
+      replaced in an iterator's life (an epoch; the loader's life with ``persistent_workers``) before a
+      death is an error, as torch's. A replacement has the dead worker's id, seed and ``get_worker_info()``,
+      runs ``worker_init_fn`` and reads the batches the dead one held again: the epoch gives the batches of
+      an undisturbed run. Map-style datasets and DataFlows read in this process; an ``IterableDataset``
+      worker's stream position dies with it, so it is refused there.
+    - ``on_error`` (default ``"raise"``): ``"skip"`` leaves a sample whose ``__getitem__`` raises out of its
+      batch (the batch is shorter: batches stay the sampler's; a batch left empty is not handed out),
+      counts it in ``stats()["DataLoader"]["skipped"]`` and logs its index and the exception; a sample that
+      kills every worker it meets is left out alike (within ``max_restarts``). Map-style datasets only; the
+      same with ``num_workers=0``.
+
     Example:
         >>> loader = DataLoader(list(range(6)), batch_size=2, shuffle=True,
         ...                     generator=torch.Generator().manual_seed(0))
@@ -169,7 +184,8 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
                  multiprocessing_context: Any = None, generator: Any = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True,
-                 snapshot_every_n_steps: int | None = 1, seed_per_sample: bool = False) -> None:
+                 snapshot_every_n_steps: int | None = 1, seed_per_sample: bool = False, max_restarts: int = 0,
+                 on_error: str = "raise") -> None:
         is_flow = isinstance(dataset, DataFlow)
         by_index = is_flow and indexable(dataset)  # read as a map-style dataset (see .flows)
         if by_index and sampler is None and batch_sampler is None and shuffles_itself(dataset):
@@ -206,6 +222,18 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
             _compat.read_as_iterable(self, True)
         else:
             kind = ITERABLE if _compat.read_as_iterable(self) else MAP
+        self.max_restarts = check_max_restarts(max_restarts, "DataLoader")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"DataLoader: on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.on_error = on_error
+        if max_restarts and kind == ITERABLE:
+            raise ValueError(f"DataLoader: max_restarts={max_restarts} needs a map-style dataset (or a DataFlow read "
+                             f"by index or in this process): a worker of {type(dataset).__name__} reads its own "
+                             "stream, and where it was in it dies with it")
+        if on_error == "skip" and kind != MAP:
+            raise ValueError(f"DataLoader: on_error='skip' leaves out samples whose __getitem__ raises, and "
+                             f"{type(dataset).__name__} is not read by index (a map-style dataset, or a DataFlow with "
+                             "len() and flow[i]); a DataFlow's map stages take on_error= themselves")
         self._bf = Internals(kind, dataset if view is None else view, view, stream=is_flow and not by_index)
 
     @property

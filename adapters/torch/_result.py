@@ -8,7 +8,11 @@ A worker's task function (:class:`~._fetch.WorkerTask`), the batch sources (:mod
 - ``STOPPED``: a map-style dataset raised ``StopIteration`` (torch ends the epoch there);
 - ``FAILED``: ``value`` is the exception the dataset, the collation or the pinning raised, to be raised to
   the user in the batch's place;
-- ``STARTED``: a persistent worker started another epoch (the answer to :class:`~._fetch.Reset`).
+- ``STARTED``: a persistent worker started another epoch (the answer to :class:`~._fetch.Reset`);
+- ``SKIPPED``: every sample of the task was left out (``on_error="skip"``): no batch.
+
+``skipped`` lists the samples left out of the task under ``on_error="skip"``, as ``(index, error)`` pairs (the
+sample's index, or the batch's indices when the task cannot be told apart; the exception as text), or is None.
 
 ``state`` is the worker's dataset state right after the task (torchdata's convention, see
 :meth:`~._fetch.Fetcher.state`): None when the dataset has none, an exception when reading it failed.
@@ -23,23 +27,27 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BATCH", "ENDED", "FAILED", "STARTED", "STOPPED", "Result"]
+__all__ = ["BATCH", "ENDED", "FAILED", "SKIPPED", "STARTED", "STOPPED", "Result"]
 
-BATCH, ENDED, STOPPED, FAILED, STARTED = "batch", "ended", "stopped", "failed", "started"
+BATCH, ENDED, STOPPED, FAILED, STARTED, SKIPPED = "batch", "ended", "stopped", "failed", "started", "skipped"
 
 
 class Result:
-    """A task's outcome: ``tag`` (see the module doc), ``value`` and the dataset's ``state`` after it."""
+    """A task's outcome: ``tag`` (see the module doc), ``value``, the dataset's ``state`` after it, and the
+    samples ``skipped``."""
 
-    __slots__ = ("state", "tag", "value")
+    __slots__ = ("skipped", "state", "tag", "value")
 
-    def __init__(self, tag: str, value: Any = None, state: Any = None) -> None:
+    def __init__(self, tag: str, value: Any = None, state: Any = None, skipped: list | None = None) -> None:
         self.tag = tag
         self.value = value
         self.state = state
+        self.skipped = skipped
 
     def __reduce__(self) -> tuple:
-        return (Result, (self.tag, self.value, self.state))
+        if self.skipped is None:
+            return (Result, (self.tag, self.value, self.state))
+        return (Result, (self.tag, self.value, self.state, self.skipped))
 
     def __repr__(self) -> str:
         return f"Result({self.tag}, state={'yes' if self.state is not None else 'none'})"

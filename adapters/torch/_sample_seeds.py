@@ -109,7 +109,7 @@ class _NumpyGlobal:
         raw = ctypes.string_at(self.addr, _MT_BYTES)
         if self.kept is not None and self.kept == (raw, None):  # as put back, nothing drawn since
             return raw, None
-        full = np.random.get_state()
+        full: Any = np.random.get_state()  # the legacy tuple: ("MT19937", key, pos, has_gauss, gauss)
         return raw, full if full[3] else None  # the full state only with a Gaussian pending
 
     def restore(self, saved: tuple[bytes | None, Any]) -> None:
@@ -117,6 +117,7 @@ class _NumpyGlobal:
         if raw is None or full is not None:
             np.random.set_state(full)
         else:
+            assert self.addr is not None  # raw is read only with an address
             np.random.seed(0)  # drops a Gaussian the sample left pending; the key is written back below
             ctypes.memmove(self.addr, raw, _MT_BYTES)
         self.kept = None if raw is None else (raw, full)
@@ -139,10 +140,11 @@ class Seeder:
         global _numpy_global
         seed = sample_seed(self.task, place)
         torch_rng = torch.default_generator
+        numpy_global = _numpy_global
         if self.restore:
-            if _numpy_global is None:
-                _numpy_global = _NumpyGlobal()
-            saved = (random.getstate(), _numpy_global.save(), torch_rng.get_state())
+            if numpy_global is None:
+                numpy_global = _numpy_global = _NumpyGlobal()
+            saved = (random.getstate(), numpy_global.save(), torch_rng.get_state())
         random.seed(seed)
         np.random.seed(_mix(seed ^ 1) & 0xFFFFFFFF)
         torch_rng.manual_seed(_mix(seed ^ 2))
@@ -152,5 +154,6 @@ class Seeder:
         finally:
             if self.restore:
                 random.setstate(saved[0])
-                _numpy_global.restore(saved[1])
+                assert numpy_global is not None
+                numpy_global.restore(saved[1])
                 torch_rng.set_state(saved[2])

@@ -30,11 +30,12 @@ from typing import Any
 
 from bridgeflow._errors import WorkerError, WorkerTimeoutError
 from bridgeflow.parallel._transport.pool import EXHAUSTED, WorkerPool
+from bridgeflow.parallel._transport.supervision import FaultPolicy
 
-from ._fetch import Reset, WorkerSpec, WorkerTask, close_source, init_worker
-from ._result import ENDED, FAILED, Result
+from ._fetch import COLLATE, MAP, Reset, WorkerSpec, WorkerTask, close_source, init_worker
+from ._result import ENDED, FAILED, SKIPPED, STARTED, Result
 
-__all__ = ["LocalSource", "PoolSource"]
+__all__ = ["LoaderFaults", "LocalSource", "PoolSource"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,32 @@ def with_torch_wording(err: WorkerError) -> WorkerError:
     return new
 
 
+class LoaderFaults(FaultPolicy):
+    """The DataLoader's :class:`~bridgeflow.parallel._transport.supervision.FaultPolicy`: a task that kills
+    every worker it meets is named by its sample's index (or its batch's), and skipped under
+    ``on_error="skip"``."""
+
+    hint = "; on_error='skip' skips it and goes on"
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.kind, self.auto_collation, self.skip = spec.kind, spec.auto_collation, spec.skip
+
+    def describe(self, task_id: int, payload: Any, item: int | None) -> str:
+        if isinstance(payload, Reset):
+            return "the start of a persistent worker's epoch"
+        if self.kind == COLLATE:
+            return "the collation of a batch of the DataFlow's samples"
+        if self.kind == MAP and self.auto_collation:
+            return f"the batch of indices {payload!r}" if item is None else f"the sample at index {payload[item]!r}"
+        return f"the sample at index {payload!r}"
+
+    def skipped(self, task_id: int, payload: Any, why: str) -> Result:
+        if isinstance(payload, Reset):
+            return Result(STARTED)
+        index = payload if self.kind == MAP else None
+        return Result(SKIPPED, skipped=[(index, why)])
+
+
 class PoolSource:
     """Batches made by ``spec.num_workers`` worker processes (see the module doc)."""
 
@@ -106,10 +133,10 @@ class PoolSource:
         self._busy_before: float | None = None  # the workers' busy seconds when the first batch was asked for
         self._put_error: BaseException | None = None
         self._seqs: dict[int, int] = {}  # the pool's task id -> the task's number in the epoch
-        options = {"ordered": False} if unordered else {}
         self._pool = WorkerPool(functools.partial(init_worker, spec), spec.num_workers, processes=True,
                                 start_method=loader.start_method, name="DataLoader", base_seed=spec.base_seed,
-                                mapping_hooks=loader._bf.mapping_hooks, **options)
+                                mapping_hooks=loader._bf.mapping_hooks, max_restarts=loader.max_restarts,
+                                fault_policy=LoaderFaults(spec), ordered=not unordered)
         self._pool.start()
 
     @property
@@ -207,6 +234,8 @@ class PoolSource:
         of batches ready when asked, and the share of the workers' time spent reading and collating since
         ``since`` (a ``time.perf_counter()``)."""
         out = {"ready_average": self._pool.fill_average()}
+        if self._pool.max_restarts:
+            out["restarts"] = self._pool.restarts
         busy = self._pool.busy_seconds()
         if busy is not None and since is not None and self._busy_before is not None:
             elapsed = max(time.perf_counter() - since, 1e-9)

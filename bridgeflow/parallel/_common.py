@@ -16,9 +16,11 @@ import numpy as np
 from .._base import DataFlow
 from .._errors import DatapointError
 from .._proxy import ProxyDataFlow
+from ._faults import SkipLog
 from ._transport.forensics import check_seconds
 from ._transport.pickling import dumps_as_launched
 from ._transport.pool import WorkerPool, describe_unpicklable
+from ._transport.supervision import check_max_restarts
 
 __all__ = [
     "ParallelStage", "check_picklable", "check_positive", "check_seconds", "chunk_size", "forever",
@@ -75,6 +77,7 @@ class _StageStats:
         self.datapoints = 0
         self.started: float | None = None
         self.busy_before = 0.0  # the workers' busy seconds when the consumer first asked for a result
+        self.skips = SkipLog()  # datapoints left out under on_error="skip"
 
     def start(self, pool: WorkerPool) -> None:
         """The consumer asks for its first result: the times count from here."""
@@ -107,6 +110,8 @@ class ParallelStage(ProxyDataFlow):
     timeout: float | None = None
     stall_warning: float | None = 60.0
     _mapping_hooks: Any = None
+    max_restarts = 0
+    on_error = "raise"
     _capacity: int  # items in flight at most (set by each stage's __init__)
 
     def _new_pool(self) -> WorkerPool:
@@ -117,9 +122,13 @@ class ParallelStage(ProxyDataFlow):
         self.timeout = check_seconds(timeout, "timeout", who)
         self.stall_warning = check_seconds(stall_warning, "stall_warning", who)
 
+    def _set_faults(self, max_restarts: int) -> None:
+        self.max_restarts = check_max_restarts(max_restarts, type(self).__name__)
+
     def _pool_options(self) -> dict[str, Any]:
-        """The WorkerPool arguments every stage passes alike (``timeout``, stall warning, mapping hooks)."""
-        return {"timeout": self.timeout, "stall_warning": self.stall_warning, "mapping_hooks": self._mapping_hooks}
+        """The WorkerPool arguments every stage passes alike (``timeout``, stall warning, mapping hooks, restarts)."""
+        return {"timeout": self.timeout, "stall_warning": self.stall_warning, "mapping_hooks": self._mapping_hooks,
+                "max_restarts": self.max_restarts}
 
     def set_mapping_hooks(self, hooks: Any) -> None:
         """Tell ``hooks`` about this stage's shared-memory slab mappings, now and after any restart of its
@@ -144,7 +153,12 @@ class ParallelStage(ProxyDataFlow):
         super().close()
 
     def _own_stats(self) -> dict[str, float]:
-        return self._stats.as_dict(self._pool, self._capacity) if hasattr(self, "_stats") else {}
+        out = self._stats.as_dict(self._pool, self._capacity) if hasattr(self, "_stats") else {}
+        if out and self.max_restarts and self._processes:  # workers replaced, and datapoints left out
+            out["restarts"] = self._pool.restarts if self._pool is not None else 0
+        if out and self.on_error == "skip":
+            out["skipped"] = self._stats.skips.count
+        return out
 
     def _live_pool(self) -> WorkerPool:
         """The pool to iterate with: a new one when the stage was closed since (as a closed reader opens its

@@ -142,6 +142,14 @@ class WorkerLedger:
             snaps.popleft()
         snaps.append((snap.count, snap.state, 0))
 
+    def position(self, worker: int, count: int) -> dict | None:
+        """Where ``worker``'s copy is after its first ``count`` datapoints (a restarted worker starts there and
+        numbers on from ``count``), or None when it cannot say."""
+        if self.error is not None:
+            return None
+        at, state, replay = self.snaps[worker][-1]  # the latest state it reported at or before count
+        return {"state": state, "replay": replay + count - at, "count": count}
+
     def positions(self) -> list[dict]:
         if self.error is not None:
             raise NotResumableError(f"a worker's copy of the flow cannot save its position: {self.error}")

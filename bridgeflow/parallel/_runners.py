@@ -6,6 +6,11 @@ State: each worker's copy reports its state every few datapoints along with them
 the last datapoint it received from it (:class:`~bridgeflow.parallel._progress.WorkerLedger`). A resume
 starts the workers from those states: each worker's continuation comes exactly once, the interleaving
 of the workers may differ.
+
+Restarts (``max_restarts``): a worker that replaces a dead one starts its copy from the same bookkeeping, at
+the position after the last datapoint the pool received from the dead one, numbering its datapoints on
+from there: each worker's stream of datapoints is exactly the undisturbed one's, the interleaving may
+differ. A copy that cannot save its state starts again from its beginning (said once in the log).
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ log = logging.getLogger(__name__)
 _RUNNER_SNAPSHOT_EVERY = 16  # a runner worker's datapoints between two states of its copy
 
 
-def _runner_init(make_flow: Callable[[], DataFlow] | DataFlow, resume: list[dict] | None,
+def _runner_init(make_flow: Callable[[], DataFlow] | DataFlow, resume: list[dict | None] | None,
                  ctx: WorkerContext) -> Callable[[Any], Any]:
     seed_worker_globals(ctx.seed)
     df = make_flow() if callable(make_flow) and not isinstance(make_flow, DataFlow) else make_flow
@@ -61,7 +66,7 @@ def _runner_init(make_flow: Callable[[], DataFlow] | DataFlow, resume: list[dict
     stream = forever(df, f"{ctx.stage} worker {ctx.worker_id}", resumed=start is not None)
     for _ in range(start["replay"] if start is not None else 0):
         next(stream)
-    count = 0
+    count = start.get("count", 0) if start is not None else 0  # a restarted worker numbers on
     every = _RUNNER_SNAPSHOT_EVERY
 
     def task(_: Any) -> Any:
@@ -144,10 +149,11 @@ class _RunnerStage(ParallelStage):
 
     def __init__(self, ds: DataFlow, num_workers: int, num_prefetch: int, *, start_method: str | None = None,
                  seed: int | None = None, factory: Callable[[], DataFlow] | None = None,
-                 timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+                 timeout: float | None = None, stall_warning: float | None = 60.0, max_restarts: int = 0) -> None:
         super().__init__(ds)
         who = type(self).__name__
         self._set_waits(timeout, stall_warning)
+        self._set_faults(max_restarts)
         self.num_workers = check_positive(num_workers, "the number of workers", who)
         self.num_prefetch = check_positive(num_prefetch, "num_prefetch", who)
         self.start_method = start_method
@@ -181,8 +187,23 @@ class _RunnerStage(ParallelStage):
         self._seed_used = True
         pool = WorkerPool(init, self.num_workers, processes=self._processes, start_method=self.start_method,
                           name=type(self).__name__, base_seed=self._seed, ordered=False,
-                          chunk_size=chunk_size(self._capacity, self.num_workers), **self._pool_options())
+                          chunk_size=chunk_size(self._capacity, self.num_workers),
+                          restart_init=functools.partial(self._restart_init, make), **self._pool_options())
         return pool
+
+    def _restart_init(self, make: Any, worker: int) -> Callable[[WorkerContext], Callable[[Any], Any]]:
+        """The init function of a worker replacing dead ``worker``: its copy starts where the dead one's was
+        after the last datapoint the pool received from it (those not yet taken from the pool included)."""
+        ledger, pool = self._workers, self._pool
+        assert ledger is not None and pool is not None  # a pool restarts its workers while it runs
+        count = ledger.received[worker] + pool.ready_from(worker)
+        start = ledger.position(worker, count)
+        if start is None:
+            log.warning("%s: worker %d's copy of the flow cannot say where it was (%s): the new worker starts its "
+                        "copy from the beginning", type(self).__name__, worker, ledger.error)
+        starts: list[dict | None] = [None] * self.num_workers
+        starts[worker] = start
+        return functools.partial(_runner_init, make, starts)
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
         if resume is not None and self._started_with is not resume:  # loaded after reset_state()
@@ -338,12 +359,12 @@ class MultiProcessRunner(_RunnerStage):
     @_note_positional
     def __init__(self, ds: DataFlow, num_prefetch: int = 16, num_proc: int | None = None, *,
                  start_method: str | None = None, seed: int | None = None, timeout: float | None = None,
-                 stall_warning: float | None = 60.0) -> None:
+                 stall_warning: float | None = 60.0, max_restarts: int = 0) -> None:
         num_proc = _check_counts(type(self).__name__, "(ds, num_prefetch, num_proc)", "(ds, num_proc, num_prefetch)",
                                  num_prefetch, num_proc, "num_proc", self.__dict__.pop("_bf_positional", False),
                                  "processes")
         super().__init__(ds, num_proc, num_prefetch, start_method=start_method, seed=seed, timeout=timeout,
-                         stall_warning=stall_warning)
+                         stall_warning=stall_warning, max_restarts=max_restarts)
         _warn_if_copies_repeat(ds, self.num_workers, type(self).__name__)
         warn_if_oversubscribed(self.num_workers, type(self).__name__, "num_proc",
                                f" (num_prefetch={self.num_prefetch}, num_proc={self.num_workers}: the counts go in "
@@ -364,7 +385,7 @@ class MultiThreadRunner(_RunnerStage):
     @_note_positional
     def __init__(self, get_df: Callable[[], DataFlow] | DataFlow, num_prefetch: int = 16,
                  num_thread: int | None = None, *, seed: int | None = None, timeout: float | None = None,
-                 stall_warning: float | None = 60.0) -> None:
+                 stall_warning: float | None = 60.0, max_restarts: int = 0) -> None:
         num_thread = _check_counts(type(self).__name__, "(get_df, num_prefetch, num_thread)",
                                    "(get_df, num_thread, num_prefetch)", num_prefetch, num_thread, "num_thread",
                                    self.__dict__.pop("_bf_positional", False), "threads")
@@ -377,4 +398,4 @@ class MultiThreadRunner(_RunnerStage):
         else:
             raise TypeError(f"MultiThreadRunner needs a DataFlow or a function returning one, got {get_df!r}")
         super().__init__(proto, num_thread, num_prefetch, seed=seed, factory=factory, timeout=timeout,
-                         stall_warning=stall_warning)
+                         stall_warning=stall_warning, max_restarts=max_restarts)

@@ -52,7 +52,8 @@ from ._common import (
     seed_worker_globals,
     warn_if_oversubscribed,
 )
-from ._fused import BatchPlan, BatchTask, WorkerBatching, map_group
+from ._faults import MapFaults, Skipped, check_on_error, map_task
+from ._fused import BatchPlan, WorkerBatching
 from ._progress import SNAPSHOT_EVERY, SourceLedger, check_runs, check_source_position
 from ._resume_plan import HeldFirst, close_stream, drop_in_flight, most_in_flight, read_ahead, resume_source
 from ._runners import MultiProcessRunner, MultiThreadRunner
@@ -63,7 +64,7 @@ __all__ = ["MultiProcessMapData", "MultiProcessRunner", "MultiThreadMapData", "M
 log = logging.getLogger(__name__)
 
 
-def _map_init(map_func: Callable[[Any], Any], ctx: WorkerContext) -> Callable[[Any], Any]:
+def _map_init(map_func: Callable[[Any], Any], ctx: WorkerContext, skip: bool = False) -> Callable[[Any], Any]:
     seed_worker_globals(ctx.seed)
     writer = ctx.writer
     who = f"map_func {getattr(map_func, '__qualname__', map_func)!s}"
@@ -78,12 +79,7 @@ def _map_init(map_func: Callable[[Any], Any], ctx: WorkerContext) -> Callable[[A
             writer.reserve(nbytes)
             return writer.alloc
 
-    def run(payload: Any) -> Any:
-        if type(payload) is not BatchTask:
-            return map_one(payload)
-        return map_group(payload, map_one, reserve)
-
-    return run
+    return map_task(map_one, reserve, skip)
 
 
 def _say_strict(saved: Any, have: Any) -> str:
@@ -114,10 +110,13 @@ class _MapStage(ParallelStage):
 
     def __init__(self, ds: DataFlow, num_workers: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
                  strict: bool = False, ordered: bool = True, *, start_method: str | None = None,
-                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0,
+                 max_restarts: int = 0, on_error: str = "raise") -> None:
         super().__init__(ds)
         who = type(self).__name__
         self._set_waits(timeout, stall_warning)
+        self._set_faults(max_restarts)
+        self.on_error = check_on_error(on_error, who)
         self.num_workers = check_positive(num_workers, "the number of workers", who)
         if not callable(map_func):
             raise TypeError(f"{who}: map_func must be callable, got {map_func!r}")
@@ -152,10 +151,11 @@ class _MapStage(ParallelStage):
         if self._processes and self.start_method not in (None, "fork"):
             check_picklable(self.map_func, "map_func", type(self).__name__, self.start_method)
         self._drop_iteration()  # the last pool's carried stream and plans: a new pool starts anew
-        return WorkerPool(functools.partial(_map_init, self.map_func), self.num_workers,
+        return WorkerPool(functools.partial(_map_init, self.map_func, skip=self.on_error == "skip"), self.num_workers,
                           processes=self._processes, start_method=self.start_method, name=type(self).__name__,
                           base_seed=self.seed, ordered=self.ordered,
-                          chunk_size=chunk_size(self.buffer_size, self.num_workers), **self._pool_options())
+                          chunk_size=chunk_size(self.buffer_size, self.num_workers), fault_policy=MapFaults(self),
+                          **self._pool_options())
 
     def _on_reset(self) -> None:
         self.ds.reset_state()
@@ -232,6 +232,26 @@ class _MapStage(ParallelStage):
     _resume = resume_source
     _read_ahead = read_ahead
     _most_in_flight = most_in_flight
+
+    def _get(self, pool: WorkerPool) -> Any:
+        out = super()._get(pool)
+        if type(out) is Skipped:  # on_error="skip": datapoints left out, to count and log
+            task = pool.last_task_id
+            self._stats.skips.note(type(self).__name__, out.records, lambda item: self._skip_position(task, item))
+            out = out.value
+        return out
+
+    def _skip_position(self, task: int, item: int | None, exact: bool = True) -> str:
+        """Where the datapoint ``item`` of ``task`` is in its epoch, in words ('' when unknown): the number of
+        a received result in an ordered epoch (``exact``: it is the one received now), or a fused group's."""
+        plan = self._plan
+        size = self._epoch_size()
+        if plan is not None and task in plan.tasks:
+            at = plan.tasks[task][0] + (item or 0) - plan.block_base
+            return f" (#{at % size if size else at} of the epoch)"
+        if exact and self.ordered and self._ledger is not None:
+            return f" (#{self._taken} of the epoch)"
+        return ""
 
     def _skipped(self, start: int) -> None:
         """A fused group received before a resume was pulled again and not sent."""
@@ -505,6 +525,14 @@ class MultiProcessMapData(_MapStage):
             naming the worker (``None``: wait for ever, as torch's ``DataLoader(timeout=0)``).
         stall_warning: after this many seconds of waiting, log a warning with the worker's pid, state and
             Python stack (``None``: never).
+        max_restarts: how many dead worker processes (a signal, the OOM killer, an exit) are replaced before
+            a death is an error (default 0: the first is, as before). A replacement has the dead worker's id
+            and seed and maps the datapoints it held again: the epoch gives the datapoints (and, ordered,
+            the order) of an undisturbed run. See the Faults page.
+        on_error: ``"raise"`` (the default) raises an exception of ``map_func`` here; ``"skip"`` drops the
+            datapoint (as if ``map_func`` returned ``None``), counts it in ``stats()["skipped"]`` and logs
+            it with the exception. A datapoint that kills every worker it meets (two deaths) is raised or
+            skipped alike.
 
     ``nr_proc=`` (tensorpack's older name of ``num_proc=``) is accepted, deprecated.
 
@@ -524,9 +552,11 @@ class MultiProcessMapData(_MapStage):
     @renamed_keywords(nr_proc="num_proc")
     def __init__(self, ds: DataFlow, num_proc: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
                  strict: bool = False, ordered: bool = True, *, start_method: str | None = None,
-                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+                 seed: int | None = None, timeout: float | None = None, stall_warning: float | None = 60.0,
+                 max_restarts: int = 0, on_error: str = "raise") -> None:
         super().__init__(ds, num_proc, map_func, buffer_size, strict, ordered, start_method=start_method,
-                         seed=seed, timeout=timeout, stall_warning=stall_warning)
+                         seed=seed, timeout=timeout, stall_warning=stall_warning, max_restarts=max_restarts,
+                         on_error=on_error)
         warn_if_oversubscribed(self.num_workers, type(self).__name__, "num_proc")
 
 
@@ -536,7 +566,8 @@ class MultiThreadMapData(_MapStage):
     ``start_method``) and the same output.
 
     Threads pay off when ``map_func`` releases the GIL (I/O, decoding in C, large numpy operations).
-    A thread cannot be killed: a ``map_func`` that never returns keeps its thread alive after ``close()``.
+    A thread cannot be killed: a ``map_func`` that never returns keeps its thread alive after ``close()``;
+    nor does it die alone, so ``max_restarts`` changes nothing here (it is taken, for the same arguments).
     ``nr_thread=`` (tensorpack's older name of ``num_thread=``) is accepted, deprecated.
     """
 
@@ -545,6 +576,7 @@ class MultiThreadMapData(_MapStage):
     @renamed_keywords(nr_thread="num_thread")
     def __init__(self, ds: DataFlow, num_thread: int, map_func: Callable[[Any], Any], buffer_size: int = 200,
                  strict: bool = False, ordered: bool = True, *, seed: int | None = None,
-                 timeout: float | None = None, stall_warning: float | None = 60.0) -> None:
+                 timeout: float | None = None, stall_warning: float | None = 60.0, max_restarts: int = 0,
+                 on_error: str = "raise") -> None:
         super().__init__(ds, num_thread, map_func, buffer_size, strict, ordered, seed=seed, timeout=timeout,
-                         stall_warning=stall_warning)
+                         stall_warning=stall_warning, max_restarts=max_restarts, on_error=on_error)

@@ -66,7 +66,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         n = send_dataflow_zmq(df, args.addr, hwm=args.hwm, codec=args.codec, epochs=epochs,
                               heartbeat_s=args.heartbeat, send_timeout=args.send_timeout,
-                              progress=not args.quiet, keys=args.keys)
+                              progress=not args.quiet, keys=args.keys, allow_insecure=args.allow_insecure)
     finally:
         if hasattr(df, "close"):
             df.close()
@@ -92,11 +92,14 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("serve", help="serve a flow or dataset file to RemoteDataZMQ consumers over ZeroMQ")
     p.add_argument("source", help="module:function returning a DataFlow, or a dataset file (LMDB, HDF5, npz)")
     p.add_argument("--addr", default=DEFAULT_ADDR,
-                   help=f"address to bind (default {DEFAULT_ADDR}, loopback only; tcp://*:PORT exposes the "
-                        "data to the whole network: unauthenticated unless --keys)")
+                   help=f"address to bind (default {DEFAULT_ADDR}, loopback only); one other machines can reach "
+                        "needs --keys, or --allow-insecure")
     p.add_argument("--keys", metavar="FOLDER", default=None,
                    help="encrypt and authenticate the stream with the CurveZMQ keys of FOLDER (made by "
                         "bridgeflow keys, copied to every machine): only consumers holding them can read it")
+    p.add_argument("--allow-insecure", action="store_true",
+                   help="serve an address other machines can reach without --keys: anyone who can connect can "
+                        "then read the stream (only on a network you trust)")
     p.add_argument("--epochs", type=int, default=1, help="passes over the flow; 0 serves forever (default 1)")
     p.add_argument("--hwm", type=int, default=50, help="messages queued before sending blocks (default 50)")
     p.add_argument("--codec", default="bridgeflow", choices=("bridgeflow", "pickle"),

@@ -24,20 +24,28 @@ unknown control messages, fails loudly on them instead of dropping the datapoint
 A producer that *connects* (``send_dataflow_zmq(..., bind=False)``, to a consumer that binds and may hear
 from many producers on one socket) starts every message with one more frame, ``TAG`` followed by
 ``TAG_ID_BYTES`` random bytes naming the producer; the rest of the message is as above, and its first
-message is a hello. Without keys anyone who can reach the consumer can send to it: the consumer drops
-(and counts) an untagged message, and a message from a producer that did not say hello, so that one
-stray or spoofed message can neither end nor corrupt the stream (with keys, strangers cannot send at
-all; see :mod:`bridgeflow.remote._keys`).
+message is a hello. The consumer drops (and counts) an untagged message, and one from a producer that
+did not say hello: a stray message of another program does not end the stream or pass for data. It is
+no defence against a stranger: without keys, a peer that connects and says hello *is* a producer, and
+can end, inject or corrupt the stream like any other (with keys, strangers cannot send at all; see
+:mod:`bridgeflow.remote._keys`). So without keys, :func:`check_trusted` allows only addresses that no
+other machine can reach (loopback, ``ipc://``) unless the caller passes ``allow_insecure=True``.
 
 Every frame a producer sends is at most ``FRAGMENT_BYTES`` plus a small header (``MAX_FRAME_BYTES``):
-consumers make ZeroMQ refuse larger frames, so that a peer cannot make them buffer one.
+every receiving socket has ZeroMQ refuse larger frames (``MAXMSGSIZE``, set before it binds or
+connects; the peer is disconnected), so no peer can make it buffer one. ZeroMQ bounds frames only: it
+delivers a message once all its frames arrived and sets no bound on their number, so a peer that can
+connect can still make a consumer buffer one message of many frames (3,000 frames of 1 MiB: 3 GB).
+Keys keep strangers from connecting at all.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +54,8 @@ from ..serialize._errors import CorruptDataError
 __all__ = [
     "BYE", "CONTROL", "END", "ERROR", "FRAGMENT_BYTES", "HEARTBEAT", "HELLO", "LAST", "MAX_FRAME_BYTES", "SPLIT",
     "SPLIT_HEAD", "SPLIT_PART", "Split",
-    "TAG", "TAG_ID_BYTES", "check_address", "check_addresses", "is_public", "split_header", "read_split_header",
+    "TAG", "TAG_ID_BYTES", "check_address", "check_addresses", "check_trusted", "is_local", "is_public",
+    "split_header", "read_split_header",
 ]
 
 log = logging.getLogger(__name__)
@@ -143,6 +152,34 @@ def check_addresses(addrs: str | Sequence[str], what: str = "addrs") -> list[str
         dup = sorted({a for a in out if out.count(a) > 1})
         raise ValueError(f"{what}: address given twice: {dup}")
     return out
+
+
+def is_local(addr: str) -> bool:
+    """True for an address no other machine can reach: ``ipc://``, or tcp on a loopback host
+    (``127.0.0.0/8``, ``::1``, ``localhost``)."""
+    if addr.startswith("ipc://"):
+        return True
+    host = addr[6:].rpartition(":")[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_trusted(addr: str, keys: Any, allow_insecure: bool, bind: bool, who: str) -> None:
+    """Without keys, refuse an address other machines can reach, unless ``allow_insecure``: any peer that
+    can connect to it could then end, inject or corrupt the stream, read it, or make the consumer buffer
+    what it likes. (A connecting socket given a wildcard fails on its own, with a better hint.)"""
+    if keys is not None or allow_insecure or is_local(addr) or (not bind and is_public(addr)):
+        return
+    raise ValueError(
+        f"{who}: {addr} can be reached from other machines, and without keys any peer that can connect to it can "
+        "read the stream, end it, inject datapoints or corrupt it. Pass keys=FOLDER (make it once with "
+        "`bridgeflow keys FOLDER`, or bridgeflow.remote.generate_keys(FOLDER), and copy it to every machine of "
+        "the job), or, on a network you trust, allow_insecure=True (bridgeflow serve --allow-insecure). Loopback "
+        "(tcp://127.0.0.1:PORT) and ipc:// addresses need neither")
 
 
 def is_public(addr: str) -> bool:

@@ -15,9 +15,12 @@ errors and large datapoints are still tracked per producer. The producer sending
 
 Security: with ``keys=`` (a folder made by ``bridgeflow keys``, the same on every machine) every socket
 speaks CurveZMQ, encrypted, and only peers holding the keys are heard or served
-(:mod:`bridgeflow.remote._keys`). Without keys anyone who can reach an address can connect: addresses
-default to loopback, binding a wildcard is warned about, and a bound consumer drops (and counts) an
-untagged message or one from a producer that did not say hello.
+(:mod:`bridgeflow.remote._keys`). Without keys, any peer that can connect can read the stream, end it,
+inject datapoints or corrupt it (a bound consumer drops and counts only stray messages: untagged, or
+from a producer that did not say hello), so only addresses no other machine can reach are allowed
+(loopback, ``ipc://``) unless ``allow_insecure=True`` says the network is trusted. Every receiving
+socket has ZeroMQ refuse a frame larger than any producer sends (``MAXMSGSIZE``, 2 MiB) before it
+binds or connects.
 
 Datapoints travel as the frames of :func:`bridgeflow.serialize._codec.encode_frames`: array bytes are
 their own frames, sent without copying (and without pickle: the safe codec is the default). A
@@ -130,7 +133,9 @@ class RemoteDataZMQ(DataFlow):
     (:mod:`bridgeflow.remote._keys`): every socket speaks CurveZMQ, encrypted, and only producers holding
     the keys are heard (with ``bind=True`` others cannot connect; connecting, this flow talks only to a
     producer that holds them). Without keys, with ``bind=True`` anyone who can reach the address can send:
-    an untagged message, or one from a producer that did not say hello, is dropped and counted.
+    an untagged message, or one from a producer that did not say hello, is dropped and counted; a peer
+    that says hello is a producer, and can end, inject or corrupt the stream. So without keys only loopback
+    and ``ipc://`` addresses are allowed; ``allow_insecure=True`` allows others, for a network you trust.
 
     Sockets are created in ``reset_state()``, in the process that iterates; ``close()`` closes them at once
     (queued datapoints are dropped) and ends ZeroMQ's I/O threads. ``len()`` is unknown.
@@ -148,7 +153,8 @@ class RemoteDataZMQ(DataFlow):
     def __init__(self, addrs: str | Sequence[str], addr2: str | None = None, hwm: int = 50, bind: bool = False, *,
                  producers: int | None = None, timeout: float = 30.0, on_lost: str = "raise",
                  allow_pickle: bool = False, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 max_buffered_bytes: int | None = None, keys: str | os.PathLike | CurveKeys | None = None) -> None:
+                 max_buffered_bytes: int | None = None, keys: str | os.PathLike | CurveKeys | None = None,
+                 allow_insecure: bool = False) -> None:
         who = type(self).__name__
         if isinstance(addr2, int) and not isinstance(addr2, bool):  # RemoteDataZMQ(addrs, hwm) of earlier versions
             addr2, hwm = None, addr2
@@ -177,6 +183,9 @@ class RemoteDataZMQ(DataFlow):
         self.max_message_bytes = max_message_bytes
         self.max_buffered_bytes = max_message_bytes if max_buffered_bytes is None else max_buffered_bytes
         self.keys = None if keys is None else load_keys(keys)
+        self.allow_insecure = bool(allow_insecure)
+        for addr in self.addrs:
+            P.check_trusted(addr, self.keys, self.allow_insecure, bind, who)
         self._ctx: Any = None
         self._security: Security | None = None
         self._producers: list[_Producer] = []
@@ -198,14 +207,14 @@ class RemoteDataZMQ(DataFlow):
                 sock.setsockopt(zmq.RCVHWM, self.hwm)
                 sock.setsockopt(zmq.LINGER, 0)
                 # A frame larger than any a producer sends is refused by ZeroMQ itself (it drops the
-                # connection), so that a peer cannot make this process buffer one.
+                # connection), so that a peer cannot make this process buffer one. Set before binding or
+                # connecting: it applies to connections made after it.
                 sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_FRAME_BYTES)
                 if self.bind:
                     self._bound.append((addr, sock))
-                    if P.is_public(addr) and self.keys is None:
-                        log.warning("%s binds %s on every network interface: anyone who can reach this port can "
-                                    "send it datapoints (no authentication: pass keys=, see bridgeflow keys)",
-                                    type(self).__name__, addr)
+                    if self.keys is None and not P.is_local(addr):
+                        log.info("%s binds %s without keys (allow_insecure=True): any peer that can reach it can "
+                                 "send it datapoints", type(self).__name__, addr)
                     self._security.binding(sock)
                     sock.bind(addr)
                 else:

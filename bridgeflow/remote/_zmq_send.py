@@ -112,7 +112,7 @@ def _read_source(df: Any, epochs: int | None, codec: str, out: Any) -> None:
 def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None = None, bind: bool = True, *,
                       codec: str | None = None, allow_pickle: bool = False, epochs: int | None = 1,
                       heartbeat_s: float = 1.0, send_timeout: float | None = None, progress: bool = False,
-                      keys: str | os.PathLike | CurveKeys | None = None) -> int:
+                      keys: str | os.PathLike | CurveKeys | None = None, allow_insecure: bool = False) -> int:
     """Send ``epochs`` passes over ``df`` on a PUSH socket at ``addr``; return the datapoints sent.
 
     ``bind=True`` (the default) binds ``addr`` and a :class:`RemoteDataZMQ` connects to it;
@@ -130,9 +130,10 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
 
     ``keys``: a key folder made by ``bridgeflow keys`` (or :func:`~bridgeflow.remote.generate_keys`), the
     same on every machine: the stream is encrypted and authenticated with CurveZMQ, and only a consumer
-    holding the keys can connect (see :mod:`bridgeflow.remote._keys`). Without keys, ``addr`` must be
-    explicit, and binding a wildcard host (``tcp://*:PORT``, ``tcp://0.0.0.0:PORT``) makes the stream
-    readable by anyone who can reach the port, which is logged as a warning.
+    holding the keys can connect (see :mod:`bridgeflow.remote._keys`). Without keys, any peer that can
+    connect can read the stream (or, connecting to a consumer, pass for one), so ``addr`` must be one no
+    other machine can reach (``tcp://127.0.0.1:PORT``, ``ipc://PATH``) unless ``allow_insecure=True``
+    says the network is trusted.
     """
     who = "send_dataflow_zmq"
     zmq = require("zmq", who)
@@ -149,9 +150,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
         raise TypeError(f"{who}: df must be a DataFlow or iterable, got {type(df).__name__}")
     if keys is not None:
         keys = load_keys(keys)
-    elif bind and P.is_public(addr):
-        log.warning("%s binds %s on every network interface: anyone who can reach this port can read the "
-                    "stream (no authentication, no encryption: pass keys=, see bridgeflow keys)", who, addr)
+    P.check_trusted(addr, keys, bool(allow_insecure), bind, who)
     if hasattr(df, "reset_state"):
         df.reset_state()
 
@@ -160,6 +159,9 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.LINGER, 0)
+    # A PUSH socket reads nothing, but ZeroMQ queues what a peer sends it: keep that to one small message.
+    sock.setsockopt(zmq.MAXMSGSIZE, 1 << 10)
+    sock.setsockopt(zmq.RCVHWM, 1)
     if send_timeout is not None:
         sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
     try:

@@ -10,31 +10,67 @@ from typing import Any
 from .._base import DataFlow
 from .._progress import progress_bar
 from ._errors import CorruptDataError, DatasetNotFoundError
+from ._pinned import PinnedFile
 
-__all__ = ["LOADERS", "classes_json", "existing_path", "iterate_source", "normalize_index", "note_datapoint",
-           "parse_classes", "sniff_format", "source_length", "wrong_format"]
+__all__ = ["LOADERS", "classes_json", "existing_path", "hdf5_superblock_at", "iterate_source", "normalize_index",
+           "note_datapoint", "parse_classes", "sniff", "source_length", "wrong_format"]
 
 _LMDB_MAGIC = (0xBEEFC0DE).to_bytes(4, "little")
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+_ZIP_STARTS = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first member, or an empty zip's end record
+_EOCD = b"PK\x05\x06"  # a zip's end-of-central-directory record: 22 bytes and a comment end the file
 _NAMES = {"lmdb": "an LMDB", "hdf5": "an HDF5", "npz": "an npz (zip)"}
 LOADERS = {"lmdb": "LMDBSerializer.load(path)", "hdf5": "HDF5Serializer.load(path)",
            "npz": "NumpySerializer.load(path)"}
 
 
-def sniff_format(head: bytes) -> str | None:
-    """``"lmdb"``, ``"hdf5"`` or ``"npz"`` from a file's first 32 bytes, or ``None``."""
-    if head.startswith(b"\x89HDF\r\n\x1a\n"):
-        return "hdf5"
-    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
-        return "npz"
-    if head[16:20] == _LMDB_MAGIC:
-        return "lmdb"
+def hdf5_superblock_at(pin: PinnedFile) -> int | None:
+    """Where an HDF5 file's superblock lies: at byte 0, or after a user block at 512, 1024, 2048, ... (where
+    libhdf5 looks); ``None`` when at none of them."""
+    size, at = pin.size(), 0
+    while at + len(HDF5_SIGNATURE) <= size:
+        if pin.pread(len(HDF5_SIGNATURE), at) == HDF5_SIGNATURE:
+            return at
+        at = 512 if at == 0 else at * 2
     return None
 
 
-def wrong_format(path: str, head: bytes, wanted: str) -> CorruptDataError | None:
-    """The error for a loader of ``wanted`` given a file of another format (by its first bytes), naming
-    the loader that reads it; ``None`` when the file is not of another known format (then it is damaged)."""
-    found = sniff_format(head)
+def _zip_ends_file(pin: PinnedFile) -> bool:
+    """A zip's end record lies where zip readers take it from: its 22 bytes and its comment end the file."""
+    size = pin.size()
+    n = min(size, 22 + 0xFFFF)
+    tail = pin.pread(n, size - n)
+    at = tail.rfind(_EOCD)
+    while at >= 0:
+        if at + 22 <= len(tail) and at + 22 + int.from_bytes(tail[at + 20:at + 22], "little") == len(tail):
+            return True
+        at = tail.rfind(_EOCD, 0, at)
+    return False
+
+
+def sniff(pin: PinnedFile) -> str | None:
+    """``"lmdb"``, ``"hdf5"`` or ``"npz"``, from each format's signature at its real place, or ``None``.
+
+    HDF5's is at byte 0 or after a user block (512, 1024, ... bytes that other tools fill, e.g. with a zip);
+    a zip's end record ends the file (whatever comes before its first member). So a file starting with
+    ``PK\\3\\4`` is an npz if its end record ends it; otherwise, with an HDF5 superblock after a user block,
+    it is HDF5 (the user block holds the zip); with neither, a damaged npz."""
+    head = pin.pread(32, 0)
+    if head.startswith(HDF5_SIGNATURE):
+        return "hdf5"
+    if head[16:20] == _LMDB_MAGIC:
+        return "lmdb"
+    if _zip_ends_file(pin):
+        return "npz"
+    if hdf5_superblock_at(pin) is not None:
+        return "hdf5"
+    return "npz" if head.startswith(_ZIP_STARTS) else None
+
+
+def wrong_format(path: str, pin: PinnedFile, wanted: str) -> CorruptDataError | None:
+    """The error for a loader of ``wanted`` given a file of another format (:func:`sniff`), naming the
+    loader that reads it; ``None`` when the file is not of another known format (then it is damaged)."""
+    found = sniff(pin)
     if found is None or found == wanted:
         return None
     return CorruptDataError(f"{path} is {_NAMES[found]} file, not {_NAMES[wanted]} one: load it with "

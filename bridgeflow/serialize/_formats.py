@@ -18,8 +18,9 @@ import os
 import warnings
 
 from .._base import DataFlow
-from ._common import sniff_format
+from ._common import sniff
 from ._errors import CorruptDataError, DatasetNotFoundError
+from ._pinned import PinnedFile
 
 __all__ = ["EXTENSIONS", "FORMATS", "detect_format", "load", "load_dataset"]
 
@@ -28,13 +29,17 @@ EXTENSIONS = {".lmdb": "lmdb", ".mdb": "lmdb", ".h5": "hdf5", ".hdf5": "hdf5", "
 
 
 def detect_format(path: str) -> str:
-    """``lmdb``, ``hdf5`` or ``npz`` from the file's first bytes (the extension only breaks ties)."""
+    """``lmdb``, ``hdf5`` or ``npz`` from the file's content, each format's signature at its real place (the
+    extension only breaks ties); a path that is neither a regular file nor an LMDB folder is refused."""
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, "data.mdb")):
             return "lmdb"
         raise CorruptDataError(f"{path} is a folder but not an LMDB folder (no data.mdb)")
-    with open(path, "rb") as f:
-        found = sniff_format(f.read(32))
+    pin = PinnedFile(path, "load_dataset")  # refused unless a regular file: a FIFO is never waited on
+    try:
+        found = sniff(pin)
+    finally:
+        pin.close()
     if found is not None:
         return found
     ext = EXTENSIONS.get(os.path.splitext(path)[1].lower())

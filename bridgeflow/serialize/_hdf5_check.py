@@ -29,13 +29,12 @@ import math
 import struct
 from typing import Any
 
-from ._common import wrong_format
+from ._common import hdf5_superblock_at, wrong_format
 from ._errors import CorruptDataError, ExternalDataError
 from ._pinned import PinnedFile
 
 __all__ = ["check_global_heaps", "check_stored", "check_superblock", "contained_dataset", "is_variable_length"]
 
-_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _GCOL = b"GCOL\x01"
 _SCAN = 16 << 20
 _checked: set[tuple] = set()  # files whose global heaps were found sound: (dev, inode, size, mtime)
@@ -43,28 +42,27 @@ _checked: set[tuple] = set()  # files whose global heaps were found sound: (dev,
 
 def check_superblock(pin: PinnedFile, name: str, *, trust_old_format: bool = False) -> tuple[int, int]:
     """``(superblock version, size of lengths)``; :class:`CorruptDataError` for a file that is not HDF5, is
-    shorter than its superblock says, or (unless ``trust_old_format``) is in the original format."""
+    shorter than its superblock says, or (unless ``trust_old_format``) is in the original format. The
+    superblock is at byte 0 or after a user block (512, 1024, ... bytes, which other tools fill: even
+    with a zip, so its signature, not the file's first bytes, says the format)."""
     size = pin.size()
-    other = wrong_format(name, pin.pread(32, 0), "hdf5")
+    other = wrong_format(name, pin, "hdf5")
     if other is not None:
         raise other
-    base = 0
-    while True:  # the superblock is at 0, 512, 1024, 2048, ... (after a user block)
-        head = pin.pread(48, base)
-        if head[:8] == _SIGNATURE:
-            break
-        base = 512 if base == 0 else base * 2
-        if base + 48 > size:
-            raise CorruptDataError(f"{name}: not an HDF5 file (no superblock signature)")
-    version = head[8]
+    base = hdf5_superblock_at(pin)
+    if base is None:
+        raise CorruptDataError(f"{name}: not an HDF5 file (no superblock signature)")
+    head = pin.pread(48, base)
+    version = head[8] if len(head) > 8 else -1
     if version in (2, 3):
+        if len(head) < 48:
+            raise CorruptDataError(f"{name}: truncated HDF5 file ({size} bytes, its superblock at byte {base} is cut)")
         offsets, lengths = head[9], head[10]
         if offsets != 8 or lengths != 8:
             raise CorruptDataError(f"{name}: damaged HDF5 superblock ({offsets}-byte addresses)")
         _base, _ext, eof, _root = struct.unpack_from("<QQQQ", head, 12)
-        if base + eof > size:
-            raise CorruptDataError(f"{name}: truncated HDF5 file ({size} bytes, its superblock says "
-                                   f"{base + eof})")
+        if eof > size:  # libhdf5 keeps the end of a file with a user block as its length, user block included
+            raise CorruptDataError(f"{name}: truncated HDF5 file ({size} bytes, its superblock says {eof})")
         return version, lengths
     if version in (0, 1):
         if not trust_old_format:

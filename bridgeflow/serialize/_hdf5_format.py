@@ -58,6 +58,7 @@ from ._columns import Column, assemble
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes, source_length
 from ._errors import ComponentNotFoundError, CorruptDataError, UnsupportedFormatError
 from ._hdf5_check import check_global_heaps, check_stored, check_superblock, contained_dataset, is_variable_length
+from ._hdf5_chunks import CheckedChunks, cache_bytes, check_chunks, compressed, open_with_cache, read_failure
 from ._hdf5_rows import DirectRows, direct_rows
 from ._hdf5_write import (
     CRC,
@@ -319,6 +320,8 @@ class HDF5Data(IndexedSource):
                     raise CorruptDataError(f"{self.path}: dataset {name!r} has shape {ds.shape}, where "
                                            f"{self._len} rows belong")
                 check_stored(ds, name, self.path)
+                if self.verify:
+                    check_chunks(ds, name, self.path)
                 if self.version == FORMAT_VERSION and is_variable_length(ds.id.get_type()):
                     raise CorruptDataError(f"{self.path}: dataset {name!r} is variable-length, which "
                                            "HDF5Serializer never writes")
@@ -344,22 +347,25 @@ class HDF5Data(IndexedSource):
             except MemoryError as exc:
                 f.close()
                 raise MemoryError(f"{self.path}: not enough memory to read the row index of its columns") from exc
-            except (OSError, KeyError, ValueError, TypeError) as exc:
+            except OSError as exc:
+                f.close()
+                raise read_failure(exc, self.path, "the row index of its columns") from exc
+            except (KeyError, ValueError, TypeError) as exc:
                 f.close()
                 raise CorruptDataError(f"{self.path}: damaged HDF5 file ({exc})") from exc
             held.file, held.pid = f, os.getpid()
         return self._ds
 
     def _column(self, f: Any, c: Column) -> tuple[Column, Any, Any, Any, Any]:
-        ds = self._dataset(f, c.name)
+        ds = self._opened(f, c.name)
         if self.version != FORMAT_VERSION:
-            shapes = self._dataset(f, f"{SHAPES}/{c.name}") if c.kind == "ragged" else None
+            shapes = self._opened(f, f"{SHAPES}/{c.name}") if c.kind == "ragged" else None
             return c, ds, shapes, self._crcs(f, c), None
         crcs = self._whole(f, f"{CRC}/{c.name}", (self._len,), np.uint32)
         if c.kind == "scalar" and self._len * ds.dtype.itemsize <= _SCALARS_IN_MEMORY:
             ds = self._whole(f, c.name, (self._len,), ds.dtype)  # read once: a row is then no libhdf5 call
-        if c.kind == "array" and ds.dtype == np.dtype(c.dtype):  # rows read straight from the file, if they lie so
-            ds = direct_rows(ds, self._held.pin, self.path) or ds
+        if c.kind == "array" and ds.dtype == np.dtype(c.dtype) and not isinstance(ds, CheckedChunks):
+            ds = direct_rows(ds, self._held.pin, self.path) or ds  # rows read straight from the file, if they lie so
         if c.kind not in FLAT:
             return c, ds, None, crcs, None
         offsets = self._whole(f, f"{OFFSETS}/{c.name}", (self._len + 1,), np.int64)
@@ -374,12 +380,28 @@ class HDF5Data(IndexedSource):
         return c, ds, shapes, crcs, offsets
 
     def _whole(self, f: Any, name: str, shape: tuple, dtype: Any) -> np.ndarray:
-        ds = self._dataset(f, name)
+        ds = self._opened(f, name)
         if ds.shape != shape or ds.dtype != dtype:  # checked before reading it whole
             raise CorruptDataError(f"{self.path}: dataset {name!r} is {ds.dtype} of shape {ds.shape}, not "
                                    f"{np.dtype(dtype)} of shape {shape}")
-        check_stored(ds, name, self.path)
+        check_stored(ds.ds if isinstance(ds, CheckedChunks) else ds, name, self.path)
         return ds[...]
+
+    def _opened(self, f: Any, name: str) -> Any:
+        """The dataset ``name`` (see :meth:`_dataset`), or ``None``; a compressed one opened with a chunk cache
+        that holds one row of its chunks and, unless ``verify=False``, its chunks checked before libhdf5
+        decodes them (:mod:`bridgeflow.serialize._hdf5_chunks`)."""
+        ds = self._dataset(f, name)
+        if ds is None or not compressed(ds):
+            return ds
+        where, nbytes = ds.name, cache_bytes(ds)
+        del ds  # the only handle: libhdf5 gives a later open of a dataset still open the first one's cache
+        ds = open_with_cache(f, where, nbytes)
+        return CheckedChunks(ds, name, self.path) if self.verify else ds
+
+    def _decode_bytes(self) -> int:
+        """The largest compressed chunk the columns read (what decoding one costs), 0 when none is."""
+        return max((d.chunk_bytes for col in self._ds for d in col[1:3] if isinstance(d, CheckedChunks)), default=0)
 
     def _crcs(self, f: Any, c: Column) -> np.ndarray | None:
         """Version 1: the CRC-32 of each variable-length row, if the file has them."""
@@ -436,7 +458,9 @@ class HDF5Data(IndexedSource):
             return [self._read_row(*column, i) for column in self._datasets()]
         except BridgeflowError:
             raise
-        except (OSError, KeyError, ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+        except OSError as exc:  # libhdf5 says "filter returned failure" for a failed allocation too
+            raise read_failure(exc, self.path, f"datapoint {i}", self._decode_bytes()) from exc
+        except (KeyError, ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
             raise CorruptDataError(f"{self.path}: reading datapoint {i} failed ({exc})") from exc
 
     def _read_block(self, c: Column, ds: Any, shapes: Any, crcs: Any, offsets: Any, start: int,
@@ -473,7 +497,9 @@ class HDF5Data(IndexedSource):
             return [self._read_block(*column, start, stop) for column in self._datasets()]
         except BridgeflowError:
             raise
-        except (OSError, KeyError, ValueError, TypeError) as exc:
+        except OSError as exc:  # libhdf5 says "filter returned failure" for a failed allocation too
+            raise read_failure(exc, self.path, f"rows {start}:{stop}", self._decode_bytes()) from exc
+        except (KeyError, ValueError, TypeError) as exc:
             raise CorruptDataError(f"{self.path}: reading rows {start}:{stop} failed ({exc})") from exc
 
     def __getitem__(self, index: int) -> Any:

@@ -199,7 +199,7 @@ def _psize(pin: PinnedFile) -> int:
 def _walk(pin: PinnedFile, name: str) -> LMDBTree:
     size = pin.size()
     head = pin.pread(160, 0)
-    other = wrong_format(name, head[:32], "lmdb")
+    other = None if head[16:20] == _MAGIC.to_bytes(4, "little") else wrong_format(name, pin, "lmdb")
     if other is not None:
         raise other
     if len(head) < 160:

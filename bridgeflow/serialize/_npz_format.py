@@ -4,8 +4,10 @@ Columns follow :mod:`bridgeflow.serialize._columns`: fixed-shape arrays are stac
 arrays are stored flat with ``c<k>.shapes``, ``str`` (UTF-8) and ``bytes`` as one flat ``uint8`` array with
 ``c<k>.offsets``. ``__bf_meta__`` holds the JSON description (format, version, count, structure,
 columns). Each member is read after checking its header's shape against the member's size (a damaged
-shape must not make numpy allocate terabytes) and to its end, so the zip CRC is checked; object arrays
-are refused, nothing is unpickled.
+shape must not make numpy allocate terabytes), decompressed in pieces into the array and never past the
+size the member declares, to its end, so the zip CRC is checked (:mod:`bridgeflow.serialize._zip_member`);
+object arrays are refused, nothing is unpickled, and a name two members share is refused as ambiguous.
+Loading costs the arrays plus about 1 MiB, whatever the compression.
 
 Example:
     >>> from bridgeflow import DataFromList
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import io
 import json
+import lzma
 import math
 import os
 import zipfile
@@ -37,6 +40,8 @@ from ._atomic import atomic_path, check_target, write_error
 from ._columns import Column, assemble, classify, split_datapoint
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes, wrong_format
 from ._errors import CorruptDataError, UnsupportedFormatError
+from ._pinned import PinnedFile
+from ._zip_member import MemberFile, ZipMember
 
 __all__ = ["NumpyData", "NumpySerializer"]
 
@@ -69,58 +74,59 @@ def _column_arrays(k: int, col: Column, values: list) -> dict[str, np.ndarray]:
     return {key: flat, f"{key}.offsets": offsets}
 
 
-_DEFLATE_MAX_RATIO = 1032  # the most zlib's deflate can expand
-
-
-def _read_member(z: zipfile.ZipFile, info: zipfile.ZipInfo, archive_size: int) -> np.ndarray:
+def _read_member(pin: PinnedFile, info: zipfile.ZipInfo) -> np.ndarray:
     """One ``.npy`` member, its header checked against the member's size *before* the array is
-    allocated (``np.load`` allocates whatever shape a damaged header declares), its CRC checked by
-    reading to the end. Object dtypes are refused: nothing is unpickled."""
+    allocated (``np.load`` allocates whatever shape a damaged header declares), decompressed in pieces
+    straight into the array and never past the size the member declares, its CRC checked
+    (:mod:`bridgeflow.serialize._zip_member`). Object dtypes are refused: nothing is unpickled."""
     fmt = np.lib.format
     name = info.filename
-    limit = archive_size if info.compress_type == zipfile.ZIP_STORED else info.compress_size * _DEFLATE_MAX_RATIO
-    if info.file_size > limit:
-        raise ValueError(f"member {name!r} declares {info.file_size} bytes, more than the file can hold")
-    with z.open(info) as fh:
+    member = ZipMember(pin, info)
+    fh = MemberFile(member)
+    try:  # numpy parses the header with Python's tokenizer: damage raises what it raises (TokenError...)
         version = fmt.read_magic(fh)
         if version == (1, 0):
             shape, fortran, dtype = fmt.read_array_header_1_0(fh)
         elif version in ((2, 0), (3, 0)):
             shape, fortran, dtype = fmt.read_array_header_2_0(fh)
         else:
-            raise ValueError(f"member {name!r}: unknown npy version {version}")
-        if dtype.hasobject or dtype.itemsize == 0:
-            raise ValueError(f"member {name!r} holds dtype {dtype}, which bridgeflow never writes")
-        count = math.prod(shape)
-        nbytes = count * dtype.itemsize
-        if fh.tell() + nbytes != info.file_size:
-            raise ValueError(f"member {name!r}: its header declares shape {shape} of {dtype} ({nbytes} bytes) "
-                             f"but it holds {info.file_size - fh.tell()} bytes")
+            raise ValueError(f"unknown npy version {version}")
+    except (MemoryError, RecursionError):
+        raise
+    except Exception as exc:
+        raise ValueError(f"member {name!r}: damaged npy header ({type(exc).__name__}: {exc})") from exc
+    if dtype.hasobject or dtype.itemsize == 0:
+        raise ValueError(f"member {name!r} holds dtype {dtype}, which bridgeflow never writes")
+    count = math.prod(shape)
+    nbytes = count * dtype.itemsize
+    if nbytes != member.left:
+        raise ValueError(f"member {name!r}: its header declares shape {shape} of {dtype} ({nbytes} bytes) "
+                         f"but it holds {member.left} bytes")
+    try:
         flat = np.empty(count, dtype)
-        view = flat.view(np.uint8).data
-        assert isinstance(fh, io.BufferedIOBase)  # a ZipExtFile (typeshed says IO[bytes], which has no readinto)
-        got = 0
-        while got < nbytes:
-            n = fh.readinto(view[got:])
-            if not n:
-                raise EOFError(f"member {name!r} ends after {got} of {nbytes} bytes")
-            got += n
-        if fh.read(1):  # reading to the end also makes zipfile check the member's CRC
-            raise ValueError(f"member {name!r} is longer than its header says")
+    except MemoryError:
+        raise MemoryError(f"{pin.path}: not enough memory for member {name!r} ({nbytes:,} bytes of {dtype} of "
+                          f"shape {shape}, as the file declares)") from None
+    got = member.readall_into(flat.view(np.uint8).data)
+    if got != nbytes:
+        raise EOFError(f"member {name!r} ends after {got} of {nbytes} bytes")
+    member.finish()
     return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
-def _read_npz(path: str) -> dict[str, np.ndarray]:
-    """Every array of an ``.npz`` file, by name (without ``.npy``); see :func:`_read_member`. The path is
-    opened once and everything, its size included, comes from that open file: a file renamed over the
-    path meanwhile is never mixed in."""
-    with open(path, "rb") as fh, zipfile.ZipFile(fh) as z:
-        size = os.fstat(fh.fileno()).st_size
+def _read_npz(pin: PinnedFile) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` file, by name (without ``.npy``); see :func:`_read_member`. Everything,
+    its size included, comes from the one open file ``pin``: a file renamed over the path meanwhile is
+    never mixed in. A name given to two members is refused: which one is meant is ambiguous."""
+    with zipfile.ZipFile(io.BufferedReader(pin.fileobj())) as z:
         out = {}
         for info in z.infolist():
             if not info.filename.endswith(".npy"):
                 raise ValueError(f"member {info.filename!r} is not an .npy array")
-            out[info.filename[:-4]] = _read_member(z, info, size)
+            key = info.filename[:-4]
+            if key in out:
+                raise ValueError(f"member {info.filename!r} appears twice: which one to read is ambiguous")
+            out[key] = _read_member(pin, info)
     return out
 
 
@@ -191,18 +197,19 @@ class NumpyData(IndexedSource):
         self.path = existing_path(path, "NumpyData")
         self.shuffle = shuffle
         self.seed = seed
+        pin = PinnedFile(self.path, "NumpyData")  # one open of the path, refused unless a regular file
         try:
-            with open(self.path, "rb") as fh:
-                other = wrong_format(self.path, fh.read(32), "npz")
-        except OSError:
-            other = None
-        if other is not None:
-            raise other
-        try:
-            arrays = _read_npz(self.path)
-        except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, NotImplementedError,
-                zlib.error) as exc:
-            raise CorruptDataError(f"{self.path}: cannot read as npz ({type(exc).__name__}: {exc})") from exc
+            other = wrong_format(self.path, pin, "npz")
+            if other is not None:
+                raise other
+            try:
+                arrays = _read_npz(pin)
+            except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError, NotImplementedError, zlib.error,
+                    lzma.LZMAError) as exc:
+                raise CorruptDataError(f"{self.path}: cannot read as npz ({type(exc).__name__}: {exc})") from exc
+            self._bytes = pin.size()
+        finally:
+            pin.close()
         try:
             meta = json.loads(arrays.pop(META).tobytes())
         except (KeyError, ValueError) as exc:
@@ -226,7 +233,6 @@ class NumpyData(IndexedSource):
             raise CorruptDataError(f"{self.path}: damaged npz dataset ({type(exc).__name__}: {exc})") from exc
         self.names = [c.name for c in self.columns]
         self._init_order(self._len, shuffle, shard, drop_last)
-        self._bytes = os.path.getsize(self.path)
 
     def _identity(self) -> dict:
         return {"count": self._len, "bytes": self._bytes}

@@ -9,6 +9,12 @@ the very same file whatever now lies at the path, or read it through a file obje
 reads on the descriptor (h5py's ``fileobj`` driver: libhdf5 resolves ``/proc/self/fd/N`` to a path, which
 fails once the file was replaced).
 
+Only a regular file is opened: the path is opened without waiting (``O_NONBLOCK``, so a FIFO does not
+block the open until a writer comes) and what was opened is checked with ``fstat`` of that descriptor (no
+swap between a check and the open can slip a FIFO, a device or a folder in): anything else is
+:class:`CorruptDataError` at once, never a read that waits forever (a FIFO) or without end
+(``/dev/zero``).
+
 A process started by ``fork`` inherits the descriptor and keeps reading the same file. A reader sent to
 another process by pickling (``spawn``), or used again after ``close()``, opens the path again and
 checks it is still the same file (device and inode); if it was replaced meanwhile,
@@ -31,11 +37,12 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from typing import Any
 
-from ._errors import DatasetChangedError, DatasetNotFoundError
+from ._errors import CorruptDataError, DatasetChangedError, DatasetNotFoundError
 
-__all__ = ["PinnedFile", "PinnedReader"]
+__all__ = ["PinnedFile", "PinnedReader", "not_a_file"]
 
 _FD_DIRS = ("/proc/self/fd", "/dev/fd")
 
@@ -45,6 +52,19 @@ def _fd_dir() -> str | None:
         if os.path.isdir(d):
             return d
     return None
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_a_file(path: str, what: str, mode: int) -> CorruptDataError | None:
+    """The error for a dataset path that is not a regular file (``mode`` from ``fstat``), or ``None``."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), f"not a regular file (mode {oct(mode)})")
+    return CorruptDataError(f"{what}: {path} is {kind}, not a regular file: a dataset is read at random "
+                            "places and more than once, so only a file is opened (copy the data to one)")
 
 
 class PinnedFile:
@@ -61,14 +81,27 @@ class PinnedFile:
         self._open()
 
     def _open(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:  # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below)
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
         except FileNotFoundError:
             if self.ident is None:
                 raise DatasetNotFoundError(f"{self.what}: no such file: {self.path}") from None
             raise DatasetChangedError(f"{self.path} was removed after this reader opened it; load it "
                                       "again") from None
+        except OSError as exc:  # a socket cannot be opened at all (ENXIO): say what it is
+            try:
+                refused = not_a_file(self.path, self.what, os.stat(self.path).st_mode)
+            except OSError:
+                refused = None
+            if refused is None:
+                raise
+            raise refused from exc
         st = os.fstat(fd)
+        refused = not_a_file(self.path, self.what, st.st_mode)
+        if refused is not None:
+            os.close(fd)
+            raise refused
+        os.set_blocking(fd, True)
         ident = (st.st_dev, st.st_ino)
         if self.ident is not None and ident != self.ident:
             os.close(fd)

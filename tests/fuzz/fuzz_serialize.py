@@ -22,9 +22,18 @@ recorded. Outcomes:
 One JSON line per format on stdout. Not collected by pytest; ``tests/test_serialize_fuzz.py`` runs a
 few hundred mutations per format through the same code.
 
+``--crafted N`` reads N files per format crafted as an attacker would (``crafted.py``): compression bombs
+(npz members in deflate, bzip2 and LZMA that inflate past their declared sizes; HDF5 gzip, lzf and szip
+chunks that decode past theirs, and chunks over the limit), duplicated member names, lying sizes, user
+blocks (holding a zip, too), filters nobody can bound, and paths that are not files (a FIFO, devices, a
+socket, a folder). Each is read whole under a memory limit of twice what the file *declares* (the sizes
+of its arrays) plus ``--memory-slack`` MiB, whatever its streams would inflate to; an honest file must read
+back (``read``), every other must end in the bridgeflow error its kind calls for, naming the file.
+
 Example:
     python tests/fuzz/fuzz_serialize.py --mutations 2000            # the full run
     python tests/fuzz/fuzz_serialize.py --mutations 100 --formats hdf5
+    python tests/fuzz/fuzz_serialize.py --crafted 200               # crafted files only
 """
 
 from __future__ import annotations
@@ -128,14 +137,17 @@ def alias_pointers(b: bytearray, rng: random.Random, psize: int = 4096) -> None:
 
 # --- the worker process: reads the files it is sent, one JSON answer a line ------------------------
 
-def read_back(path: str, want: list | None = None) -> str:
+def read_back(path: str, want: list | None = None, compare: bool = True) -> str:
     """Read ``path`` whole and classify the outcome (see the module doc). Nothing read is kept: each
-    datapoint is compared with ``want`` as it comes, so memory is the reader's own."""
+    datapoint is compared with ``want`` as it comes, so memory is the reader's own. ``compare=False``
+    (crafted files): ``read`` when the whole file reads without an error."""
     from bridgeflow._errors import BridgeflowError
     from bridgeflow.serialize import load_dataset
     from bridgeflow.testing import assert_same_datapoints
 
     want = datapoints() if want is None else want
+    if not compare:
+        want = []
     same = True
     try:
         ds = load_dataset(path, shuffle=False)
@@ -146,15 +158,17 @@ def read_back(path: str, want: list | None = None) -> str:
             count = 0
             for i, dp in enumerate(ds):
                 count += 1
-                if same and i < len(want):
+                if compare and same and i < len(want):
                     same = _same(want[i], dp, assert_same_datapoints)
             same = same and count == n
             for i in range(n - 1, -1, -1):
                 dp = ds[i]
-                if same:
+                if compare and same:
                     same = _same(want[i], dp, assert_same_datapoints)
         finally:
             ds.close()
+        if not compare:
+            return "read"
     except MemoryError as exc:
         return f"memory:{type(exc).__name__}"
     except BridgeflowError as exc:
@@ -185,23 +199,37 @@ def _status(field: str) -> int:
 
 
 def worker(factor: float = MEMORY_FACTOR, slack_mib: int = MEMORY_SLACK_MIB) -> None:
-    """Read each path from stdin; answer ``outcome resident-growth-bytes`` a line."""
+    """Read each path from stdin; answer ``outcome resident-growth-bytes`` a line. A line ``PATH<TAB>N`` is
+    a crafted file declaring N bytes: its limit is twice N plus the slack, and it is read without comparing."""
     import logging
     import resource
 
     logging.disable(logging.CRITICAL)
     want = datapoints()
     read_back(os.devnull, want)  # import the readers before the first limit
+    import h5py  # noqa: F401 - what the first HDF5 file would import under the limit
+    import lmdb  # noqa: F401
+
+    from bridgeflow.serialize import _hdf5_format, _lmdb_format, _npz_format  # noqa: F401
+
+    try:  # (not in trees before it: the fuzz also runs on those, to compare)
+        from bridgeflow.serialize._hdf5_chunks import _lzf_decompress
+    except ImportError:
+        pass
+    else:
+        _lzf_decompress()
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     for line in sys.stdin:
-        path = line.strip()
-        limit = _status("VmSize") + int(factor * os.path.getsize(path)) + (slack_mib << 20)
+        path, _, declared = line.rstrip("\n").partition("\t")
+        crafted = bool(declared)
+        budget = 2 * int(declared) if crafted else int(factor * os.path.getsize(path))
+        limit = _status("VmSize") + budget + (slack_mib << 20)
         with open("/proc/self/clear_refs", "w") as f:  # VmHWM starts again from VmRSS
             f.write("5")
         rss = _status("VmRSS")
         resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
         try:
-            outcome = read_back(path, want)
+            outcome = read_back(path, want, compare=not crafted)
         finally:
             resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
         sys.stdout.write(f"{outcome} {_status('VmHWM') - rss}\n")
@@ -223,11 +251,12 @@ class Reader:
         return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, env=env)
 
-    def read(self, path: str, timeout: float) -> str:
+    def read(self, path: str, timeout: float, declared: int | None = None) -> str:
+        """The outcome of reading ``path``; ``declared``: a crafted file declaring that many bytes."""
         if self.proc is None or self.proc.poll() is not None:
             self.proc = self._start()
         proc = self.proc
-        proc.stdin.write(path + "\n")
+        proc.stdin.write(path + ("" if declared is None else f"\t{declared}") + "\n")
         proc.stdin.flush()
         ready, _, _ = select.select([proc.stdout], [], [], timeout)
         if not ready:
@@ -292,10 +321,56 @@ def run(fmt: str, mutations: int, seed: int, timeout: float, folder: str,
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
+def run_crafted(fmt: str, count: int, seed: int, timeout: float, folder: str,
+                reader: Reader | None = None) -> dict[str, Any]:
+    """Read ``count`` crafted files of ``fmt`` (``npz``, ``hdf5``; ``special``: every path that is not a
+    file, once); the counts of outcomes, and those that were not what their kind calls for."""
+    import crafted
+
+    own = reader is None
+    reader = reader or Reader()
+    rng = np.random.default_rng([seed, FORMATS_CRAFTED.index(fmt)])
+    outcomes: collections.Counter = collections.Counter()
+    kinds: collections.Counter = collections.Counter()
+    unexpected: list = []
+    most_grew = 0.0
+    t0 = time.perf_counter()
+    try:
+        cases = crafted.special_cases(folder) if fmt == "special" else range(count)
+        for t, case in enumerate(cases):
+            if fmt == "special":
+                kind, path, declared, allowed = case
+            else:
+                path = os.path.join(folder, f"c{t}{'.npz' if fmt == 'npz' else '.h5'}")
+                make = crafted.npz_case if fmt == "npz" else crafted.hdf5_case
+                kind, declared, allowed = make(rng, path)
+            kinds[kind] += 1
+            outcome = reader.read(path, timeout, declared)
+            outcomes[outcome] += 1
+            most_grew = max(most_grew, reader.grew / (2 * declared + (MEMORY_SLACK_MIB << 20)))
+            if outcome not in allowed:
+                unexpected.append((t, kind, outcome))
+            if fmt != "special":
+                os.unlink(path)
+    finally:
+        if own:
+            reader.stop()
+    return {"format": f"{fmt}-crafted", "files": sum(kinds.values()), "seed": seed,
+            "memory_limit": "2 x declared + 64 MiB", "outcomes": dict(sorted(outcomes.items())),
+            "kinds": dict(sorted(kinds.items())), "unexpected": len(unexpected), "examples": unexpected[:10],
+            "hangs": outcomes["hang"], "out_of_memory": sum(v for k, v in outcomes.items() if k.startswith("memory")),
+            "most_resident_growth_per_limit": round(most_grew, 3), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+FORMATS_CRAFTED = ("npz", "hdf5", "special")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mutations", type=int, default=2000, help="per format (default 2000)")
     p.add_argument("--formats", default=",".join(FORMATS), help=f"comma-separated, of {', '.join(FORMATS)}")
+    p.add_argument("--crafted", type=int, default=0,
+                   help="read this many crafted files per format (npz, hdf5; and every special path) instead")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=20.0, help="seconds before a read counts as a hang")
     p.add_argument("--memory-factor", type=float, default=MEMORY_FACTOR,
@@ -306,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     folder = tempfile.mkdtemp(prefix="bf_fuzz_")
     reader = Reader(args.memory_factor, args.memory_slack)
     try:
+        if args.crafted:
+            for fmt in FORMATS_CRAFTED:
+                print(json.dumps({"bench": "fuzz_serialize", **run_crafted(fmt, args.crafted, args.seed, args.timeout,
+                                                                            folder, reader)}), flush=True)
+            return 0
         for fmt in args.formats.split(","):
             print(json.dumps({"bench": "fuzz_serialize", **run(fmt, args.mutations, args.seed, args.timeout,
                                                                 folder, reader)}), flush=True)

@@ -4,7 +4,9 @@ Both channels run :func:`~bridgeflow.parallel._transport.worker.worker_loop` in 
 small interface; the pool keeps the order of results, the chunks, the timeouts, the statistics and the
 forensics, and never asks which kind it has:
 
-- ``start(contexts, init_fn)`` starts one worker per context;
+- ``start(contexts, init_fn)`` starts one worker per context; a process channel's ``restart(ctx, init_fn)``
+  replaces a dead worker (see :mod:`bridgeflow.parallel._transport.supervision`), and ``mark(worker)`` says
+  which task (and item of it) it was running when it died;
 - ``send(worker, chunk)`` sends a chunk of tasks (False: the worker is gone);
 - ``receive(wait_for, worker)`` waits up to ``wait_for`` seconds for the next message, from ``worker`` or
   any: ``(worker, results)``, ``(worker, None)`` when that worker died, or ``None``;
@@ -44,10 +46,11 @@ from ..._errors import BridgeflowError, WorkerError
 from . import forensics, forking, shm
 from .mapping import MappingHookSet
 from .pickling import describe_unpicklable, dumps_as_launched
-from .wire import BUSY_AT, COMPLETED_AT, CTL_STRIDE, MAX_SLABS, STOP, ctl_base
+from .supervision import oom_kills
+from .wire import BUSY_AT, COMPLETED_AT, CTL_STRIDE, MARK_AT, MAX_SLABS, STOP, ctl_base
 from .worker import WorkerContext, process_main, worker_loop
 
-__all__ = ["ProcessChannel", "ThreadChannel"]
+__all__ = ["ProcessChannel", "ThreadChannel", "end_groups"]
 
 log = logging.getLogger("bridgeflow.parallel._transport.pool")
 
@@ -178,6 +181,9 @@ class ProcessChannel:
         self.forked_from: int | None = None
         self.sent_bytes = 0  # the last message sent occupies (shared memory included)
         self.received_bytes = 0  # ... and the last one received
+        self._context: Any = None
+        self._ctl_name = ""
+        self._oom_kills = oom_kills()  # the cgroup's OOM kills so far: a SIGKILL with one more was the OOM killer
 
     def start(self, contexts: list[WorkerContext], init_fn: Any) -> None:
         current = mp.current_process()
@@ -214,31 +220,32 @@ class ProcessChannel:
             except OSError as exc:
                 log.warning("%s: no shared memory (%s); results travel through pipes", self.name, exc)
                 ctl_name = ""
+        self._context, self._ctl_name = context, ctl_name
         view = self.ctl.view if self.ctl is not None else None
-        for ctx in contexts:
-            self._start_one(context, ctx, init_fn, ctl_name, view)
         # Persistent pollers (one per worker, one for all): waiting costs one system call, and a
         # process sentinel in the same poll turns a worker's death into an error at once.
         self._fd_worker: dict[int, tuple[int, bool]] = {}
-        self._pollers = []
+        self._pollers: list[Any] = []
         self._poll_all = select.poll()
-        for w, (conn, proc) in enumerate(zip(self.result_conns, self.procs)):
-            poller = select.poll()
-            for fd, is_conn in ((conn.fileno(), True), (proc.sentinel, False)):
-                poller.register(fd, select.POLLIN)
-                self._poll_all.register(fd, select.POLLIN)
-                self._fd_worker[fd] = (w, is_conn)
-            self._pollers.append(poller)
         self._turn = 0  # the worker whose message is read first when several are waiting (then the next)
+        for ctx in contexts:
+            base = ctl_base(ctx.worker_id)
+            self.readers.append(shm.SlabReader(view[base:base + MAX_SLABS] if view else None, self.hooks))
+            self.writers.append(shm.SlabWriter(f"{self.prefix}t{ctx.worker_id}_",
+                                               view[base + MAX_SLABS:base + 2 * MAX_SLABS] if view else None,
+                                               MAX_SLABS, self.num_workers))
+            self._start_one(ctx, init_fn)
 
-    def _start_one(self, context: Any, ctx: WorkerContext, init_fn: Any, ctl_name: str, view: Any) -> None:
-        base = ctl_base(ctx.worker_id)
-        task_r, task_w = context.Pipe(duplex=False)
-        result_r, result_w = context.Pipe(duplex=False)
-        dump_r, dump_w = context.Pipe(duplex=False)
-        proc = context.Process(target=process_main, name=f"{self.name}-worker-{ctx.worker_id}",
-                               args=(ctx, init_fn, task_r, result_w, ctl_name, self.prefix, os.getpid(), dump_w),
-                               daemon=True)
+    def _start_one(self, ctx: WorkerContext, init_fn: Any) -> None:
+        """Start worker ``ctx.worker_id``'s process, its pipes and its pollers: the next worker of the pool, or
+        in the place of a dead one."""
+        w = ctx.worker_id
+        task_r, task_w = self._context.Pipe(duplex=False)
+        result_r, result_w = self._context.Pipe(duplex=False)
+        dump_r, dump_w = self._context.Pipe(duplex=False)
+        proc = self._context.Process(
+            target=process_main, name=f"{self.name}-worker-{w}",
+            args=(ctx, init_fn, task_r, result_w, self._ctl_name, self.prefix, os.getpid(), dump_w), daemon=True)
         try:
             proc.start()
         except Exception:
@@ -248,15 +255,48 @@ class ProcessChannel:
         task_r.close()
         result_w.close()
         dump_w.close()
-        self.procs.append(proc)
-        self.task_conns.append(task_w)
-        self.result_conns.append(result_r)
-        self.dump_conns.append(dump_r)
-        self.dumps.append(forensics.DumpPipe(dump_r.fileno()))
-        self.readers.append(shm.SlabReader(view[base:base + MAX_SLABS] if view else None, self.hooks))
-        self.writers.append(shm.SlabWriter(f"{self.prefix}t{ctx.worker_id}_",
-                                           view[base + MAX_SLABS:base + 2 * MAX_SLABS] if view else None,
-                                           MAX_SLABS, self.num_workers))
+        poller = select.poll()
+        parts = (proc, task_w, result_r, dump_r, forensics.DumpPipe(dump_r.fileno()), poller)
+        for lst, part in zip((self.procs, self.task_conns, self.result_conns, self.dump_conns, self.dumps,
+                              self._pollers), parts):
+            if w < len(lst):
+                lst[w] = part
+            else:
+                lst.append(part)
+        for fd, is_conn in ((result_r.fileno(), True), (proc.sentinel, False)):
+            poller.register(fd, select.POLLIN)
+            self._poll_all.register(fd, select.POLLIN)
+            self._fd_worker[fd] = (w, is_conn)
+
+    def restart(self, ctx: WorkerContext, init_fn: Any) -> None:
+        """Replace worker ``ctx.worker_id``, which died and whose messages have all been read: its pipes close,
+        the processes its tasks started are ended, its result slabs are unlinked (arrays the consumer holds
+        keep their mappings until they go; their flags keep the new worker off those slabs), the task slabs
+        it held are free, and a new process takes its place with the same id, the counters of the control
+        segment going on from the dead one's."""
+        w = ctx.worker_id
+        old = self.procs[w]
+        for fd in (self.result_conns[w].fileno(), old.sentinel):
+            self._poll_all.unregister(fd)
+            self._fd_worker.pop(fd, None)
+        for conn in (self.task_conns[w], self.result_conns[w], self.dump_conns[w]):
+            conn.close()
+        old.join(0.1)
+        end_groups([old])  # what the dead worker's tasks started goes with it (issue 40's orphans)
+        if self.prefix:
+            shm.sweep_segments(f"{self.prefix}r{w}_")
+        self.readers[w].writer_replaced()
+        self.writers[w].reader_gone()
+        if self.ctl is not None:
+            struct.pack_into("<qq", self.ctl.view, ctl_base(w) + MARK_AT, 0, 0)
+        self._start_one(ctx, init_fn)
+
+    def mark(self, worker: int) -> tuple[int, int] | None:
+        """``(task id, item)`` of the message ``worker`` marked last as starting (see ``wire``), or None."""
+        if self.ctl is None:
+            return None
+        task, item = struct.unpack_from("<qq", self.ctl.view, ctl_base(worker) + MARK_AT)
+        return (task - 1, item) if task > 0 else None
 
     def send(self, worker: int, chunk: list) -> bool:
         writer = self.writers[worker]
@@ -346,7 +386,12 @@ class ProcessChannel:
             except ValueError:
                 how = f"was killed by signal {-code}"
             if code == -signal.SIGKILL:
-                how += " (the OOM killer sends SIGKILL: check memory)"
+                kills = oom_kills()
+                if kills is not None and self._oom_kills is not None and kills > self._oom_kills:
+                    how += " from the OOM killer (this cgroup's count of OOM kills went up): it ran out of memory"
+                else:
+                    how += " (possibly the OOM killer, which sends SIGKILL: check memory)"
+                self._oom_kills = kills
         else:
             how = f"exited with code {code}"
         text = f"{self.where(worker)} {how} without reporting an error"
@@ -430,6 +475,7 @@ class ProcessChannel:
             if p.exitcode is None:
                 p.kill()
                 p.join(1.0)
+        end_groups(self.procs)
         for conn in self.task_conns + self.result_conns + self.dump_conns:
             conn.close()
         for w in self.writers:
@@ -441,6 +487,52 @@ class ProcessChannel:
             self.ctl = None
         self.procs, self.task_conns, self.result_conns, self.writers, self.dump_conns = [], [], [], [], []
         self.dumps = []
+
+
+def end_groups(procs: list[Any], grace: float = 0.5) -> None:
+    """End what is left of the process groups that the worker processes ``procs`` lead (each worker leads
+    one: :func:`~bridgeflow.parallel._transport.worker.process_main`): the processes their tasks started,
+    orphans that would otherwise outlive the flow (and hold its stdout open). SIGTERM, then SIGKILL after
+    ``grace`` seconds for those still there. A worker's pid names its group only while the worker is not
+    reaped or the group still has members (Linux reuses no pid a group holds): a reaped worker's pid that
+    names a live process now is another process's, whose group is left alone."""
+    groups = []
+    for p in procs:
+        pid = p.pid
+        if pid is None:
+            continue
+        if p.exitcode is not None:  # reaped: its pid is free, or another process's now
+            try:
+                os.kill(pid, 0)
+                continue  # another process has the pid: its group is not ours
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            groups.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass  # no such group: the worker left nothing behind (or never led one)
+    deadline = time.monotonic() + grace
+    while groups and time.monotonic() < deadline:
+        time.sleep(0.01)
+        groups = [g for g in groups if _group_alive(g)]
+    for g in groups:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 @contextlib.contextmanager

@@ -29,6 +29,11 @@ budget (its slabs are reused, two a worker and direction). A 0.75 GiB datapoint 
 default options, one or two at a time, where chunks of 16 and 200 in flight into the next epochs
 OOM-killed a worker at 12.6 GB.
 
+With ``max_restarts=N`` a dead process worker is replaced instead, up to N times over the pool's life: a new
+process with the same worker id and seed runs the tasks the dead one held again, so the results are those
+of an undisturbed run, and a task that kills every worker it meets is named, or skipped under the owner's
+:class:`~bridgeflow.parallel._transport.supervision.FaultPolicy` (see that module).
+
 A worker that is alive but returns nothing (a deadlock, a stuck read, SIGSTOP) is found out too: after
 ``stall_warning`` seconds without the result it waits for, ``get()`` logs which worker holds the oldest
 task, its state and its Python stack (:mod:`bridgeflow.parallel._transport.forensics`), and with ``timeout`` it
@@ -60,6 +65,7 @@ from .channels import ProcessChannel, ThreadChannel
 from .forensics import Wait, check_seconds
 from .mapping import MappingHooks, MappingHookSet
 from .pickling import describe_unpicklable
+from .supervision import FaultPolicy, Supervisor, check_max_restarts
 from .wire import FATAL, INIT, LIVENESS_INTERVAL, OK, RAN_OUT
 from .worker import (
     EXHAUSTED,
@@ -144,13 +150,21 @@ class WorkerPool:
             :meth:`set_mapping_hooks`.
         max_bytes_in_flight: process workers: the read-ahead's bytes (tasks sent and results not yet
             returned by ``get()``; see the module doc); ``None``: :func:`read_ahead_budget`.
+        max_restarts: process workers: how many dead workers are replaced over the pool's life before a death
+            is an error (0: the first is); see :mod:`~bridgeflow.parallel._transport.supervision`.
+        fault_policy: names the tasks in errors and logs, and says whether a task (or an item of one) that
+            kills every worker it meets is skipped; default: named by number, and raised.
+        restart_init: ``restart_init(worker_id)`` returns the init function of a worker that replaces a dead
+            one (a runner's worker starts from where its flow's copy was); default: ``init_fn``.
     """
 
     def __init__(self, init_fn: Callable[[WorkerContext], Callable[[Any], Any]], num_workers: int, *,
                  processes: bool = True, start_method: str | None = None, name: str = "WorkerPool",
                  base_seed: int | None = None, ordered: bool = True, chunk_size: int = 1,
                  timeout: float | None = None, stall_warning: float | None = 60.0,
-                 mapping_hooks: MappingHooks | None = None, max_bytes_in_flight: int | None = None) -> None:
+                 mapping_hooks: MappingHooks | None = None, max_bytes_in_flight: int | None = None,
+                 max_restarts: int = 0, fault_policy: FaultPolicy | None = None,
+                 restart_init: Callable[[int], Callable[[WorkerContext], Callable[[Any], Any]]] | None = None) -> None:
         if not callable(init_fn):
             raise TypeError(f"{name}: init_fn must be callable, got {init_fn!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers <= 0:
@@ -177,6 +191,13 @@ class WorkerPool:
             raise ValueError(f"{name}: max_bytes_in_flight must be a positive number of bytes, got "
                              f"{max_bytes_in_flight!r}")
         self.max_bytes_in_flight = max_bytes_in_flight
+        self.max_restarts = check_max_restarts(max_restarts, name)
+        self.fault_policy = fault_policy
+        self.restart_init = restart_init
+        # threads do not die of a signal: only process workers are supervised
+        self._supervisor = Supervisor(name, num_workers, max_restarts, fault_policy) \
+            if processes and max_restarts else None
+        self._contexts: list[WorkerContext] = []
         self._task_cost = self._result_cost = 0.0  # bytes per task, learned from the messages
         self._learned = not processes  # a result came back: what tasks cost is known (threads copy nothing)
         self._sent_open = 0  # tasks sent whose results get() has not returned (nor dropped)
@@ -218,6 +239,7 @@ class WorkerPool:
             return self
         base = self.base_seed if self.base_seed is not None else int.from_bytes(os.urandom(4), "little")
         contexts = [WorkerContext(w, self.num_workers, base + w, self.name) for w in range(self.num_workers)]
+        self._contexts = contexts
         self._finalizer = weakref.finalize(self, self._channel.shutdown)
         self._started = True
         try:
@@ -253,6 +275,15 @@ class WorkerPool:
     def worker_processes(self) -> list:
         """The worker processes' ``multiprocessing.Process`` handles (empty for threads, or before start)."""
         return self._channel.worker_processes
+
+    @property
+    def restarts(self) -> int:
+        """Dead workers replaced so far (see ``max_restarts``)."""
+        return self._supervisor.restarts if self._supervisor is not None else 0
+
+    def ready_from(self, worker: int) -> int:
+        """Results of ``worker`` received and not yet returned by ``get()``."""
+        return sum(1 for w, _, _ in self._ready.values() if w == worker)
 
     @property
     def outstanding(self) -> int:
@@ -334,8 +365,10 @@ class WorkerPool:
             chunk, pending = pending[:n], pending[n:]
             self._pending[worker] = pending
             self._sent_open += n
+            if self._supervisor is not None:
+                self._supervisor.sent(worker, chunk)
             if not self._channel.send(worker, chunk):
-                self._last_words(worker)
+                self._last_words(worker)  # replaced (the chunk sent again with its other tasks), or raises
             self._task_cost = _cost(self._task_cost, self._channel.sent_bytes, n)
             force = False
 
@@ -451,22 +484,23 @@ class WorkerPool:
                 break
         self._file(*msg)
 
-    def _last_words(self, worker: int) -> NoReturn:
+    def _last_words(self, worker: int) -> None:
         """``worker`` is gone (its task pipe is closed). What it sent before it went may still be waiting,
         the error that made it stop among it: file that (raising the error) before calling it dead."""
         while (results := self._channel.leftover(worker)) is not None:
             self._file(worker, results)
-        self._raise_dead(worker)
+        self._worker_died(worker)
 
     def _file(self, worker: int, results: list | None) -> None:
         """File one message of ``worker`` (``None``: its end-of-file, a death); raise the error it reports."""
         if results is None:
-            self._raise_dead(worker)
+            self._worker_died(worker)
+            return
         self.results_received += len(results)
         if self.processes:
             self._result_cost = _cost(self._result_cost, self._channel.received_bytes, len(results))
             self._learned = True
-        ready, discard_below = self._ready, self._discard_below
+        ready, discard_below, supervisor = self._ready, self._discard_below, self._supervisor
         for kind, task_id, value in results:
             if task_id == INIT:
                 raise unpack_exception(value, self._channel.where(worker) + " while starting")
@@ -475,6 +509,8 @@ class WorkerPool:
                 raise WorkerError(f"{self._channel.where(worker)} stopped: {value[2]}", stage=self.name, worker=worker,
                                   pid=self._channel.pid(worker)) from RemoteTraceback(value[3])
             self._per_worker[worker] -= 1
+            if supervisor is not None:
+                supervisor.answered(worker, task_id)
             if task_id >= discard_below:
                 ready[task_id] = (worker, kind, value)
             else:  # discarded: returned never
@@ -545,6 +581,29 @@ class WorkerPool:
             raise DataFlowTerminated(f"{self.name} was closed while a consumer was waiting for a result")
         text, code = self._channel.death(worker)
         raise WorkerError(text, stage=self.name, worker=worker, pid=self._channel.pid(worker), exitcode=code)
+
+    # --- supervision (max_restarts; see .supervision) -----------------------------------------------
+
+    def _worker_died(self, worker: int) -> None:
+        """``worker`` died, and every message it sent before is filed: replace it within the restart budget,
+        sending it the tasks the dead one held (a poison one skipped or raised), or raise its WorkerError."""
+        sup = self._supervisor
+        if sup is None or self._closed:
+            self._raise_dead(worker)
+        channel = self._channel
+        assert sup is not None and isinstance(channel, ProcessChannel)  # only process pools are supervised
+        text, code = channel.death(worker)
+        retries, answered, lost = sup.replace(worker, text, code, channel.pid(worker), channel.mark(worker),
+                                              self._discard_below)
+        self._per_worker[worker] += len(retries) - lost  # in flight: those sent again, no more the others
+        self._sent_open += len(retries) + len(answered) - lost
+        for task_id, value in answered.items():
+            self._ready[task_id] = (worker, OK, value)
+        init = self.restart_init(worker) if self.restart_init is not None else self.init_fn
+        channel.restart(self._contexts[worker], init)
+        for retry in retries:  # a worker that dies at once is found dead by the next receive
+            if not channel.send(worker, retry):  # type: ignore[arg-type]  # a Retry is a message too
+                break
 
     # --- statistics -------------------------------------------------------------------------------
 

@@ -158,6 +158,11 @@ class SlabWriter:
         self._sent: collections.deque[int] = collections.deque(maxlen=window)  # slab bytes of recent messages
         self._opens_arena = True  # alloc() may start a message's slab (not while pickling one for the pipe)
         self.reducers: dict[type, Any] = {}  # type -> reduce function, for the pickles of every message
+        # A writer that replaces a dead one (a restarted worker) leaves the slabs the consumer still holds
+        # alone: their indices are holes, taken again once their flags say the consumer let go.
+        held = bytes(self.flags[:self.max_slabs]).rfind(IN_USE) + 1 if self.max_slabs else 0
+        self.slabs += [("", 0, None)] * held
+        self._views += [None] * held
 
     def _acquire(self, nbytes: int) -> int:
         """Index of a free slab of at least ``nbytes``, or -1 when none can be had."""
@@ -414,6 +419,12 @@ class SlabWriter:
             view[used + total:end] = data
         return index, layout, data_at, end - used
 
+    def reader_gone(self) -> None:
+        """The worker reading these slabs died: nothing holds them any more, so every one is free again."""
+        for i, (_, _, m) in enumerate(self.slabs):
+            if m is not None and self.flags[i] == IN_USE:
+                self.flags[i] = FREE
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -445,6 +456,7 @@ class SlabReader:
         self.hooks = hooks
         self._pid = os.getpid()
         self._maps: dict[int, tuple[str, memoryview]] = {}  # slab index -> (name, byte view of its mapping)
+        self._leases: dict[int, weakref.finalize] = {}  # slab index -> the release of the arrays received in it
         self.last_bytes = 0  # of the last message read
 
     def loads(self, message: bytes | bytearray) -> Any:
@@ -472,7 +484,7 @@ class SlabReader:
         lease = None
         if layout:  # the arrays are views of the slab: it goes back to the worker when the last has gone
             lease = np.frombuffer(mapping, np.uint8, max(layout[k] + layout[k + 1] for k in range(0, len(layout), 2)))
-            weakref.finalize(lease, _release, self.flags, index, self._pid)
+            self._leases[index] = weakref.finalize(lease, _release, self.flags, index, self._pid)
         try:
             data = mapping[data_at[0]:data_at[0] + data_at[1]] if data_at else view[after:]
             return pickle.loads(data, buffers=_rebuild(mapping, layout, lease))
@@ -485,6 +497,17 @@ class SlabReader:
         gone = set(names)
         for index in [i for i, (name, _) in self._maps.items() if name in gone]:
             del self._maps[index]
+
+    def writer_replaced(self) -> None:
+        """The worker died and a new one takes its place: forget its slabs (they were unlinked; arrays still
+        held keep their mappings, and their flags, until they go), and free the flags that no array holds:
+        the slab of a message it was building or sending when it died. The new writer keeps off the others."""
+        self._maps.clear()
+        self._leases = {i: lease for i, lease in self._leases.items() if lease.alive}
+        flags = self.flags
+        for i in range(len(flags)):
+            if flags[i] != FREE and i not in self._leases:
+                flags[i] = FREE
 
     @property
     def mapped(self) -> int:

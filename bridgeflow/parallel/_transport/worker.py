@@ -16,12 +16,13 @@ import pickle
 import queue
 import signal
 import struct
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
 # numpy loads numpy.random on first use (numpy.__getattr__), and workers seed it first thing (the torch
 # adapter's seeding, RNG flows, map functions that draw numbers). A forked worker that imports it while
@@ -31,7 +32,20 @@ import numpy.random  # noqa: F401
 
 from ..._errors import BridgeflowError
 from . import forensics, shm
-from .wire import COMPLETED_AT, ERROR, FATAL, INIT, LIVENESS_INTERVAL, MAX_SLABS, OK, RAN_OUT, STOP, ctl_base
+from .wire import (
+    COMPLETED_AT,
+    ERROR,
+    FATAL,
+    INIT,
+    LIVENESS_INTERVAL,
+    MARK_AT,
+    MAX_SLABS,
+    OK,
+    RAN_OUT,
+    STOP,
+    Retry,
+    ctl_base,
+)
 
 __all__ = [
     "EXHAUSTED", "RemoteError", "RemoteTraceback", "WorkerContext", "pack_exception", "process_main",
@@ -103,18 +117,69 @@ def unpack_exception(packed: tuple, where: str) -> BaseException:
     return exc
 
 
+_forks = 0  # forks this process came out of since forks were first counted in its line (see _count_forks)
+_counting = False
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+def _count_forks() -> None:
+    """Count forks from now on (registered once, inherited by children): a child forked by a task function
+    then finds ``_forks`` changed, a global read per task (``os.getpid()`` is a system call)."""
+    global _counting
+    if not _counting:
+        os.register_at_fork(after_in_child=_forked)
+        _counting = True
+
+
+def _leave_forked_child(exc: BaseException | None) -> NoReturn:
+    """A task function forked, and the child came back into the worker loop: raising (``sys.exit(0)``, as
+    code written for a main process ends a child) or returning. The child is not the worker: it leaves
+    at once, as it would have left a main program, and never touches the pool's pipes (its message
+    would pass for the worker's, and it would then wait for tasks forever, holding its parent's stdout)."""
+    code = 0
+    if isinstance(exc, SystemExit):
+        if isinstance(exc.code, int):
+            code = exc.code & 0xFF
+        elif exc.code is not None:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    elif exc is not None:
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed or broken stream: nothing more to say
+            pass
+    os._exit(code)
+
+
 def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
-                send: Callable[[list, float], None], by_pickle: bool) -> None:
+                send: Callable[[list, float], None], by_pickle: bool,
+                mark: Callable[[int, int], None] | None = None) -> None:
     """The loop every worker runs, thread or process: init, then answer tasks until told to stop.
 
     ``recv()`` returns a chunk, a list of ``(task_id, payload)``, or ``None`` to stop. The results of a
     chunk go back together, ``send([(kind, task_id, value), ...], busy)``: one message per chunk is what
     makes small tasks cheap. ``busy`` is the seconds spent in the task function so far (the stages'
-    ``workers_busy``).
+    ``workers_busy``). A :class:`~bridgeflow.parallel._transport.wire.Retry` instead of a chunk is a dead
+    worker's task, run with ``mark(task_id, item)`` called as each of its items starts.
+
+    A child forked by the task function (or ``init_fn``) that comes back here (``sys.exit`` in it raises,
+    or it returns) leaves with ``os._exit`` at once (:func:`_leave_forked_child`): its end is its own business, not the
+    worker's error.
     """
+    _count_forks()
+    me, born = os.getpid(), _forks
     try:
         task_fn = init_fn(ctx)
     except BaseException as exc:  # reported to the consumer, which raises it
+        if _forks != born or os.getpid() != me:  # ... unless raised in a child init_fn forked
+            _leave_forked_child(exc)
         try:
             send([(ERROR, INIT, pack_exception(exc, by_pickle))], 0.0)
         except (BrokenPipeError, EOFError, ConnectionError):
@@ -122,6 +187,8 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
         while recv() is not None:  # stay until told to stop, so tasks sent meanwhile find us alive
             pass
         return
+    if _forks != born:  # a child init_fn forked, returning
+        _leave_forked_child(None)
     busy = 0.0
     clock = time.perf_counter
     while True:
@@ -130,13 +197,21 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
             return
         out = []
         t0 = clock()
+        run = task_fn
+        if type(chunk) is Retry:  # a dead worker's task, alone: its items are marked as they start
+            run = _retried(task_fn, chunk, mark)
+            chunk = [(chunk.task_id, chunk.payload)]
         for task_id, payload in chunk:
             try:
-                out.append((OK, task_id, task_fn(payload)))
+                out.append((OK, task_id, run(payload)))
             except StopIteration:
                 out.append((RAN_OUT, task_id, None))
             except BaseException as exc:  # any failure, even SystemExit, goes to the consumer
+                if _forks != born or os.getpid() != me:  # ... unless raised in a child the task forked
+                    _leave_forked_child(exc)
                 out.append((ERROR, task_id, pack_exception(exc, by_pickle)))
+            if _forks != born:  # a child the task forked, returning
+                _leave_forked_child(None)
         busy += clock() - t0
         try:
             send(out, busy)
@@ -144,6 +219,27 @@ def worker_loop(ctx: WorkerContext, init_fn: Callable, recv: Callable[[], Any],
             return  # the consumer is gone
         except Exception as exc:  # a result cannot be sent, e.g. not picklable: say which
             send(_unsent(task_fn, chunk, out, exc, by_pickle), busy)
+
+
+def _retried(task_fn: Callable, retry: Retry, mark: Callable[[int, int], None] | None) -> Callable[[Any], Any]:
+    """The task function for a retried task: ``task_fn.careful(payload, mark, avoid)`` when it has that method
+    (it marks each item of a group as it starts, and leaves out those in ``avoid``), else ``task_fn`` with
+    the task marked as item -1 (the task is its own item)."""
+    task_id = retry.task_id
+
+    def marks(item: int) -> None:
+        if mark is not None:
+            mark(task_id, item)
+
+    careful = getattr(task_fn, "careful", None)
+    if careful is not None:
+        return lambda payload: careful(payload, marks, retry.avoid)
+
+    def plain(payload: Any) -> Any:
+        marks(-1)
+        return task_fn(payload)
+
+    return plain
 
 
 def _unsent(task_fn: Callable, chunk: list, out: list, exc: Exception, by_pickle: bool) -> list:
@@ -211,8 +307,21 @@ def _pump_tasks(conn: Any, inbox: queue.SimpleQueue, stop_requested: threading.E
         inbox.put(data)
 
 
+def _lead_own_group() -> bool:
+    """Make this worker the leader of a process group of its own, which every process it starts joins
+    unless it leaves on purpose (``setsid``): the consumer ends that group when it closes the pool
+    (:func:`~bridgeflow.parallel._transport.channels.end_groups`), and so does the worker when its
+    consumer is gone. Whether it leads one."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    return os.getpgid(0) == os.getpid()
+
+
 def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_conn: Any, ctl_name: str,
                  prefix: str, consumer_pid: int, dump_conn: Any = None) -> None:
+    leader = _lead_own_group()  # first: before anything the task function starts
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the consumer's to handle; it stops us
     shm.forget_inherited_controls()  # a forked worker holds no other pool's lock, nor its consumer's copy
     if dump_conn is not None:  # the consumer asks for our stack with a signal when we seem stuck
@@ -234,9 +343,13 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
     reader = shm.SlabReader(view[base + MAX_SLABS:base + 2 * MAX_SLABS] if view else None)
     ctx = replace(ctx, writer=writer)
 
-    def on_orphan() -> None:  # the consumer is gone and cannot clean up: remove the whole pool's segments
+    def on_orphan() -> None:
+        """The consumer is gone and cannot clean up: remove the whole pool's segments, and end this worker's
+        process group (the processes its tasks started, and this worker with them)."""
         writer.close()
         shm.sweep_segments(prefix)
+        if leader:
+            os.killpg(os.getpid(), signal.SIGKILL)
 
     ppid = os.getppid()
     threading.Thread(target=_watch_parent, args=(ppid, consumer_pid, on_orphan),
@@ -245,7 +358,8 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
     stop_requested = threading.Event()
     threading.Thread(target=_pump_tasks, args=(task_conn, inbox, stop_requested),
                      name="bridgeflow-task-pump", daemon=True).start()
-    completed = 0
+    # A restarted worker goes on with the counters of the one it replaces (the pool's statistics add them up)
+    completed, busy_before = struct.unpack_from("<QQ", view, base + COMPLETED_AT) if view is not None else (0, 0)
     stopped = False  # the consumer said stop; otherwise the task pipe closed because the consumer is dying
 
     def recv() -> Any:
@@ -257,24 +371,31 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
         if data is None:  # the pipe closed without a stop
             return None
         try:
-            return reader.loads(data)
+            tasks = reader.loads(data)
         except shm.SegmentVanishedError as exc:  # the tasks cannot be read: say why, and stop
             send([(ERROR, FATAL, pack_exception(exc, True))], 0.0)
             stopped = True  # the consumer is alive and cleans up: do not sweep its other workers' memory
             return None
+        if view is not None and type(tasks) is list:  # the chunk starting: a death from now on is its (-2: no
+            struct.pack_into("<qq", view, base + MARK_AT, tasks[0][0] + 1, -2)  # item marked)
+        return tasks
 
     def send(msg: list, busy: float) -> None:
         nonlocal completed
         result_conn.send_bytes(writer.dumps(msg))
         completed += len(msg)
         if view is not None:
-            struct.pack_into("<QQ", view, base + COMPLETED_AT, completed, int(busy * 1e9))
+            struct.pack_into("<QQ", view, base + COMPLETED_AT, completed, busy_before + int(busy * 1e9))
+
+    def mark(task_id: int, item: int) -> None:  # which item of a retried task is starting
+        if view is not None:
+            struct.pack_into("<qq", view, base + MARK_AT, task_id + 1, item)
 
     def on_sigterm(signum: int, frame: Any) -> None:
         # The pool's own terminate() comes after a stop, and the pool then sweeps. Any other SIGTERM may
-        # have gone to the whole process group (Slurm, `timeout`, a closed terminal): the consumer is then
-        # dying too, without cleaning up, so give it a moment to go and clean up for it. A consumer still
-        # alive may yet read our last results: it reports our death and sweeps when it closes the pool.
+        # have gone to the consumer as well (Slurm's job step, a `kill` of several pids): the consumer is
+        # then dying too, without cleaning up, so give it a moment to go and clean up for it. A consumer
+        # still alive may yet read our last results: it reports our death and sweeps when it closes the pool.
         if not stop_requested.is_set():
             deadline = time.monotonic() + 2 * LIVENESS_INTERVAL
             while _parent_alive(ppid, consumer_pid) and time.monotonic() < deadline:
@@ -286,7 +407,7 @@ def process_main(ctx: WorkerContext, init_fn: Callable, task_conn: Any, result_c
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        worker_loop(ctx, init_fn, recv, send, by_pickle=True)
+        worker_loop(ctx, init_fn, recv, send, by_pickle=True, mark=mark)
     finally:
         writer.close()
         # A consumer that closes the pool always says stop first. Without it, the consumer is dying: its
