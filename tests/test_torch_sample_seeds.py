@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+from deaths import once
 
 from conftest import need
 
@@ -169,3 +170,58 @@ def test_a_killed_augmenting_training_loop_resumes_byte_for_byte(workers, tmp_pa
     full, killed, resumed = read("full"), read("killed"), read("resume")
     assert killed == full[:12] and [s["step"] for s in resumed] == list(range(10, len(full)))
     assert resumed == full[10:]  # each batch's bytes (a digest) and the weights after each step
+
+
+class Faulty(Augmenting):
+    """Augmenting, raising for the indices in ``bad`` and SIGKILLing the worker that reads ``kill`` (once)."""
+
+    def __init__(self, bad=(), kill=None, flag="") -> None:
+        self.bad, self.kill, self.flag = bad, kill, flag
+
+    def __getitem__(self, i: int):
+        if i == self.kill and once(self.flag):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if i in self.bad:
+            raise OSError(f"sample {i}: truncated file")
+        return super().__getitem__(i)
+
+
+def by_index(batches: list) -> dict:
+    """Each sample's bytes (image and the three draws) by its index, from batches of ``run``."""
+    out = {}
+    for batch in batches:
+        b = [t.numpy() for t in batch]  # as_bytes' collated columns, read again as arrays
+        for j, i in enumerate(b[-1].tolist()):
+            out[i] = tuple(col[j].tobytes() for col in b[:-1])
+    return out
+
+
+def run_columns(make) -> list:
+    df = make()
+    try:
+        return [list(batch) for batch in df]
+    finally:
+        df.close()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skipped_samples_leave_the_others_bytes_as_they_were(workers, leak_check):
+    """on_error='skip' reads a batch with a failing sample again one sample at a time: each other sample keeps
+    the seeds of its place in the batch, so its bytes are those of the run where nothing failed."""
+    ref = by_index(run_columns(lambda: loader(2, dataset=Faulty)))
+    got = by_index(run_columns(lambda: DataLoader(
+        Faulty(bad={5, 17}), batch_size=BATCH, shuffle=True, num_workers=workers, seed_per_sample=True,
+        generator=torch.Generator().manual_seed(5), on_error="skip")))
+    assert sorted(got) == sorted(set(range(N)) - {5, 17})
+    assert got == {i: ref[i] for i in got}
+
+
+def test_a_replaced_worker_reads_its_batches_again_with_the_same_bytes(tmp_path, leak_check):
+    """max_restarts: the batch a SIGKILLed worker held is read again by its replacement, sample by sample,
+    each with the seeds of its place: the epoch's bytes are the undisturbed run's."""
+    ref, _ = run(lambda: loader(2, dataset=Faulty), epochs=1)
+    got, _ = run(lambda: DataLoader(
+        Faulty(kill=11, flag=str(tmp_path / "once")), batch_size=BATCH, shuffle=True, num_workers=2,
+        seed_per_sample=True, generator=torch.Generator().manual_seed(5), max_restarts=1), epochs=1)
+    assert (tmp_path / "once").exists()  # the worker reading sample 11 was killed
+    assert got == ref
