@@ -563,8 +563,8 @@ def _default_stable(spec: tuple) -> bool:
         return not _default_loose(spec)
     if kind in DEFAULT_STAGES and (below or not spec[2]):
         return not _default_has_len(spec[1])  # a carried stage's epoch ends where timing puts it
-    if kind == "batch" and below:
-        return False  # drops the remainder: which datapoints, timing says
+    if kind in ("batch", "unbatch") and below:
+        return False  # drops the remainder (an unbatch undoes a batch of its own): which datapoints, timing says
     if kind == "shuffle" and below:
         return False  # endless: an epoch is a stretch of a stream that mixes passes
     return True
