@@ -24,6 +24,10 @@ Cases, each timed with interleaved repetitions (anchor, bridgeflow, anchor, ...)
   (how far back the state rebuilds the buffer from, in buffers) and ``resume_s`` (the first ``iter()``
   after ``load_state_dict``, which replays that far without yielding).
 
+- ``state_dict``: one ``state_dict()`` of four five-stage pipelines (maps, a thread stage, a local shuffle, a
+  join with a random source), wall and CPU microseconds and the state's size; ``state_dict_largest``: a
+  ``LocallyShuffleData(2000)`` over an unordered stage of 64 KB arrays, whose buffer is in its state.
+
 Each line printed is one JSON object with the median of the repetitions (and the machine it ran on:
 absolute rates mean something only beside it; the ratios are what to compare across machines).
 
@@ -42,7 +46,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bridgeflow import BatchData, DataFlow, DataFromList, FakeData, LocallyShuffleData, MapData, RNGDataFlow
+from bridgeflow import (
+    BatchData,
+    DataFlow,
+    DataFromList,
+    FakeData,
+    JoinData,
+    LocallyShuffleData,
+    MapData,
+    MultiThreadMapData,
+    RepeatedData,
+    RNGDataFlow,
+)
 from bridgeflow._batch import batch_datapoints
 from bridgeflow._transforms import _DATAPOINT_TYPES, check_datapoint
 
@@ -268,6 +283,61 @@ def bench_local_shuffle(reps: int, datapoints: int) -> None:
              replay_buffers=round(state["replay"] / buffer, 2), resume_s=round(resume_s, 3), **machine())
 
 
+def _identity(dp):
+    return dp
+
+
+def bench_state_pipelines(reps: int) -> None:
+    """``state_dict()`` of five-stage pipelines as users build them, deep into an epoch: wall and CPU
+    microseconds per call (median of ``reps`` rounds of 500 calls), and the state's size as JSON. Then the
+    largest state: ``LocallyShuffleData(2000)`` over an unordered thread stage of 64 KB arrays (its buffer is
+    in the state), seconds for one ``state_dict()`` and ``json.dumps``, and megabytes."""
+    data = [[np.zeros(4, np.float32), i] for i in range(100_000)]
+    listed = lambda: DataFromList(data, shuffle=True, seed=0)
+    pipelines = {
+        "list_map_map_map_batch": lambda: BatchData(MapData(MapData(MapData(listed(), _identity), _identity),
+                                                            _identity), 64),
+        "list_map_threads_map_batch": lambda: BatchData(MapData(MultiThreadMapData(
+            MapData(listed(), _identity), 2, _identity, seed=1), _identity), 64),
+        "list_map_localshuffle_map_batch": lambda: BatchData(MapData(LocallyShuffleData(
+            MapData(listed(), _identity), 1000, seed=1), _identity), 64),
+        "list+fake_join_map_repeat_batch": lambda: BatchData(RepeatedData(MapData(JoinData(
+            [DataFromList(data, shuffle=False), FakeData([[1]], size=len(data), seed=1)]), _identity), 2), 64),
+    }
+    for name, make in pipelines.items():
+        df = make()
+        df.reset_state()
+        it = iter(df)
+        for _ in range(100):
+            next(it)
+        walls, cpus = [], []
+        for _ in range(reps):
+            w0, c0 = time.perf_counter(), time.process_time()
+            for _ in range(500):
+                state = df.state_dict()
+            walls.append((time.perf_counter() - w0) / 500)
+            cpus.append((time.process_time() - c0) / 500)
+        emit(bench="core", case="state_dict", pipeline=name, reps=reps,
+             wall_us=round(statistics.median(walls) * 1e6, 1), cpu_us=round(statistics.median(cpus) * 1e6, 1),
+             state_bytes=len(json.dumps(state)), **machine())
+        df.close()
+    arrays = [[np.full(16384, i, np.float32)] for i in range(3000)]
+    df = LocallyShuffleData(MultiThreadMapData(DataFromList(arrays, shuffle=False), 2, _identity, ordered=False),
+                            2000, seed=1)
+    df.reset_state()
+    it = iter(df)
+    for _ in range(100):
+        next(it)
+    w0, c0 = time.perf_counter(), time.process_time()
+    state = df.state_dict()
+    w1, c1 = time.perf_counter(), time.process_time()
+    text = json.dumps(state)
+    emit(bench="core", case="state_dict_largest", pipeline="LocallyShuffleData(unordered thread stage, 64 KB), 2000",
+         state_dict_s=round(w1 - w0, 3), state_dict_cpu_s=round(c1 - c0, 3),
+         json_dumps_s=round(time.perf_counter() - w1, 3), state_mb=round(len(text) / 1e6, 1), **machine())
+    df.close()
+
+
 class RepeatedDataForever:
     """Epoch after epoch of a flow, as one iterator."""
 
@@ -292,6 +362,7 @@ def main() -> None:
     bench_map_chain(args.reps, args.datapoints)
     bench_state(args.reps, args.datapoints)
     bench_local_shuffle(args.reps, max(args.datapoints, 400_000))
+    bench_state_pipelines(args.reps)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,9 @@ The shapes users bring (sizes as torch's, Hugging Face's and torchrec's examples
 - ``*_pin``: ``numpy`` and ``dict_rows`` with ``pin_memory=True``, pinned by each loader's background
   thread. On a machine without an accelerator both loaders skip pinning (torch warns and pins nothing), so
   there the variant only shows the option costs nothing else;
+- ``seed_per_sample``: bridgeflow's loader with ``seed_per_sample=True`` against itself without, at 0 and 2
+  workers, over ints (the seeding's own cost) and over 64x64 images through three augmentors
+  (:func:`bench_seed_per_sample`);
 - ``lmdb_dataset``: bridgeflow's ``LMDBDataset`` (150 KB arrays) against a raw-lmdb ``Dataset`` in the same
   loader (:func:`bench_lmdb_dataset`), with CPU seconds per item;
 - ``cuda`` (GPU machines only; one "skipped" line elsewhere): CUDAPrefetcher's host-to-device throughput
@@ -582,6 +585,40 @@ def bench_flow_decode(reps: int, machine: dict, data: str) -> None:
                       "note": "the target is bridgeflow_workers_2's ratio to bridgeflow_workers_0"}), flush=True)
 
 
+class Augmented(tud.Dataset):
+    """64x64x3 images through bridgeflow's augmentors (a crop, a flip, a brightness change) and a torch draw."""
+
+    def __init__(self, n: int) -> None:
+        from bridgeflow import imgaug
+
+        self.n = n
+        self.image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+        self.augs = imgaug.AugmentorList([imgaug.RandomCrop(56), imgaug.Flip(horiz=True), imgaug.Brightness(30)])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return self.augs.augment(self.image), torch.rand(()), i
+
+
+def bench_seed_per_sample(reps: int, scale: float, machine: dict) -> None:
+    """``seed_per_sample=True`` against the same loader without it (the anchor), at 0 and 2 workers: samples of
+    an int (the seeding alone) and augmented 64x64 images. The cost per sample is the difference of the CPU
+    figures (the workers' with workers, the main process's without)."""
+    for name, dataset, samples, batch in (("seed_per_sample_int", Scalars, int(20_000 * scale), 256),
+                                          ("seed_per_sample_augment", Augmented, int(4_000 * scale), 64)):
+        ds = dataset(samples)
+        for workers in (0, 2):
+            def make(seeded: bool, workers: int = workers, ds: Any = ds, batch: int = batch) -> Callable[[], Any]:
+                return lambda: BFDataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers,
+                                            multiprocessing_context="fork" if workers else None,
+                                            seed_per_sample=seeded)
+
+            compare(f"{name}_workers_{workers}", {"bridgeflow": make(False), "bridgeflow_seeded": make(True)},
+                    reps, machine, "bridgeflow", None, samples, extra={"batch": batch, "workers": workers})
+
+
 def _median_time(fn, reps: int) -> list[float]:
     out = []
     for _ in range(reps):
@@ -850,7 +887,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies every case's samples per epoch")
     parser.add_argument("--batches", type=int, default=100, help="lmdb_dataset and cuda: batches per epoch")
-    parser.add_argument("--cases", default=",".join([*CASES, "pil_folder", "flow_decode", "cuda", "lmdb_dataset"]))
+    parser.add_argument("--cases", default=",".join([*CASES, "pil_folder", "flow_decode", "cuda", "lmdb_dataset",
+                                                     "seed_per_sample"]))
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "bf-bench-torch"),
                         help="where the generated JPEGs and LMDB file are kept between runs")
     parser.add_argument("--busy", type=int, default=0, help="processes kept spinning on the CPU meanwhile")
@@ -892,6 +930,8 @@ def run_cases(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None
             bench_pil_folder(args.reps, machine, args.data)
         elif case == "flow_decode":
             bench_flow_decode(args.reps, machine, args.data)
+        elif case == "seed_per_sample":
+            bench_seed_per_sample(args.reps, args.scale, machine)
         elif case in CASES:
             bench_case(case, CASES[case], args.reps, args.scale, machine)
         else:

@@ -25,6 +25,8 @@ torch`` selects: each takes a minute):
   and (``bridgeflow_batch64``) 64 indices a call, as torch's DataLoader fetches a batch (``__getitems__``
   where the reader has it, else one ``ds[i]`` each);
 - ``hdf5_seq``, ``hdf5_shuffled``: ``HDF5Serializer`` reads against raw h5py item reads of the same file;
+- ``roundtrip``: one small task at a time to a pool of one idle worker (thread, or process), ``put`` then
+  ``get``: what a task's way to a waiting worker and its result's way back cost;
 - ``jpeg``: JPEG bytes in LMDB, decoded (simplejpeg when installed, else cv2), RandomResizedCrop(224)
   (``GoogleNetRandomCropAndResize``) and a flip, CHW (a view, copied once: into the batch), in a 2-worker
   ``MultiProcessMapData`` with
@@ -77,7 +79,9 @@ CASES: dict[str, list[str]] = {
     "hdf5_seq": ["raw", "bridgeflow"],
     "hdf5_shuffled": ["raw", "bridgeflow"],
     "jpeg": ["floor", "bridgeflow"],
+    "roundtrip": ["threads", "processes"],
 }
+ROUNDTRIPS = 2_000
 SIZES = {"150k": (150_000, 3_000), "300b": (300, 100_000), "300b-nocrc": (300, 100_000)}  # value bytes, datapoints
 JPEGS = 1_000
 
@@ -185,6 +189,23 @@ def run_w1(case: str, config: str, epochs: int) -> dict:
     with bf.BatchData(stage, BATCH) as df:
         df.reset_state()
         return measure(df, _batches, epochs)
+
+
+def _double_init(ctx):
+    return lambda x: 2 * x
+
+
+def run_roundtrip(config: str, epochs: int) -> dict:
+    from bridgeflow.parallel import WorkerPool
+
+    with WorkerPool(_double_init, 1, processes=config == "processes", start_method="fork").start() as pool:
+        def epoch(_):
+            for i in range(ROUNDTRIPS):
+                pool.put(i)
+                pool.get()
+            return ROUNDTRIPS
+
+        return measure(None, epoch, epochs)
 
 
 def setup_files(data: str) -> None:
@@ -374,6 +395,8 @@ def child(args: argparse.Namespace) -> None:
         return
     if case.startswith("w1"):
         result = run_w1(case, config, args.epochs)
+    elif case == "roundtrip":
+        result = run_roundtrip(config, args.epochs)
     elif case == "jpeg":
         result = run_jpeg(config, args.data, args.epochs)
     else:
@@ -544,7 +567,7 @@ def main() -> int:
         emit(machine=f"{os.uname().nodename} {os.cpu_count()} cpus", python=sys.version.split()[0],
              **{t.label: f"{t.name} {t.path}" for t in trees}, reps=args.reps, epochs=args.epochs,
              date=time.strftime("%Y-%m-%d %H:%M"), load=round(os.getloadavg()[0], 2), busy=args.busy)
-        if any(not c.startswith(("w1", "torch:")) for c in cases):
+        if any(not c.startswith(("w1", "torch:", "roundtrip")) for c in cases):
             for tree in trees:  # each tree writes its own files (the formats may differ)
                 errs = [r["error"] for r in tree.run("setup", "-", data, 0) if "error" in r]
                 if errs:

@@ -26,7 +26,7 @@ from ._image_sources import ImageFromFile
 from ._iterables import as_dataflow
 from ._proxy import ProxyDataFlow
 from ._queues import DataFromQueue, MultiThreadPrefetchData
-from ._rng import RNGDataFlow, get_rng, worker_seed_scope
+from ._rng import RNGDataFlow, get_rng, sample_scope, worker_seed_scope
 from ._shard import ShardData, UnshardedWarning, rank_and_world
 from ._sources import DataFromGenerator, DataFromIterable, DataFromList, FakeData
 from ._speed import TestDataSpeed, collect_stats
@@ -176,6 +176,7 @@ __all__ = [
     "iter_flows",
     "load_dataset",
     "rank_and_world",
+    "sample_scope",
     "send_dataflow_zmq",
     "worker_seed_scope",
 ]

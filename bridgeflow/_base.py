@@ -104,6 +104,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from ._errors import DataFlowReentrantError, length_unknown
 from ._state import (
+    MAX_DEPTH,
     NotResumableError,
     StateError,
     StateMismatchError,
@@ -258,6 +259,8 @@ class DataFlow:
             reason = self._why_not_resumable()
             if reason:
                 raise NotResumableError(reason)
+            if not self.__reset_done:
+                self._draw_seeds()
             out = copy.deepcopy(self.__loaded) if self.__loaded is not None else self._own_state()
         except StateError as exc:
             raise exc.within(type(self).__name__) from None
@@ -286,9 +289,9 @@ class DataFlow:
         depth = _nesting.loading
         _nesting.loading = depth + 1  # the children's states are loaded inside this call
         original = state
-        if depth == 0:  # the flows keep (and may complete, _settle_loaded) their parts of a copy, not the caller's
-            state = _tree_copy(state)
         try:
+            if depth == 0:  # the flows keep (and may complete, _settle_loaded) their parts of a copy, not the caller's
+                state = _tree_copy(state)
             check_header(self, state, type(self).state_version)
             reason = self._why_not_resumable()
             if reason:
@@ -427,6 +430,10 @@ class DataFlow:
         """Prepare this flow in this process (a hook; a tensorpack-style ``reset_state`` becomes it). End
         with ``super()._on_reset()``."""
 
+    def _draw_seeds(self) -> None:
+        """A state asked before ``reset_state()``: draw now the seeds that ``reset_state()`` would draw at random,
+        so that the state says where the first epoch begins (a hook; ``RNGDataFlow`` seeds its generator)."""
+
     def _own_state(self) -> dict:
         """This flow's own fields between two datapoints (a hook; see :meth:`state_dict` for the default)."""
         if type(self)._begin_epoch is not DataFlow._begin_epoch:
@@ -542,13 +549,16 @@ class DataFlow:
         return parent._begin_epoch(None)
 
 
-def _tree_copy(value: Any) -> Any:
+def _tree_copy(value: Any, depth: int = 0) -> Any:
     """The dicts and lists of a state copied, anything else shared: a state is not checked yet, and copying
-    a live object in it (deepcopy pickles) is what the checks refuse."""
+    a live object in it (deepcopy pickles) is what the checks refuse. Deeper than ``MAX_DEPTH`` levels it is
+    refused (a crafted one would end in RecursionError, which is no StateError)."""
+    if depth > MAX_DEPTH:
+        raise StateMismatchError(f"the state is nested deeper than {MAX_DEPTH} levels: no pipeline saves one")
     if isinstance(value, dict):
-        return {k: _tree_copy(v) for k, v in value.items()}
+        return {k: _tree_copy(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [_tree_copy(v) for v in value]
+        return [_tree_copy(v, depth + 1) for v in value]
     return value
 
 

@@ -300,6 +300,16 @@ def _short(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _not_a_batch(dp: Any) -> str | None:
+    """Why ``dp`` is not the rest of a batch (components of one length), None when it is."""
+    parts = list(dp.values() if isinstance(dp, dict) else dp)
+    try:
+        lengths = {len(p) for p in parts}
+    except TypeError:
+        return "not the rest of a batch: a component has no length"
+    return None if len(lengths) == 1 else "not the rest of a batch: its components differ in length or it has none"
+
+
 class UnbatchData(ProxyDataFlow):
     """Split each batch back into datapoints: the inverse of :class:`BatchData`.
 
@@ -308,7 +318,7 @@ class UnbatchData(ProxyDataFlow):
     be another one, it is the child's state after the current batch plus the batch's rest (``held``).
     """
 
-    state_fields = (Count("index"), Held(count=1), Child())
+    state_fields = (Count("index"), Held(count=1, item=lambda dp: _not_a_batch(dp)), Child())
 
     def __init__(self, ds: DataFlow) -> None:
         super().__init__(ds)

@@ -61,6 +61,11 @@ def _count(value: Any, what: str, minimum: int = 1) -> int:
     return int(value)
 
 
+def _snapshot_every(buffer_size: int) -> int:
+    """Source reads between two snapshots."""
+    return max(256, buffer_size // 4)
+
+
 class _Snapshot:
     """What the stream needs to run again from just before its ``pulled``-th read of the source."""
 
@@ -87,7 +92,7 @@ class _Stream:
         self.yields = 0  # datapoints handed out by this stream
         self.snaps: collections.deque[_Snapshot] = collections.deque()
         self.error: StateError | None = None
-        self.every = max(256, flow.buffer_size // 4)  # reads between two snapshots
+        self.every = _snapshot_every(flow.buffer_size)
         self.next_snap: float = 0  # inf: never (a loose state keeps no snapshots)
         self.limit = 32  # snapshots kept before the old ones are pruned
         self.low = (0, 0)  # (pulled when computed, oldest read still needed): a cached lower bound
@@ -247,16 +252,18 @@ class LocallyShuffleData(ProxyDataFlow, RNGDataFlow):
     """
 
     # A datapoint stays in the shuffled buffer about buffer_size reads, and the chance that one stays 64 times as
-    # long is below e**-64: no saved state replays further (a crafted one would replay for ever).
+    # long is below e**-64: no saved state replays further (a crafted one would replay for ever). A state goes
+    # back to the snapshot before the oldest read the buffer needed when that was last computed (up to
+    # ``every`` reads ago, see _oldest_needed), and snapshots are ``every`` reads apart: two of those more.
     state_fields = (
         Same("buffer_size", "buffer_size"), Same("num_reuse", "num_reuse"),
         Same("shuffle_interval", "shuffle_interval"), Same("one_pass", "one_pass"),
         Count("count", lambda f: f.shuffle_interval - 1, lambda f: f"a shuffle counter below shuffle_interval="
               f"{f.shuffle_interval}"),
         Count("fill", "buffer_size", say="the state's buffer holds {value} datapoints, more than buffer_size={most}"),
-        Count("replay", lambda f: (64 * f.buffer_size + max(256, f.buffer_size // 4) + 2) * f.num_reuse,
-              lambda f: f"64 buffers (buffer_size={f.buffer_size}) and the reads between two snapshots, each "
-                        f"datapoint handed out num_reuse={f.num_reuse} times"),
+        Count("replay", lambda f: (64 * f.buffer_size + 2 * _snapshot_every(f.buffer_size) + 2) * f.num_reuse,
+              lambda f: f"64 buffers (buffer_size={f.buffer_size}) and twice the reads between two snapshots, "
+                        f"each datapoint handed out num_reuse={f.num_reuse} times"),
         Count("taken", lambda f: None if f.one_pass else f._epoch_size(), "the epoch's length"),
         Rng("rng"), Held(most=lambda f: f.buffer_size), Flag("ended", optional=True),
         Count("left", lambda f: f.num_reuse - 1, "num_reuse puts of a datapoint", optional=True), Child("source"),

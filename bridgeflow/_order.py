@@ -263,8 +263,8 @@ class IndexedSource(RNGDataFlow):
     def __len__(self) -> int:
         return self._order.length()
 
-    def _on_reset(self) -> None:
-        super()._on_reset()
+    def _seed_random(self) -> None:
+        super()._seed_random()
         self._order.reset(self.rng)
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:

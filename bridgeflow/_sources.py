@@ -132,8 +132,8 @@ class FakeData(RNGDataFlow):
         low, high = self.domain or (0.0, 1.0)
         return self.rng.uniform(low, high, size=shape).astype(dtype, copy=False)
 
-    def _on_reset(self) -> None:
-        super()._on_reset()
+    def _seed_random(self) -> None:
+        super()._seed_random()
         self._fixed_rng = rng_state(self.rng) if not self.random else None
         self._make_fixed()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import reprlib
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -50,6 +51,7 @@ __all__ = [
     "set_rng_state",
     "state_or_error",
     "unless_error",
+    "short",
     "unpack_held",
     "verify_checksum",
 ]
@@ -57,10 +59,27 @@ __all__ = [
 RESERVED = ("class", "version", "check")  # the header every level of a state has
 
 
+MESSAGE_MOST = 2000  # characters of a StateError's reason: a crafted state cannot make its message huge
+MAX_DEPTH = 400  # levels of dicts and lists in a state: far more than any pipeline saves, below recursion limits
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 60
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxtuple = 3, 6, 4, 6
+
+
+def short(value: Any) -> str:
+    """``repr(value)`` cut to about 60 characters, without building the whole of it first (a state is
+    untrusted: a field may hold 100 MB)."""
+    return _SHORT.repr(value)
+
+
 class StateError(BridgeflowError):
-    """A state that cannot be taken or used; ``path`` names the flow at fault from the outermost one."""
+    """A state that cannot be taken or used; ``path`` names the flow at fault from the outermost one. The
+    reason is cut to ``MESSAGE_MOST`` characters."""
 
     def __init__(self, reason: str, path: Sequence[str] = ()) -> None:
+        if len(reason) > MESSAGE_MOST:
+            reason = f"{reason[:MESSAGE_MOST]}... ({len(reason) - MESSAGE_MOST} more characters)"
         super().__init__(reason)
         self.reason = reason
         self.path = list(path)
@@ -102,7 +121,8 @@ def check_header(flow: Any, state: Any, version: int) -> None:
     if saved is None:
         raise StateMismatchError("the dict names no flow class: it is not a state saved by state_dict()")
     if saved != name:
-        raise StateMismatchError(f"the state was saved by a {saved}, this flow is a {name}: the state "
+        said = saved if isinstance(saved, str) and len(saved) <= 100 else short(saved)
+        raise StateMismatchError(f"the state was saved by a {said}, this flow is a {name}: the state "
                                  "comes from a pipeline of another structure")
     v = state.get("version")
     if not isinstance(v, int) or isinstance(v, bool):
@@ -308,8 +328,9 @@ def pack_held(items: list, stage: str) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def unpack_held(text: str) -> list:
-    """The datapoints :func:`pack_held` stored (arrays writable), or a StateMismatchError for damaged text."""
+def unpack_held(text: str, gaps: bool = False) -> list:
+    """The datapoints :func:`pack_held` stored (arrays writable), or a StateMismatchError for damaged text or
+    an item that is not a datapoint (``gaps``: None too, a map stage's place of a datapoint received)."""
     from .serialize._codec import decode
 
     try:
@@ -318,6 +339,10 @@ def unpack_held(text: str) -> list:
         raise StateMismatchError(f"damaged held datapoints in the state ({type(exc).__name__}: {exc})") from None
     if not isinstance(out, list):
         raise StateMismatchError(f"the state's held datapoints are a {type(out).__name__}, not a list")
+    for i, dp in enumerate(out):
+        if not isinstance(dp, (list, tuple, dict)) and not (gaps and dp is None):
+            raise StateMismatchError(f"the state's held datapoint {i} is a {type(dp).__name__} ({short(dp)}), "
+                                     "not a datapoint (a list, tuple or dict)")
     return out
 
 

@@ -36,6 +36,7 @@ from ._state import (
     load_child,
     rng_state,
     set_rng_state,
+    short,
     unpack_held,
 )
 
@@ -56,9 +57,7 @@ def _typed(value: Any, kinds: tuple) -> bool:
     return isinstance(value, kinds) and (not isinstance(value, bool) or bool in kinds)
 
 
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+_show = short
 
 
 class Field:
@@ -196,19 +195,27 @@ class Rngs(Field):
 
 class Held(Field):
     """Datapoints the flow holds, packed by :func:`~bridgeflow._state.pack_held` (None when it holds none):
-    exactly ``count`` of them, or at most ``most(flow)``, when given."""
+    exactly ``count`` of them, or at most ``most(flow)``, when given; each one a datapoint (``gaps``: or None,
+    a map stage's place of one received) that ``item(dp)``, when given, finds nothing wrong with."""
 
     def __init__(self, name: str = "held", count: int | None = None, most: Getter | None = None,
-                 **kw: Any) -> None:
+                 item: Callable[[Any], str | None] | None = None, gaps: bool = False, **kw: Any) -> None:
         super().__init__(name, optional=True, **kw)
-        self.count, self.most = count, most
+        self.count, self.most, self.gaps = count, most, gaps
+        self.item: Callable[[Any], str | None] | None = item
 
     def check(self, flow: Any, value: Any) -> None:
         if value is None:
             return
         if not isinstance(value, str):
             self.fail(f"is a {type(value).__name__} ({_show(value)})")
-        n = len(unpack_held(value))
+        items = unpack_held(value, self.gaps)
+        n = len(items)
+        if self.item is not None:
+            for dp in items:
+                why = self.item(dp)
+                if why:
+                    self.fail(f"holds {_show(dp)}, {why}")
         if self.count is not None and n != self.count:
             self.fail(f"holds {n} datapoints, where {self.count} are held")
         most = self.most(flow) if self.most is not None else None

@@ -36,7 +36,7 @@ then ``close()``.
                          "bridgeflow.iter_flows"],
         "Sources": ["bridgeflow.DataFromList", "bridgeflow.DataFromGenerator", "bridgeflow.DataFromIterable",
                     "bridgeflow.as_dataflow", "bridgeflow.FakeData", "bridgeflow.DataFromQueue"],
-        "Random numbers": ["bridgeflow.get_rng", "bridgeflow.worker_seed_scope"],
+        "Random numbers": ["bridgeflow.get_rng", "bridgeflow.worker_seed_scope", "bridgeflow.sample_scope"],
     }),
     "transforms": ("Transforms", """
 Wrappers that change, drop, repeat, combine or reorder the datapoints of another flow. They run where the

@@ -134,3 +134,57 @@ def lightning_resume_phase(out: str, kind: str, workers: str, phase: str) -> Non
     else:
         ckpt = next(p for p in os.listdir(os.path.join(out, "ckpt")) if "step=6" in p)
         fit(os.path.join(out, "resumed.jsonl"), ckpt=os.path.join(out, "ckpt", ckpt))
+
+
+class Drawn(tud.Dataset):
+    """40 samples: the index and a draw from torch's generator (seeded per sample: seed_per_sample=True)."""
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i)]), i, torch.rand(())
+
+
+class RankSteps(pl.LightningModule):
+    """Each rank appends its steps (epoch, step, sample ids, the samples' draws) to ``OUT/<phase>-<rank>.jsonl``
+    (flushed: a line survives a SIGKILL); at step ``kill_at`` rank 0 SIGKILLs the whole job, every rank and
+    worker (its process group: the test starts each launch in a session of its own)."""
+
+    def __init__(self, out: str, phase: str, kill_at: int | None = None) -> None:
+        super().__init__()
+        self.out, self.phase, self.kill_at = out, phase, kill_at
+        self.layer = torch.nn.Linear(1, 1)
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == self.kill_at and self.global_rank == 0:
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        x, ids, draws = batch
+        with open(os.path.join(self.out, f"{self.phase}-{self.global_rank}.jsonl"), "a") as f:
+            f.write(json.dumps([self.current_epoch, self.global_step, ids.tolist(), draws.tolist()]) + "\n")
+        return self.layer(x).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def lightning_ddp_resume(out: str, strategy: str, phase: str) -> None:
+    """One phase of a 2-rank run (``strategy`` ``ddp`` or ``ddp_spawn``, CPU, gloo), 2 workers per rank, 3 epochs
+    of 5 steps: ``full`` uninterrupted; ``killed`` checkpoints every 6 steps and is SIGKILLed at step 8;
+    ``resume`` resumes from the step-6 checkpoint (mid-epoch) in new processes. Lightning writes rank 0's loader
+    state and every rank loads it."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    pl.seed_everything(SEED)  # every rank alike, as a launched job seeds them; the resumed run's RNG not restored
+    ckpts = os.path.join(out, f"ckpt-{strategy}")
+    callbacks = [ModelCheckpoint(ckpts, every_n_train_steps=6, save_top_k=-1)] if phase == "killed" else []
+    trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_epochs=3, logger=False,
+                         callbacks=callbacks, enable_checkpointing=phase == "killed", enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=out)
+    loader = DataLoader(Drawn(), batch_size=4, shuffle=True, num_workers=2, multiprocessing_context="fork",
+                        seed_per_sample=True)
+    ckpt = None
+    if phase == "resume":
+        ckpt = os.path.join(ckpts, next(p for p in os.listdir(ckpts) if "step=6" in p))
+    trainer.fit(RankSteps(out, f"{strategy}-{phase}", kill_at=8 if phase == "killed" else None), loader,
+                ckpt_path=ckpt)

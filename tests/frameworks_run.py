@@ -140,6 +140,12 @@ def lightning_ddp(out: str) -> None:
     run(out)
 
 
+def lightning_ddp_resume(out: str, strategy: str, phase: str) -> None:
+    from frameworks_lightning import lightning_ddp_resume as run
+
+    run(out, strategy, phase)
+
+
 def lightning_resume(*cases: str) -> None:
     from frameworks_lightning import lightning_resume as run
 
@@ -147,5 +153,5 @@ def lightning_resume(*cases: str) -> None:
 
 
 if __name__ == "__main__":
-    {"lightning_ddp": lightning_ddp, "accelerate": accelerate,
+    {"lightning_ddp": lightning_ddp, "accelerate": accelerate, "lightning_ddp_resume": lightning_ddp_resume,
      "lightning_resume": lightning_resume, "accelerate_resume": accelerate_resume}[sys.argv[1]](*sys.argv[2:])

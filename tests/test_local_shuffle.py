@@ -293,6 +293,28 @@ def test_a_state_is_small_whatever_the_buffer_and_the_replay_is_measured():
     b.close()
 
 
+@pytest.mark.parametrize("size", [1, 3])
+def test_states_taken_often_on_a_small_buffer_load(size):
+    """A state goes back to the snapshot before the oldest read the buffer needed when that was last computed,
+    up to 256 reads ago: with a state taken 255 datapoints after another, one of buffer_size=1 replayed 510
+    datapoints and a fresh flow refused it (the bound allowed 322); the defaults fuzz, seed 40, pipeline 37."""
+    def make_flow():
+        return LocallyShuffleData(DataFromList([[i] for i in range(1000)], shuffle=False), size, seed=1)
+
+    df = make_flow()
+    df.reset_state()
+    ref, states = [], {}
+    for dp in df:
+        ref.append(dp[0])
+        if len(ref) in (255, 510, 765):
+            states[len(ref)] = json.loads(json.dumps(df.state_dict()))
+    assert max(s["replay"] for s in states.values()) > 64 * size + 256 + 2  # past the bound that refused it
+    for k, state in states.items():
+        again = make_flow()
+        again.load_state_dict(state)
+        assert [dp[0] for dp in again] == ref[k:], k
+
+
 def test_states_of_another_configuration_are_refused():
     df = LocallyShuffleData(shuffled(10), 4, seed=0)
     df.reset_state()

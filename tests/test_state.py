@@ -429,14 +429,54 @@ def test_set_epoch_picks_the_order_and_resumes_it():
     assert_same_datapoints(list(d), orders[3][1:])
 
 
-def test_reset_state_restarts_the_epochs_unless_set_epoch_said_otherwise():
+def test_a_second_reset_state_goes_on_with_the_epochs_and_set_epoch_picks_one():
+    """reset_state() once per epoch, a tensorpack habit, repeated epoch 0's shuffle of a seeded flow every epoch,
+    silently (issue 38): a second reset_state() in the same process keeps the epoch counter and the generator."""
+    with src() as u:
+        epochs = [list(u) for _ in range(4)]
     df = src()
     first = [list(df) for _ in range(2)]
     df.reset_state()
-    assert_same_datapoints(list(df), first[0])
+    assert_same_datapoints(list(df), epochs[2])
+    df.reset_state()
+    assert_same_datapoints(list(df), epochs[3])
     df.set_epoch(1)
     df.reset_state()
     assert_same_datapoints(list(df), first[1])
+    again = src()  # a new flow starts over
+    assert_same_datapoints(list(again), first[0])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: bf.FakeData([[2]], size=6, dtype="int64", seed=4),
+    lambda: bf.RandomMixData([src(4), src(5, seed=8)], seed=2),
+    lambda: bf.CacheData(src(), shuffle=True, seed=6),
+], ids=["FakeData", "RandomMixData", "CacheData"])
+def test_reset_state_every_epoch_gives_the_epochs_of_one_reset(make):
+    """(LocallyShuffleData's endless buffer is dropped by a reset, as before: its next epoch is a new stream of
+    its source's next epoch, not a repeat.)"""
+    with make() as once:
+        want = [[repr(dp) for dp in once] for _ in range(3)]
+    with make() as df:
+        got = []
+        for _ in range(3):
+            df.reset_state()
+            got.append([repr(dp) for dp in df])
+    assert got == want
+
+
+def test_an_unseeded_flow_draws_its_seed_once_so_a_state_before_reset_resumes_its_run():
+    """seed=None: a state taken before reset_state() held no generator, and the resumed flow drew another seed
+    than the run that saved it went on with (issue 39). The seed is drawn at the first of reset_state() and
+    state_dict(), and the state says where the first epoch begins."""
+    make = lambda: bf.JoinData([bf.DataFromList([[i] for i in range(8)]), bf.FakeData([[1]], size=8, dtype="int64")])
+    df = make()
+    saved = json.loads(json.dumps(df.state_dict()))  # before reset_state()
+    run = [[repr(dp) for dp in df] for _ in range(2)]
+    with make() as g:
+        g.load_state_dict(saved)
+        assert [[repr(dp) for dp in g] for _ in range(2)] == run
+    df.close()
 
 
 def test_every_exported_flow_saves_its_state_or_says_it_cannot():

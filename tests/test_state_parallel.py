@@ -694,3 +694,57 @@ def test_a_carried_stage_over_a_cache_learning_its_length_resumes_in_every_epoch
             g.load_state_dict(state)
             rest = [plain(g) for _ in range(3 - epoch)]
         assert [plain(before) + rest[0], *rest[1:]] == runs[epoch:], (epoch, k)
+
+
+@pytest.mark.parametrize("runner", ["MultiProcessRunner", "PrefetchData", "MultiProcessRunnerZMQ", "MultiThreadRunner"])
+def test_an_unseeded_runner_saves_its_workers_seed_so_a_map_stage_over_it_resumes_exactly(runner, leak_check):
+    """seed=None: a runner's state taken before a worker gave anything held no seed, and the resumed workers reset
+    their copies with another, so a map stage over it, which goes back to a snapshot of the runner taken before its
+    first datapoint, read another permutation: datapoints repeated and as many lost, silently (issue 39)."""
+    def make():
+        data = bf.DataFromList([[i] for i in range(150)])  # unseeded: each worker's copy shuffles by its seed
+        if runner == "MultiThreadRunner":
+            stage = MultiThreadRunner(lambda: bf.DataFromList([[i] for i in range(150)]), num_thread=1)
+        elif runner == "MultiProcessRunnerZMQ":
+            stage = bf.MultiProcessRunnerZMQ(data, num_proc=1)
+        else:
+            stage = getattr(bf, runner)(data, num_proc=1)
+        return bf.MultiThreadMapData(stage, 2, times_ten)
+
+    with make() as df:
+        states, ref = {}, []
+        for e in range(2):
+            if e == 0:
+                states["fresh"] = json.loads(json.dumps(df.state_dict()))
+            it = iter(df)
+            if e == 0:
+                states[0] = json.loads(json.dumps(df.state_dict()))
+            epoch = []
+            for dp in it:
+                epoch.append(dp[0])
+                if e == 0 and len(epoch) in (10, 100):
+                    states[len(epoch)] = json.loads(json.dumps(df.state_dict()))
+            ref.append(epoch)
+    for k, state in states.items():
+        with make() as again:
+            again.load_state_dict(state)
+            got = [[dp[0] for dp in again] for _ in range(2)]
+        skip = 0 if k == "fresh" else k
+        assert got == [ref[0][skip:], ref[1]], k
+    assert states[0]["source"]["seed"] == states[10]["source"]["seed"] is not None
+
+
+def test_a_runner_inside_a_runners_copy_draws_its_workers_seed_from_that_copys(leak_check):
+    """An unseeded thread runner inside a process runner's copy drew its workers' seed from the OS: a copy
+    restarted from the outer runner's saved seed (a state taken before its worker gave anything) read other
+    random datapoints from the first one on, silently (issue 39's fuzz, pipeline 129)."""
+    def make():
+        inner = MultiThreadRunner(lambda: bf.FakeData([[1]], size=40, dtype="int64", domain=(0, 10**9)), num_thread=1)
+        return bf.MultiProcessRunner(inner, num_proc=1)
+
+    with make() as df:
+        state = json.loads(json.dumps(df.state_dict()))  # before any worker started
+        ref = [[int(dp[0][0]) for dp in df] for _ in range(2)]
+    with make() as again:
+        again.load_state_dict(state)
+        assert [[int(dp[0][0]) for dp in again] for _ in range(2)] == ref

@@ -9,6 +9,7 @@ import copy
 import io
 import json
 
+import numpy as np
 import pytest
 from test_state import FLOWS
 
@@ -177,3 +178,82 @@ def test_a_declared_field_names_its_bound_and_where_it_comes_from():
         Skip(FLOWS["DataFromList shuffled"](), 3).load_state_dict(state)
     with pytest.raises(StateMismatchError, match=r"^Skip: field 'skipped' of the state is a bool \(True\)"):
         Skip(FLOWS["DataFromList shuffled"](), 2).load_state_dict(dict(state, skipped=True))
+
+
+# --- crafted states: a StateError with a short message, at load_state_dict() (issue 39) -----------------------
+
+def _batches_state():
+    df = bf.BatchData(bf.MapData(bf.DataFromList([[i] for i in range(20)], shuffle=False), lambda dp: dp), 4)
+    with df:
+        it = iter(df)
+        next(it)
+        state = df.state_dict()
+    state.pop("check")  # a state written by hand is taken on its fields
+    return state
+
+
+def _deep(levels: int) -> dict:
+    root = cur = {}
+    for _ in range(levels):
+        cur["child"] = {}
+        cur = cur["child"]
+    return root
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: _deep(100_000),  # RecursionError escaped `except StateError`
+    lambda s: {**s, "child": {**s["child"], "child": _deep(5_000)}},
+    lambda s: {**s, "class": "X" * 100_000_000},  # a 100 MB message
+    lambda s: {**s, "child": {**s["child"], "child": {**s["child"]["child"], "class": ["Y" * 10_000_000]}}},
+    lambda s: {**s, "batch_size": "Z" * 10_000_000},
+    lambda s: {**s, "unknown": "Z" * 10_000_000},
+], ids=["deep", "deep-child", "huge-class", "huge-class-inside", "huge-value", "huge-unknown"])
+def test_a_crafted_state_is_a_state_error_with_a_short_message(edit):
+    df = bf.BatchData(bf.MapData(bf.DataFromList([[i] for i in range(20)], shuffle=False), lambda dp: dp), 4)
+    with pytest.raises(StateMismatchError) as info:
+        df.load_state_dict(edit(_batches_state()))
+    assert len(str(info.value)) < 2_200 and str(info.value).startswith("BatchData")
+
+
+def test_a_drop_in_loaders_crafted_state_is_refused_with_a_short_message():
+    need("torch")
+    from bridgeflow.adapters.torch import DataLoader, ResumeStateError
+
+    loader = DataLoader(list(range(10)), batch_size=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    config = state["config"]
+    for bad in ({**state, "workers": [_deep(100_000)]}, {**state, "config": {**config, "samplers": [_deep(5000)]}},
+                {**state, "config": {**config, "batch_size": "x" * 10_000_000}}):
+        with pytest.raises(ResumeStateError) as info:
+            DataLoader(list(range(10)), batch_size=2).load_state_dict(bad)
+        assert len(str(info.value)) < 300
+
+
+def _ident(dp):
+    return dp
+
+
+def _unbatch_over_unordered():
+    src = bf.DataFromList([[np.int64(i)] for i in range(12)], shuffle=False)
+    return bf.UnbatchData(bf.BatchData(bf.MultiThreadMapData(src, 2, _ident, ordered=False), 4))
+
+
+@pytest.mark.parametrize("held", [[5], ["text"], [[3]], [[[1, 2], [3]]]],
+                         ids=["a-number", "a-string", "a-component-without-length", "components-of-two-lengths"])
+def test_crafted_held_datapoints_are_refused_at_load_not_at_iteration(held):
+    """UnbatchData over an unordered stage keeps the rest of the batch it splits (``held``): a crafted one that
+    is not a datapoint, or not the rest of a batch, raised TypeError in iter()."""
+    from bridgeflow._state import pack_held
+
+    with _unbatch_over_unordered() as df:
+        it = iter(df)
+        next(it)
+        state = json.loads(json.dumps(df.state_dict()))
+    assert state["held"] is not None
+    state.pop("check")
+    state["held"] = pack_held(held, "stage")
+    with _unbatch_over_unordered() as again:
+        with pytest.raises(StateMismatchError, match="UnbatchData: .*held"):
+            again.load_state_dict(state)

@@ -5,6 +5,7 @@ DataFlow-backed loader over several epochs, and an exact mid-epoch resume from a
 Lightning DDP (``ddp_spawn``, 2 CPU ranks, gloo) and Accelerate (``torch.distributed.run``, 2 processes) run
 tests/frameworks_run.py in processes of their own: each rank reads its own shard, the one torch's loader
 gives it, and Accelerate's gradient-accumulation steps end with the epochs as they do with torch's loader.
+Lightning ``ddp`` and ``ddp_spawn`` jobs SIGKILLed mid-epoch resume every rank from rank 0's checkpoint.
 """
 
 from __future__ import annotations
@@ -220,6 +221,52 @@ def test_lightning_resumes_a_killed_run_exactly(kind, num_workers, killed_runs):
     assert [s[1] for s in steps["resumed"]] == list(range(6, 30))
     assert steps["resumed"] == steps["full"][6:]
     assert steps["full"][:10] != steps["full"][10:20]  # each epoch reshuffles
+
+
+@pytest.fixture(scope="module")
+def ddp_killed_runs(tmp_path_factory):
+    """Both strategies' runs for the test below: per strategy, three launches (uninterrupted; checkpointing and
+    SIGKILLed; resumed), each in a session of its own (the kill takes its process group). The folder, and each
+    launch's exit code and output's tail."""
+    out = tmp_path_factory.mktemp("ddp")
+    codes = {}
+    for strategy in ("ddp", "ddp_spawn"):
+        for phase in ("full", "killed", "resume"):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore")
+            proc = subprocess.Popen([sys.executable, "frameworks_run.py", "lightning_ddp_resume", str(out), strategy,
+                                     phase], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    cwd=HERE, start_new_session=True)
+            try:
+                text, _ = proc.communicate(timeout=300)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                text, _ = proc.communicate()
+            codes[strategy, phase] = (proc.returncode, text[-3000:])
+    return out, codes
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("lightning_ddp_resume")  # the strategies share one fixture
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_lightning_ddp_resumes_every_rank_from_rank_zeros_checkpoint(strategy, ddp_killed_runs):
+    """Issue 39: 2 CPU ranks (gloo), 2 workers each, a DistributedSampler injected by Lightning; a checkpoint every
+    6 steps, the whole job SIGKILLed at step 8, a new job resumes from step 6 (mid-epoch). Lightning saves rank 0's
+    loader state and loads it on every rank: each rank goes on with its own remaining steps of every epoch, the
+    uninterrupted run's, down to the random draws in ``__getitem__`` (``seed_per_sample=True``)."""
+    out, codes = ddp_killed_runs
+    for phase, want in (("full", 0), ("killed", -signal.SIGKILL), ("resume", 0)):
+        code, text = codes[strategy, phase]
+        assert code == want, f"{phase}: exit {code}: {text}"
+    steps = {(phase, rank): [json.loads(line) for line in (out / f"{strategy}-{phase}-{rank}.jsonl").read_text()
+                             .splitlines()] for phase in ("full", "killed", "resume") for rank in (0, 1)}
+    for rank in (0, 1):
+        full = steps["full", rank]
+        assert len(full) == 15 and steps["killed", rank][:8] == full[:8]
+        assert [s[1] for s in steps["resume", rank]] == list(range(6, 15))
+        assert steps["resume", rank] == full[6:], rank
+    for epoch in range(3):  # each rank its own half of every epoch
+        shards = [{i for s in steps["full", rank] if s[0] == epoch for i in s[2]} for rank in (0, 1)]
+        assert not shards[0] & shards[1] and shards[0] | shards[1] == set(range(40))
 
 
 @pytest.mark.slow

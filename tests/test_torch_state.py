@@ -605,7 +605,9 @@ def _state_after_one(**kwargs):
     (dict(batch_size=3, shuffle=True), dict(batch_size=3), "sampler types.*RandomSampler.*SequentialSampler"),
     (dict(batch_size=3, drop_last=True), dict(batch_size=3), "drop_last=True"),
     (dict(batch_size=2, sampler=tud.DistributedSampler(Tagged(), 2, 0)),
-     dict(batch_size=2, sampler=tud.DistributedSampler(Tagged(), 2, 1)), "distributed.*'rank': 0"),
+     dict(batch_size=2, sampler=tud.DistributedSampler(Tagged(), 3, 0)), "distributed.*'num_replicas': 2"),
+    (dict(batch_size=2, sampler=tud.DistributedSampler(Tagged(), 2, 0, seed=1)),
+     dict(batch_size=2, sampler=tud.DistributedSampler(Tagged(), 2, 1, seed=2)), "distributed.*'seed': 1"),
 ])
 def test_mismatched_state_is_refused_naming_it(saved, here, match):
     state = _state_after_one(**saved)
@@ -622,8 +624,8 @@ def test_state_of_another_dataset_length_is_refused():
 
 def test_newer_format_and_foreign_states_are_refused():
     state = _state_after_one(batch_size=3)
-    with pytest.raises(ValueError, match="format version 4, newer than this bridgeflow reads"):
-        DataLoader(Tagged(), batch_size=3).load_state_dict({**state, "version": 4})
+    with pytest.raises(ValueError, match="format version 5, newer than this bridgeflow reads"):
+        DataLoader(Tagged(), batch_size=3).load_state_dict({**state, "version": 5})
     with pytest.raises(ValueError, match="not a state of bridgeflow's DataLoader"):
         DataLoader(Tagged(), batch_size=3).load_state_dict({"_num_yielded": 1, "_sampler_iter_yielded": 1})
 

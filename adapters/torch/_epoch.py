@@ -42,6 +42,7 @@ from ._flows import StreamReads
 from ._pin_memory import PinThread, loader_pinner, pins, update_pinner
 from ._result import ENDED, FAILED, SKIPPED, STOPPED
 from ._resume import ResumePlan
+from ._sample_seeds import SeededTask, task_seed
 from ._sources import LocalSource, PoolSource
 from ._state import EpochRecord
 
@@ -139,6 +140,7 @@ class EpochIterator(_compat.TorchIteratorNames):
         kept, bf.kept = bf.kept or {}, None  # a state saved between two epochs of persistent workers
         if plan is None:
             self.draws.start(loader, record, kept.get("base_seed"))
+            record.reuse = kept.get("reuse", 0)
         else:
             self.draws.resume(loader, record, plan.state, plan.first_task)
         world_size, rank = _compat.distributed_settings()
@@ -189,6 +191,10 @@ class EpochIterator(_compat.TorchIteratorNames):
             if self._dispatch.unordered and record.ahead is None:
                 record.ahead = set()
             self._dispatch.start(plan.exhausted, plan.next_worker)
+        # seed_per_sample: each task goes with its seed, from the workers' base seed and the epochs run on it
+        base = self.draws.base_seed
+        self._seeds = (base, record.reuse) if loader.seed_per_sample and self._kind != COLLATE and base is not None \
+            else None
         if self._kind == COLLATE:  # the flow is read here, one batch of samples per task
             if self._stream is not None:
                 self._stream.close()
@@ -228,6 +234,8 @@ class EpochIterator(_compat.TorchIteratorNames):
             except Exception as exc:  # the flow failed: raised after the batches read before it
                 self._pull_error, dispatch.no_more = exc, True
                 return
+            if self._seeds is not None:
+                task = SeededTask(task_seed(*self._seeds, seq), task)
             dispatch.send(task, seq)
 
     # --- batches ------------------------------------------------------------------------------------
@@ -371,6 +379,7 @@ class EpochIterator(_compat.TorchIteratorNames):
         batches still in flight are dropped."""
         record = EpochRecord(loader) if record is None else record
         self.draws.start(loader, record, first=False)
+        record.reuse = self._record.reuse + 1  # the same base seed as the epoch before
         self._note_started(record, self._source.reset(self.draws.shared_seed))
         self.stats.restart()
         loader._bf.stats = self.stats

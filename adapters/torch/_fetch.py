@@ -31,6 +31,7 @@ import numpy as np
 from . import _compat, _convert
 from ._compat import torch
 from ._result import BATCH, ENDED, SKIPPED, STARTED, STOPPED, Result
+from ._sample_seeds import SeededTask, Seeder
 from ._state import is_stateful
 
 __all__ = [
@@ -77,12 +78,12 @@ class Fetcher:
     def fetch(self, task: Any) -> Any:
         return self.collate_fn(self.read(task))
 
-    def read(self, task: Any) -> Any:
-        """The task's samples, not yet collated."""
+    def read(self, task: Any, seeder: Seeder | None = None) -> Any:
+        """The task's samples, not yet collated; ``seeder`` reads each with its seeds (seed_per_sample)."""
         if self.kind == MAP:
-            return self._read_map(task)
+            return self._read_map(task) if seeder is None else self._read_map_seeded(task, seeder)
         if self.kind == ITERABLE:
-            return self._read_iterable(task)
+            return self._read_iterable(task, seeder)
         return task
 
     def _read_map(self, task: Any) -> Any:
@@ -93,17 +94,26 @@ class Fetcher:
             return getitems(task)
         return [self.dataset[i] for i in task]
 
-    def _read_iterable(self, task: Any) -> Any:
+    def _read_map_seeded(self, task: Any, seeder: Seeder) -> Any:
+        get = self.dataset.__getitem__
+        if not self.auto_collation:
+            return seeder(0, get, task)
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems:  # one call for the batch: seeded once
+            return seeder(0, getitems, task)
+        return [seeder(j, get, i) for j, i in enumerate(task)]
+
+    def _read_iterable(self, task: Any, seeder: Seeder | None = None) -> Any:
         if self.ended:
             raise StopIteration
         it = self.iterator
         assert it is not None  # made in __init__ for an ITERABLE fetcher
         if not self.auto_collation:
-            return next(it)
+            return next(it) if seeder is None else seeder(0, next, it)
         samples = []
-        for _ in task:
+        for j in range(len(task)):
             try:
-                samples.append(next(it))
+                samples.append(next(it) if seeder is None else seeder(j, next, it))
             except StopIteration:
                 self.ended = True
                 break
@@ -255,10 +265,11 @@ class WorkerTask:
             raise RuntimeError(
                 f"DataLoader worker {self.worker_id} cannot load data: its start-up failed earlier with "
                 f"{self.failed!r} (raised with its first batch)") from self.failed
+        seeder, task = self._unseed(task)
         if self.spec.skip:
-            return self._read_marked(task, None, None)
+            return self._read_marked(task, None, None, seeder)
         try:
-            data = self._fetch(self.fetcher, task)
+            data = self._fetch(self.fetcher, task, seeder)
         except StopIteration:
             return Result(ENDED if self.spec.kind == ITERABLE else STOPPED, state=self._state())
         return Result(BATCH, data, self._state())
@@ -270,13 +281,23 @@ class WorkerTask:
         if self.spec.kind != MAP or self.error is not None or self.fetcher is None or isinstance(task, Reset):
             mark(-1)
             return self(task)
-        return self._read_marked(task, mark, avoid)
+        seeder, task = self._unseed(task)
+        return self._read_marked(task, mark, avoid, seeder)
 
-    def _read_marked(self, task: Any, mark: Callable[[int], None] | None, avoid: dict[int, str] | None) -> Result:
+    def _unseed(self, task: Any) -> tuple[Seeder | None, Any]:
+        """The seeder of a ``SeededTask`` (seed_per_sample) and the task it carries; (None, task) for others."""
+        if type(task) is SeededTask:
+            return Seeder(task.seed, restore=not self.in_worker), task.task
+        return None, task
+
+    def _read_marked(self, task: Any, mark: Callable[[int], None] | None, avoid: dict[int, str] | None,
+                     seeder: Seeder | None = None) -> Result:
         """A map-style task with ``on_error="skip"`` or run again after a death: read as a batch (as without
         either), then, if that fails or with ``mark`` or ``avoid``, sample by sample: a sample that raises is
         left out under ``on_error="skip"`` (listed in ``skipped``; a batch left empty is ``SKIPPED``), as are
-        those in ``avoid``; ``mark(i)`` runs before sample ``i`` (and ``mark(-1)`` before the collation)."""
+        those in ``avoid``; ``mark(i)`` runs before sample ``i`` (and ``mark(-1)`` before the collation).
+        With ``seeder`` each sample is read with the seeds of its place in the batch, as ``Fetcher.read`` does
+        (a dataset's ``__getitems__``, seeded once per batch there, is seeded per sample here)."""
         fetcher = self.fetcher
         assert fetcher is not None  # a failed start-up is raised by __call__ first
         catch = Exception if self.spec.skip else ()
@@ -285,7 +306,7 @@ class WorkerTask:
             if mark is not None:
                 mark(-1)
             try:
-                sample = fetcher.dataset[task]
+                sample = fetcher.read(task, seeder)
             except StopIteration:
                 return Result(STOPPED, state=self._state())
             except catch as exc:
@@ -293,7 +314,7 @@ class WorkerTask:
             return Result(BATCH, self._collate(fetcher, task, sample), self._state())
         if mark is None and not avoid:  # the batch read as without on_error; sample by sample if it fails
             try:
-                samples = fetcher.read(task)
+                samples = fetcher.read(task, seeder)
             except StopIteration:
                 return Result(STOPPED, state=self._state())
             except catch:
@@ -301,6 +322,7 @@ class WorkerTask:
             else:
                 return Result(BATCH, self._collate(fetcher, task, samples), self._state())
         getitems = getattr(fetcher.dataset, "__getitems__", None)
+        read_one = (lambda index: getitems([index])[0]) if getitems else fetcher.dataset.__getitem__
         kept, samples = [], []
         for i, index in enumerate(task):
             if mark is not None:
@@ -309,7 +331,7 @@ class WorkerTask:
                 skipped.append((index, avoid[i]))
                 continue
             try:
-                samples.append(getitems([index])[0] if getitems else fetcher.dataset[index])
+                samples.append(read_one(index) if seeder is None else seeder(i, read_one, index))
             except StopIteration:
                 return Result(STOPPED, state=self._state())
             except catch as exc:
@@ -332,10 +354,10 @@ class WorkerTask:
         except Exception as exc:
             return exc
 
-    def _fetch(self, fetcher: Fetcher, task: Any) -> Any:
+    def _fetch(self, fetcher: Fetcher, task: Any, seeder: Seeder | None = None) -> Any:
         """Read the task's samples and collate them: nothing more per sample than torch does. When torch's
         collation fails on a value that could not be sent either, the error names that value's sample."""
-        return self._collate(fetcher, task, fetcher.read(task))
+        return self._collate(fetcher, task, fetcher.read(task, seeder))
 
     def _collate(self, fetcher: Fetcher, task: Any, samples: Any) -> Any:
         try:
@@ -353,6 +375,8 @@ class WorkerTask:
         be sent, its type, and the sample (by index) or batch it came from; None when none is found."""
         if isinstance(task, Reset):
             return None
+        if type(task) is SeededTask:
+            task = task.task
         if self._names_samples and not self.spec.auto_collation:
             what = f"the sample at index {task!r}"
         elif self.spec.kind == MAP:

@@ -137,13 +137,19 @@ _LOCAL = ("record", "stats", "latest", "reader", "mapping_hooks", "iters")
 class DataLoader(_compat.TorchDataLoader[T_co]):
     """Drop-in replacement for ``torch.utils.data.DataLoader`` running on bridgeflow's worker pool.
 
-    Takes exactly torch's arguments (see the module docstring for the few differences), plus torchdata
-    ``StatefulDataLoader``'s one keyword, ``snapshot_every_n_steps`` (an integer >= 0 or None, kept as an
-    attribute): it changes nothing here. torchdata sends the workers' states to the main process every n
-    steps and replays up to n - 1 batches at a resume; bridgeflow's workers send their dataset's state with
-    every batch (only datasets with ``state_dict()`` have one, and it costs one small pickle per batch),
-    so ``state_dict()`` is exact at every step whatever n is. ``dataset`` may be a map-style dataset, a
-    ``torch.utils.data.IterableDataset`` (DataPipes included) or a bridgeflow ``DataFlow``.
+    Takes exactly torch's arguments (see the module docstring for the few differences), plus
+    ``seed_per_sample`` (below) and torchdata ``StatefulDataLoader``'s one keyword, ``snapshot_every_n_steps``
+    (an integer >= 0 or None, kept as an attribute): it changes nothing here. torchdata sends the workers'
+    states to the main process every n steps and replays up to n - 1 batches at a resume; bridgeflow's workers
+    send their dataset's state with every batch (only datasets with ``state_dict()`` have one, and it costs
+    one small pickle per batch), so ``state_dict()`` is exact at every step whatever n is. ``dataset`` may be a
+    map-style dataset, a ``torch.utils.data.IterableDataset`` (DataPipes included) or a bridgeflow ``DataFlow``.
+
+    ``seed_per_sample=True`` reads every sample with Python's ``random``, numpy's and torch's CPU generators
+    (and bridgeflow's augmentors) seeded from the sample's place in the epoch and the epoch's base seed
+    (:mod:`bridgeflow.adapters.torch._sample_seeds`): random augmentations come out the same at any
+    ``num_workers`` and after a resume, byte for byte. Off by default: torch draws them from each worker's
+    stream, and seeding costs some microseconds per sample (``docs/torch.md``).
 
     And two keywords of bridgeflow's own, for faults (see the Faults page), kept as attributes too:
 
@@ -178,7 +184,8 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
                  multiprocessing_context: Any = None, generator: Any = None, *,
                  prefetch_factor: int | None = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True,
-                 snapshot_every_n_steps: int | None = 1, max_restarts: int = 0, on_error: str = "raise") -> None:
+                 snapshot_every_n_steps: int | None = 1, seed_per_sample: bool = False, max_restarts: int = 0,
+                 on_error: str = "raise") -> None:
         is_flow = isinstance(dataset, DataFlow)
         by_index = is_flow and indexable(dataset)  # read as a map-style dataset (see .flows)
         if by_index and sampler is None and batch_sampler is None and shuffles_itself(dataset):
@@ -205,6 +212,10 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
                          persistent_workers=persistent_workers, pin_memory_device=pin_memory_device,
                          in_order=in_order)
         self.snapshot_every_n_steps = snapshot_every_n_steps  # accepted, changes nothing (see the class doc)
+        if not isinstance(seed_per_sample, bool):
+            raise TypeError(f"seed_per_sample should be True or False, but got "
+                            f"seed_per_sample={seed_per_sample!r}")
+        self.seed_per_sample = seed_per_sample
         view = FlowItems(dataset) if by_index else FlowShards(dataset) if split else None
         if is_flow and not by_index:
             kind = ITERABLE if split else COLLATE

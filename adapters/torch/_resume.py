@@ -66,6 +66,7 @@ class ResumePlan:
         record.flow, record.flow_ended = s.get("flow"), s.get("flow_ended", False)
         record.rng_next = s.get("rng_next")
         record.ahead = None if self.ahead is None else set(self.ahead)
+        record.reuse = s.get("reuse", 0)
 
 
 def take_up(loader: Any, state: dict | None) -> ResumePlan | None:
@@ -85,5 +86,6 @@ def take_up(loader: Any, state: dict | None) -> ResumePlan | None:
     if state.get("base_seed") is not None and loader.persistent_workers and loader.num_workers > 0:
         # the next epoch runs on the same workers: their seeds, and their datasets' states at the end of the
         # saved epoch (restored in each worker before its next iter(dataset))
-        bf.kept = {"base_seed": state["base_seed"], "workers": state.get("workers")}
+        bf.kept = {"base_seed": state["base_seed"], "workers": state.get("workers"),
+                   "reuse": state.get("reuse", 0) + 1}
     return None

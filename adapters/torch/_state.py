@@ -39,7 +39,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from bridgeflow._state import StateMismatchError
+from bridgeflow._state import MAX_DEPTH, StateMismatchError, short
 
 from . import _compat
 from ._compat import InfiniteConstantSampler, torch
@@ -64,7 +64,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FORMAT = "bridgeflow.adapters.torch.DataLoader"
-VERSION = 3  # 2: rng_next/rng_saved (where the next epoch draws from); 3: ahead (in_order=False)
+VERSION = 4  # 2: rng_next/rng_saved (where the next epoch draws from); 3: ahead (in_order=False); 4: reuse
 GLOBAL_RNG = "torch"  # key of torch's default CPU generator among the RNG snapshots
 
 _tud = torch.utils.data
@@ -161,7 +161,49 @@ def _config(loader: Any) -> dict:
         if isinstance(s, _tud.distributed.DistributedSampler):
             config["distributed"] = {k: getattr(s, k, None)
                                      for k in ("num_replicas", "rank", "shuffle", "seed", "drop_last")}
+    world_size, rank = _compat.distributed_settings()
+    if world_size > 1:  # the rank that saved it (a stream or an iterable dataset shards itself by it)
+        config["world"] = [rank, world_size]
     return config
+
+
+def _ranks(saved: dict, here: dict) -> tuple[Any, Any]:
+    """The rank that saved a state and this loader's: the ``DistributedSampler``'s, else torch.distributed's."""
+    def rank(config: dict) -> Any:
+        sampler = config.get("distributed")
+        if isinstance(sampler, dict) and "rank" in sampler:
+            return sampler["rank"]
+        world = config.get("world")
+        return world[0] if isinstance(world, list) and len(world) == 2 else None
+    return rank(saved), rank(here)
+
+
+def _without_rank(config: dict) -> Any:
+    sampler = config.get("distributed")
+    return {k: v for k, v in sampler.items() if k != "rank"} if isinstance(sampler, dict) else sampler
+
+
+def _holds_data(state: Any, depth: int = 0) -> bool:
+    """Whether a DataFlow's state holds datapoints (``held``: read over an unordered stage)."""
+    if depth > 64:
+        return True
+    if isinstance(state, dict):
+        return state.get("held") is not None or any(_holds_data(v, depth + 1) for v in state.values())
+    if isinstance(state, list):
+        return any(_holds_data(v, depth + 1) for v in state)
+    return False
+
+
+def _rank_specific(state: dict) -> str | None:
+    """What in a state belongs to the rank that saved it (None: its position is every rank's, see
+    :func:`check_state`)."""
+    if state.get("dataset") is not None or any(w is not None for w in state.get("workers") or ()):
+        return "its dataset's states, where that rank's part of the data was read to"
+    if state.get("ahead") is not None:
+        return "the batches that rank handed out before an earlier one (in_order=False), its timing's"
+    if _holds_data(state.get("flow")):
+        return "datapoints its DataFlow held (read over an unordered stage), that rank's"
+    return None
 
 
 def _epoch_length(loader: Any) -> int | None:
@@ -195,6 +237,7 @@ class EpochRecord:
         self.problem: str | None = None  # why this epoch's position cannot be exported
         self.length = _epoch_length(loader)
         self.rng_next: str | None = None  # torch's global RNG after this epoch's draws (see loader_draws)
+        self.reuse = 0  # epochs run before this one on the same base seed (persistent workers)
         # with in_order=False, the numbers of the tasks delivered before an earlier one still in flight
         self.ahead: set[int] | None = None
 
@@ -280,6 +323,7 @@ def _export_state(loader: Any, record: EpochRecord | None) -> dict:
         it = _compat.held_iterator(loader)
         if record is not None and loader.persistent_workers and it is not None and not it.closed:
             state["base_seed"] = record.base_seed  # the workers' seeds: kept into the next epoch, not drawn
+            _note_reuse(state, record)
             # the workers' dataset copies live on into the next epoch: their states at this epoch's end
             state["workers"] = copy.deepcopy(record.workers)
         if is_flow:
@@ -300,12 +344,41 @@ def _export_state(loader: Any, record: EpochRecord | None) -> dict:
     if record.ahead is not None:  # batches delivered before an earlier one (in_order=False)
         state["ahead"] = sorted(record.ahead)
         state["version"] = 3  # the only change of version 3: a loader of version 2 reads the others
+    _note_reuse(state, record)
     return state
 
 
+def _note_reuse(state: dict, record: EpochRecord) -> None:
+    """Persistent workers past their first epoch: how many epochs ran on the base seed before this one (the
+    per-sample seeds of ``seed_per_sample`` count it). Version 4's only change: the others keep theirs."""
+    if record.reuse:
+        state["reuse"] = record.reuse
+        state["version"] = 4
+
+
 def _mismatch(what: str, saved: Any, here: Any) -> ResumeStateError:
-    return ResumeStateError(f"DataLoader.load_state_dict: the state was saved with {what}={saved!r}, this loader "
-                            f"has {what}={here!r}")
+    return ResumeStateError(f"DataLoader.load_state_dict: the state was saved with {what}={_say(saved)}, this "
+                            f"loader has {what}={_say(here)}")
+
+
+def _say(value: Any) -> str:
+    """``repr`` of a setting, cut short when it is long (a state's are untrusted)."""
+    text = short(value)
+    return text if "..." in text else repr(value)
+
+
+def _too_deep(state: Any) -> bool:
+    """Whether dicts and lists nest deeper than ``MAX_DEPTH`` levels in ``state`` (walked without recursion)."""
+    stack = [(state, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, depth + 1) for v in value)
+    return False
 
 
 def check_state(loader: Any, state: Any) -> dict:
@@ -313,6 +386,9 @@ def check_state(loader: Any, state: Any) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ResumeStateError("DataLoader.load_state_dict: not a state of bridgeflow's DataLoader (no "
                                f"'format': {FORMAT!r} entry); states of other loaders cannot be loaded")
+    if _too_deep(state):
+        raise ResumeStateError(f"DataLoader.load_state_dict: the state is nested deeper than {MAX_DEPTH} levels: no "
+                               "loader saves one")
     version = state.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ResumeStateError(f"DataLoader.load_state_dict: state['version'] = {version!r}: not a format version")
@@ -323,10 +399,31 @@ def check_state(loader: Any, state: Any) -> dict:
     if not isinstance(saved, dict):
         raise ResumeStateError(f"DataLoader.load_state_dict: state['config'] = {saved!r:.80}: expected the "
                                "saving loader's settings (a mapping)")
-    for key in ("kind", "batch_size", "drop_last", "samplers", "distributed"):
+    for key in ("kind", "batch_size", "drop_last", "samplers"):
         if saved.get(key) != here.get(key):
             raise _mismatch({"samplers": "sampler types", "kind": "dataset kind"}.get(key, key),
                             saved.get(key), here.get(key))
+    if _without_rank(saved) != _without_rank(here):
+        raise _mismatch("distributed", saved.get("distributed"), here.get("distributed"))
+    saved_world, world = saved.get("world"), here.get("world")
+    if saved_world is not None and world is not None and \
+            (not isinstance(saved_world, list) or len(saved_world) != 2 or saved_world[1] != world[1]):
+        raise _mismatch("world size", saved_world[1] if isinstance(saved_world, list) and len(saved_world) == 2
+                        else saved_world, world[1])
+    saved_rank, rank = _ranks(saved, here)
+    if saved_rank != rank:
+        # Lightning writes rank 0's state and loads it on every rank (Accelerate writes one rank's, plain DDP
+        # code mostly rank 0's): the ranks step together, so the position (batches delivered, the sampler's
+        # epoch and seeds) is every rank's, and each rank's own sampler gives it its own indices from there.
+        # What only the saving rank had is refused.
+        why = _rank_specific(state)
+        if why is not None:
+            raise ResumeStateError(
+                f"DataLoader.load_state_dict: the state was saved on rank {saved_rank!r:.20} and holds {why}; this "
+                f"loader is rank {rank!r}. Save every rank's state: AllRanksState(loader) (see the docs' "
+                "Training frameworks)")
+        log.debug("DataLoader.load_state_dict: a state saved on rank %r resumes rank %r at the same position",
+                  saved_rank, rank)
     if saved.get("length") is not None and here.get("length") is not None and saved["length"] != here["length"]:
         raise _mismatch("dataset length", saved["length"], here["length"])
     sizes = {path: g.get_state().numel() for path, g in _generators(loader).items()}

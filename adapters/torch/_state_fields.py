@@ -23,7 +23,7 @@ __all__ = ["LoaderFacts", "check_fields", "fields_checksum"]
 INT64 = (-(1 << 63), 1 << 63)
 _KNOWN = {"format", "version", "config", "started", "finished", "yielded", "rng_now", "dataset", "flow",
           "base_seed", "shared_seed", "rng_first", "sampler_epoch", "last_worker", "exhausted", "workers",
-          "flow_ended", "rng_next", "rng_saved", "ahead", "check"}
+          "flow_ended", "rng_next", "rng_saved", "ahead", "reuse", "check"}
 # the fields that hold the dataset's or the flow's own states (theirs to check), outside the checksum
 _THEIRS = ("dataset", "workers", "flow", "check")
 
@@ -141,6 +141,10 @@ def check_fields(state: dict, facts: LoaderFacts) -> None:
     for field in ("base_seed", "shared_seed"):
         if state.get(field) is not None:
             c.integer(field, state[field], *INT64)
+    if state.get("reuse") is not None:
+        c.integer("reuse", state["reuse"], 1, 1 << 62)
+        if state.get("base_seed") is None:
+            c.fail("reuse", state["reuse"], "epochs run on a base seed, in a state without one")
     if state.get("flow_ended") is not None:
         c.boolean("flow_ended", state["flow_ended"])
     workers = c.per_worker("workers", state.get("workers"))

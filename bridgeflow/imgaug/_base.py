@@ -6,7 +6,9 @@ arrays, uint8 in ``[0, 255]`` or floating point.
 
 Random numbers. ``aug.rng`` is a ``numpy.random.RandomState`` made by :func:`bridgeflow.get_rng` in
 ``reset_state()``: reproducible when ``aug.seed`` is set, and distinct per parallel worker, because
-workers reset their copy of the flow (and so its augmentors) inside their own seed scope.
+workers reset their copy of the flow (and so its augmentors) inside their own seed scope. Inside a
+:class:`bridgeflow.sample_scope` (the torch ``DataLoader(seed_per_sample=True)`` enters one per sample),
+``aug.rng`` is the sample's generator instead: what is drawn for a sample depends on its seed only.
 ``AugmentorList`` and the other augmentors that hold augmentors reset each child with a seed drawn from
 their own generator, so no two augmentors of a pipeline draw the same stream. An augmentor that was
 never reset seeds itself on first use; so does a copy in a forked or spawned process that nobody
@@ -34,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .._rng import get_rng, worker_seed_scope
+from .._rng import get_rng, sample_rng, worker_seed_scope
 from ._transform import BaseTransform, PhotometricTransform, TransformFactory
 
 __all__ = ["Augmentor", "ImageAugmentor", "MapImage", "PhotometricAugmentor", "check_dtype", "reset_children"]
@@ -85,6 +87,9 @@ class ImageAugmentor:
     # --- random numbers ---------------------------------------------------------------------------
     @property
     def rng(self) -> np.random.RandomState:
+        sample = sample_rng()
+        if sample is not None:  # inside a sample_scope: the sample's generator (see bridgeflow.sample_scope)
+            return sample
         d = self.__dict__
         rng = d.get("_bf_rng")
         if rng is None or d.get("_bf_rng_pid") != os.getpid():

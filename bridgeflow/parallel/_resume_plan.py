@@ -17,7 +17,6 @@ from typing import Any
 from .._state import StateError, StateMismatchError, child_state, unpack_held
 from ._common import forever
 from ._fused import BatchPlan
-from ._progress import SNAPSHOT_EVERY
 from ._transport.pool import WorkerPool
 
 __all__ = ["HeldFirst", "close_stream", "drop_in_flight", "most_in_flight", "read_ahead", "resume_source"]
@@ -118,7 +117,7 @@ def resume_source(self: Any, pool: WorkerPool, resume: dict, size: int | None, h
     if resume.get("costs") is not None:
         pool.assume_costs(resume["costs"])
     if held is None:
-        held = unpack_held(resume["held"]) if resume.get("held") is not None else []
+        held = unpack_held(resume["held"], gaps=True) if resume.get("held") is not None else []
     ended = bool(resume.get("ended"))
     loose = self._source_loose() is not None
     first = None
@@ -180,7 +179,12 @@ def read_ahead(self: Any, source: Iterator, ahead: int, ended: bool) -> HeldFirs
     return HeldFirst(rest, None)
 
 def most_in_flight(self: Any, batch: dict | None) -> int:
-    """The most source datapoints a state can have pulled past its position: ``buffer_size`` tasks (of a
-    fused batch's datapoints each) in flight, pulled since the last snapshot."""
-    per = 1 if batch is None else max(1, batch["size"])
-    return SNAPSHOT_EVERY + (self.buffer_size + 1) * per
+    """The most source datapoints a stage can have pulled and neither received nor dropped: ``buffer_size``
+    tasks in flight; with batches made in the workers (``batch``), groups of ``size`` datapoints, as many as
+    the stage sends (``max(2 * num_workers, ceil(buffer_size / size))``) and fewer than ``size`` more whose
+    mapped datapoints wait for a batch in the holder. An unordered stage has also pulled the runs its consumer
+    received above its position (the state's ``skip``, each of one task), however many a slow task let pass."""
+    if batch is None:
+        return self.buffer_size + 1
+    size = max(1, batch["size"])
+    return (max(2 * self.num_workers, -(-self.buffer_size // size)) + size) * size

@@ -30,7 +30,7 @@ from .._base import DataFlow, epoch_live, pending_state, unordered_stage
 from .._errors import LengthUnknownError
 from .._local_shuffle import LocallyShuffleData
 from .._renamed import renamed_keywords
-from .._rng import worker_seed_scope
+from .._rng import get_rng, in_worker_scope, worker_seed_scope
 from .._shard import UnshardedWarning
 from .._state import NotResumableError, StateError, StateMismatchError, check_plain, verify_checksum
 from .._state_schema import Count, Same, Value
@@ -86,6 +86,15 @@ def _runner_init(make_flow: Callable[[], DataFlow] | DataFlow, resume: list[dict
     return task
 
 
+def _draw_seed() -> int:
+    """A base seed for the workers (they add their number: room below 2**32). Random, but where a worker's seed
+    scope is active (a runner in another runner's copy, reset there) derived from that worker's seed, so a copy
+    restarted from the same seed, as a resume restarts it, starts its workers from the same seeds."""
+    if in_worker_scope():
+        return int(get_rng(None, None).randint(0, 1 << 31))
+    return int.from_bytes(os.urandom(4), "little") >> 1
+
+
 def _copy_flow(df: DataFlow) -> DataFlow:
     try:
         return pickle.loads(pickle.dumps(df))
@@ -122,12 +131,21 @@ def _check_workers(stage: Any, workers: list) -> None:
         probe.close()
 
 
+def _check_seed(stage: Any, seed: int) -> None:
+    if stage.seed is not None:
+        if seed != stage.seed:
+            raise StateMismatchError(f"the state is for seed={seed}, this stage has seed={stage.seed}")
+    elif not 0 <= seed < 1 << 32:
+        raise StateMismatchError(f"field 'seed' of the state is {seed}, not a seed this stage draws (0 to 2**32)")
+
+
 class _RunnerStage(ParallelStage):
     state_fields = (
         Same("num_workers", "num_workers", "the state is for {saved} workers, this stage has {have}: each "
              "worker's copy has its own position"),
         Value("workers", list, _check_workers),
         Count("taken", lambda f: f._epoch_size(), "the epoch's length"),
+        Value("seed", int, _check_seed, none=True, optional=True),
     )
 
     def __init__(self, ds: DataFlow, num_workers: int, num_prefetch: int, *, start_method: str | None = None,
@@ -146,6 +164,8 @@ class _RunnerStage(ParallelStage):
         self._workers: WorkerLedger | None = None
         self._started_with: dict | None = None  # the loaded state the workers were started from
         self._n = 0  # datapoints yielded in the epoch in progress
+        self._seed: int | None = None  # the base seed of the workers started last, or drawn for the next ones
+        self._seed_used = False  # workers were started with it (the next ones draw another, unless a state says)
 
     def _new_pool(self, start: dict | None = None) -> WorkerPool:
         make = self._factory if self._factory is not None else self.ds
@@ -158,8 +178,16 @@ class _RunnerStage(ParallelStage):
         self._workers = WorkerLedger([(w["state"], w["replay"]) for w in starts] if starts is not None
                                      else [(None, 0)] * self.num_workers)
         init = functools.partial(_runner_init, make, starts)
+        # the workers' base seed: the state's, else seed, else one drawn for a state taken before, else a new one
+        if pending is not None and pending.get("seed") is not None:
+            self._seed = pending["seed"]
+        elif self.seed is not None:
+            self._seed = self.seed
+        elif self._seed is None or self._seed_used:
+            self._seed = _draw_seed()
+        self._seed_used = True
         pool = WorkerPool(init, self.num_workers, processes=self._processes, start_method=self.start_method,
-                          name=type(self).__name__, base_seed=self.seed, ordered=False,
+                          name=type(self).__name__, base_seed=self._seed, ordered=False,
                           chunk_size=chunk_size(self._capacity, self.num_workers),
                           restart_init=functools.partial(self._restart_init, make), **self._pool_options())
         return pool
@@ -227,7 +255,11 @@ class _RunnerStage(ParallelStage):
                                     f"{stage} in it would give other datapoints: make that stage ordered")
         workers = self._workers.positions() if self._workers is not None else \
             [{"state": None, "replay": 0} for _ in range(self.num_workers)]
-        return {"num_workers": self.num_workers, "workers": workers, "taken": self._n if epoch_live(self) else 0}
+        if self._seed is None or (self._seed_used and self._pool is None):  # no workers run: the next ones' seed
+            self._seed, self._seed_used = (self.seed if self.seed is not None else _draw_seed()), False
+        # the seed too: a worker that had given nothing restarts its copy from reset_state(), seeded by it
+        return {"num_workers": self.num_workers, "workers": workers, "taken": self._n if epoch_live(self) else 0,
+                "seed": self._seed}
 
     def _probe(self) -> DataFlow | None:
         """A fresh copy of the workers' flow to check their states on (None when it cannot be copied)."""

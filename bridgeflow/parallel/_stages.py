@@ -104,7 +104,7 @@ class _MapStage(ParallelStage):
         Child("source"), Count("replay"), Value("skip", list, check_runs), Count("taken"),
         Part("batch", (Count("size", 1 << 16, "batches of at most 65536 in the workers"), Count("offset"),
                        Count("held"), Value("partial", list, _check_pair, none=True)), none=True),
-        Held(), Flag("ended", optional=True), Count("ahead", optional=True),
+        Held(gaps=True), Flag("ended", optional=True), Count("ahead", optional=True),
         Value("costs", list, _check_costs, none=True, optional=True),
     )
 
@@ -437,35 +437,41 @@ class _MapStage(ParallelStage):
         return items
 
     def _take_state(self, state: dict) -> None:
-        """The bounds that depend on the fused batch size (a task holds a batch's datapoints), and order."""
-        batch = state["batch"]
+        """The bounds that depend on the fused batch size (a task holds a batch's datapoints), and order. Each is
+        what the stage can hold (see ``most_in_flight``), so a state it saved always passes."""
+        batch, size = state["batch"], self._epoch_size()
         per = 1 if batch is None else max(1, batch["size"])
-        most = self._most_in_flight(batch)
+        for run in state["skip"]:  # each run is one task received above the position
+            if run[1] > per:
+                raise StateMismatchError(f"the 'skip' entry {run!r:.60} of the state is longer than a task ({per})")
+        # pulled past the position: the work in flight, and the runs received above it (unordered)
+        reach = self._most_in_flight(batch) + len(state["skip"]) * per
+        why = (f"buffer_size={self.buffer_size} in flight, {len(state['skip'])} runs received above the position "
+               f"and {SNAPSHOT_EVERY} pulls between two snapshots")
         if batch is not None:
-            why = "the datapoints a stage can have in flight"
-            for key in ("offset", "held"):
-                Count(f"batch.{key}", most, why).check(self, batch[key])
-            if batch["partial"] is not None and max(batch["partial"]) > most:
+            Count("batch.offset", max(0, size - 1) if size else 0,
+                  "groups start inside an epoch of the source").check(self, batch["offset"])
+            Count("batch.held", per, "groups wait in the holder for fewer datapoints than a batch").check(
+                self, batch["held"])
+            if batch["partial"] is not None and (batch["partial"][0] > reach or batch["partial"][1] > per):
                 raise StateMismatchError(f"damaged 'partial' entry {batch['partial']!r:.60} in the state")
-        check_source_position(state, most, f"buffer_size={self.buffer_size} in flight and {SNAPSHOT_EVERY} pulls "
-                                           "between two snapshots")
-        Count("ahead", most, "the datapoints a stage can have in flight").check(self, state.get("ahead") or 0)
-        if state.get("ahead") and (state.get("held") is not None or self._epoch_size() is not None):
+        check_source_position(state, SNAPSHOT_EVERY + reach, why)
+        Count("ahead", reach, why).check(self, state.get("ahead") or 0)
+        if state.get("ahead") and (state.get("held") is not None or size is not None):
             raise StateMismatchError("the state says the source was read ahead, which only a strict stage over an "
                                      "ordered flow saves")
         if self.ordered and state["skip"]:
             raise StateMismatchError("an ordered stage's state lists datapoints received out of order")
-        if state.get("ended") and self._epoch_size() is not None:
+        if state.get("ended") and size is not None:
             raise StateMismatchError("the state says the source's epoch ended, which a carried stage's stream "
                                      "never does")
-        size = self._epoch_size()
         Count("taken", None if size is None else -(-size // per) if batch is not None else size,
               "the epoch's length").check(self, state["taken"])
         if state.get("held") is not None:  # over an unordered stage: what was pulled and not received, held
-            held = len(unpack_held(state["held"]))
-            if state["replay"] or held > most or any(a + n > held for a, n in state["skip"]):
+            held = len(unpack_held(state["held"], gaps=True))
+            if state["replay"] or held > reach or any(a + n > held for a, n in state["skip"]):
                 raise StateMismatchError(f"the state's {held} held datapoints disagree with its 'replay' "
-                                         f"{state['replay']} and 'skip' {state['skip']!r:.60} (at most {most})")
+                                         f"{state['replay']} and 'skip' {state['skip']!r:.60} (at most {reach})")
 
     def _drop_iteration(self) -> None:
         """Close the carried source stream and the fused plans: the source's iteration they hold ends now (a

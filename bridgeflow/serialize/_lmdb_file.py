@@ -56,10 +56,14 @@ def new_bytearray_function() -> Callable[[int], bytearray]:
     return functools.partial(make, None)
 
 
+_ZEROED_BELOW = 16384  # bytes: below this, zeroing a bytearray costs less than the ctypes call that skips it
+
+
 def new_bytearray(n: int) -> bytearray:
     """A ``bytearray`` of ``n`` bytes whose contents are not set (a read fills it): ``bytearray(n)`` zeroes
-    them first, which costs as much as a fifth of reading 150 KB from the page cache."""
-    return new_bytearray_function()(n)
+    them first, which costs as much as a fifth of reading 150 KB from the page cache. Below 16 KiB it is
+    ``bytearray(n)`` all the same: the ctypes call costs 2-3 µs, zeroing 300 B a tenth of that."""
+    return bytearray(n) if n < _ZEROED_BELOW else new_bytearray_function()(n)
 
 
 def check_verify(verify: bool | None, who: str) -> None:

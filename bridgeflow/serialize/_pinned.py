@@ -67,6 +67,17 @@ def not_a_file(path: str, what: str, mode: int) -> CorruptDataError | None:
                             "places and more than once, so only a file is opened (copy the data to one)")
 
 
+_pid = os.getpid()  # this process's, kept by a fork hook: ensure() runs for every read, os.getpid() is a system call
+
+
+def _after_fork() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class PinnedFile:
     """A read-only descriptor on ``path`` as it was when opened; see the module doc."""
 
@@ -107,18 +118,18 @@ class PinnedFile:
             os.close(fd)
             raise DatasetChangedError(f"{self.path} was replaced after this reader opened it (another file "
                                       "now lies at that path); load it again to read the new one")
-        self.fd, self.ident, self.pid = fd, ident, os.getpid()
+        self.fd, self.ident, self.pid = fd, ident, _pid
 
     def ensure(self) -> int:
         """The descriptor, valid in this process: inherited through ``fork`` if it still names this file,
         else the path opened again (it must still be the same file)."""
-        if self.fd is not None and self.pid == os.getpid():
+        if self.fd is not None and self.pid == _pid:
             return self.fd
         if self.fd is not None:  # inherited through fork: same descriptor table entry, same file
             try:
                 st = os.fstat(self.fd)
                 if (st.st_dev, st.st_ino) == self.ident:
-                    self.pid = os.getpid()
+                    self.pid = _pid
                     return self.fd
             except OSError:
                 pass
@@ -156,7 +167,7 @@ class PinnedFile:
         """Close the descriptor (in the process that holds it); a later :meth:`ensure` re-opens the path
         and checks it is still the same file."""
         fd, self.fd = self.fd, None
-        if fd is not None and self.pid == os.getpid():
+        if fd is not None and self.pid == _pid:
             try:
                 os.close(fd)
             except OSError:

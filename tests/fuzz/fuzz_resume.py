@@ -311,13 +311,13 @@ def atoms(k: Any, out: list) -> list:
     return out
 
 
-def epochs(df: Any, count: int) -> list[list]:
+def epochs(df: Any, count: int, limit: int = LIMIT) -> list[list]:
     out = []
     for _ in range(count):
         epoch = []
         for dp in df:
             epoch.append(key(dp))
-            if len(epoch) > LIMIT:
+            if len(epoch) > limit:
                 raise OverflowError("an epoch longer than the limit")
         out.append(epoch)
     return out
@@ -409,8 +409,9 @@ def _bag(keys: list) -> collections.Counter:
     return collections.Counter(found)
 
 
-def judge(spec: tuple, ref: list, point: dict, result: dict) -> str | None:
-    """None when the resumed run keeps the pipeline's promise, else what is wrong."""
+def judge(spec: tuple, ref: list, point: dict, result: dict, how: str | None = None) -> str | None:
+    """None when the resumed run keeps the pipeline's promise (``how``, default ``oracle(spec)``), else what is
+    wrong."""
     got, e = result["got"], point["epoch"]
     if point["kind"] == "at":
         want = [ref[e][point["k"]:], *ref[e + 1:]]
@@ -418,7 +419,7 @@ def judge(spec: tuple, ref: list, point: dict, result: dict) -> str | None:
         want = ref[e:]
     if len(got) != len(want):
         return f"{len(got)} epochs, not {len(want)}"
-    how = oracle(spec)
+    how = how or oracle(spec)
     if how == "exact":
         if got != want:
             bad = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
@@ -440,6 +441,273 @@ def judge(spec: tuple, ref: list, point: dict, result: dict) -> str | None:
     timeline = [dp for ep in point["pre"] for dp in ep] + point["received"] + [dp for ep in got for dp in ep]
     twice = {t: n for t, n in tags(timeline).items() if n > 1}
     return f"tagged datapoints given more than once: {twice}" if twice else None
+
+
+# --- default arguments at scale (issue 39) --------------------------------------------------------------
+#
+# Pipelines as users build them: every argument at its default (unseeded sources, shuffles and runners; buffer
+# sizes of 200, snapshots every 64 pulls), epochs of 1 to 20,000 datapoints, only the counts a flow needs drawn
+# (a batch size, a shuffle buffer, an epoch's length, the workers of a runner) and whether a stage is ordered.
+# States are taken in the uninterrupted run itself, as a training loop writes its checkpoints (the flows draw their
+# seeds at random, so a run built again is another run): before the first iter(), at random points of each epoch,
+# and between epochs. A refusal of one of them (NotResumableError at state_dict(), a StateError at load) is the
+# flow's own state refused, a failure, unless the flow refuses by design (a flow that replays its epoch over an
+# unordered stage; a runner of several workers over one).
+
+DEFAULT_EPOCHS = 2
+DEFAULT_WRAPPERS = ["map", "batch", "batch", "unbatch", "shuffle", "cache", "repeat", "tmap", "tmap", "pmap", "pmap",
+                    "trun", "prun"]
+DEFAULT_STAGES = ("tmap", "pmap")
+DEFAULT_ENDLESS = ("shuffle", "trun", "prun")  # an epoch is len(child) datapoints of an endless stream
+
+
+def default_length(r: random.Random, most: int = 20_000, long: float = 0.07) -> int:
+    """An epoch's length: mostly short, some past every buffer and snapshot interval, a share ``long`` from
+    2,000 up to ``most``."""
+    u = r.random()
+    if u < long:
+        return r.randint(min(most, 2_000), most)
+    if u < 0.7:
+        return r.randint(1, min(most, 300))
+    return r.randint(1, min(most, 3_000))
+
+
+def draw_defaults(r: random.Random, depth: int = 3, most: int = 20_000, long: float = 0.07) -> tuple:
+    """A pipeline of default arguments (see above) as a tuple of literals."""
+    if depth == 0 or r.random() < 0.2:
+        return (r.choice(["list", "list", "gen", "fake"]), default_length(r, most, long))
+    kind = r.choice(DEFAULT_WRAPPERS)
+    child = draw_defaults(r, depth - 1, most, long)
+    # endless by design over a flow without len(); a process stage in a process runner's worker is refused
+    while (kind in DEFAULT_ENDLESS and not _default_has_len(child)) or (kind == "prun" and _has_process(child)):
+        kind = r.choice(DEFAULT_WRAPPERS)
+    if kind in DEFAULT_STAGES:
+        return (kind, child, r.random() < 0.7)  # ordered: the default, mostly
+    if kind in ("trun", "prun"):
+        return (kind, child, r.choice([1, 1, 2]))
+    if kind in ("batch", "unbatch"):
+        return (kind, child, r.choice([1, 2, 8, 32, 64]))
+    if kind == "shuffle":
+        return (kind, child, r.choice([1, 10, 100, 2000]))
+    return (kind, child)
+
+
+def make_default(spec: tuple) -> Any:
+    kind = spec[0]
+    if kind in ("list", "gen", "fake"):
+        n = spec[1]
+        if kind == "list":
+            src = bf.DataFromList([[np.int64(i)] for i in range(n)])
+        elif kind == "gen":
+            src = bf.DataFromGenerator(generated(n))
+        else:
+            src = bf.FakeData([[2]], size=n, dtype="int64", domain=(0, 999))
+        # a random id per datapoint and epoch (unseeded too): a datapoint given twice is seen
+        return bf.JoinData([src, bf.FakeData([[1]], size=n, dtype="int64", domain=TAG)])
+    child = spec[1]
+    c = make_default(child) if kind != "trun" else None
+    if kind == "map":
+        return bf.MapData(c, inc_last)
+    if kind == "batch":
+        return bf.BatchData(c, spec[2])
+    if kind == "unbatch":
+        return bf.UnbatchData(bf.BatchData(c, spec[2]))
+    if kind == "shuffle":
+        return bf.LocallyShuffleData(c, spec[2])
+    if kind == "cache":
+        return bf.CacheData(c)
+    if kind == "repeat":
+        return bf.RepeatedData(c, 2)
+    if kind == "tmap":
+        return bf.MultiThreadMapData(c, 2, inc_last, ordered=spec[2])
+    if kind == "pmap":
+        return bf.MultiProcessMapData(c, 2, inc_last, ordered=spec[2], start_method="fork")
+    if kind == "trun":
+        return bf.MultiThreadRunner(lambda: make_default(child), num_thread=spec[2])
+    if kind == "prun":
+        return bf.MultiProcessRunner(c, num_proc=spec[2], start_method="fork")
+    raise ValueError(kind)
+
+
+def _has_process(spec: tuple) -> bool:
+    return spec[0] in ("pmap", "prun") or any(_has_process(c) for c in _default_children(spec))
+
+
+def _default_children(spec: tuple) -> list[tuple]:
+    return [spec[1]] if len(spec) > 1 and isinstance(spec[1], tuple) else []
+
+
+def _default_unordered(spec: tuple) -> bool:
+    return (spec[0] in DEFAULT_STAGES and not spec[2]) or (spec[0] in ("trun", "prun") and spec[2] > 1)
+
+
+def _default_loose(spec: tuple) -> bool:
+    return _default_unordered(spec) or any(_default_loose(c) for c in _default_children(spec))
+
+
+def _default_has_len(spec: tuple) -> bool:
+    if spec[0] in ("list", "fake"):
+        return True
+    if spec[0] in ("gen", "unbatch"):
+        return False
+    return all(_default_has_len(c) for c in _default_children(spec))
+
+
+def _default_stable(spec: tuple) -> bool:
+    """Whether every epoch's datapoints (as a multiset) are the same whatever the timing."""
+    if not all(_default_stable(c) for c in _default_children(spec)):
+        return False
+    kind = spec[0]
+    below = any(_default_loose(c) for c in _default_children(spec))
+    if kind in ("trun", "prun"):
+        return not _default_loose(spec)
+    if kind in DEFAULT_STAGES and (below or not spec[2]):
+        return not _default_has_len(spec[1])  # a carried stage's epoch ends where timing puts it
+    if kind in ("batch", "unbatch") and below:
+        return False  # drops the remainder (an unbatch undoes a batch of its own): which datapoints, timing says
+    if kind == "shuffle" and below:
+        return False  # endless: an epoch is a stretch of a stream that mixes passes
+    return True
+
+
+def default_oracle(spec: tuple) -> str:
+    return "exact" if not _default_loose(spec) else "multiset" if _default_stable(spec) else "weak"
+
+
+def default_by_design(spec: tuple, refusal: str) -> bool:
+    """Whether a NotResumableError is one the contract names: a flow replaying its epoch over an unordered stage,
+    a runner whose copies hold one."""
+    return _default_loose(spec) and ("unordered" in refusal)
+
+
+def default_points(r: random.Random, lengths: list[int]) -> list[tuple]:
+    """(kind, epoch, k): "fresh" (before reset_state() and iter()), "at" (after k datapoints of the epoch),
+    "between" (after epoch 0 ended, before the next iter())."""
+    points = [("fresh", 0, 0)]
+    for e, n in enumerate(lengths):
+        points += [("at", e, k) for k in sorted({0, n, *(r.randint(0, n) for _ in range(2))})]
+    points.append(("between", 1, 0))
+    return points
+
+
+def save_defaults(spec: tuple, seed: int) -> dict:
+    """The uninterrupted run of ``spec`` (DEFAULT_EPOCHS epochs) and its states at the drawn points, through json;
+    with ``refused`` for a state_dict() that raised."""
+    r = random.Random(seed)
+    with make_default(spec) as probe:  # the epochs' lengths, to draw the points from (another run: unseeded)
+        lengths = [len(e) for e in epochs(probe, DEFAULT_EPOCHS, limit=200_000)]
+    points = default_points(r, lengths)
+    wanted: dict = collections.defaultdict(list)
+    for p in points:
+        wanted[(p[0], p[1], p[2])].append(p)
+    taken: dict = {}
+
+    def take(df: Any, where: tuple) -> None:
+        if where in wanted and where not in taken:
+            try:
+                taken[where] = {"state": json.loads(json.dumps(df.state_dict()))}
+            except NotResumableError as exc:
+                taken[where] = {"refused": str(exc)[:300]}
+
+    ref = []
+    with make_default(spec) as df:
+        take(df, ("fresh", 0, 0))
+        for e in range(DEFAULT_EPOCHS):
+            if e == 1:
+                take(df, ("between", 1, 0))
+            epoch: list = []
+            it = iter(df)
+            take(df, ("at", e, 0))
+            for dp in it:
+                epoch.append(key(dp))
+                take(df, ("at", e, len(epoch)))
+            ref.append(epoch)
+    out = []
+    for p in points:
+        got = taken.get(p, {"refused": "the point was not reached (the run's epochs were shorter)"})
+        out.append({"kind": p[0], "epoch": p[1], "k": p[2], **got})
+    return {"spec": repr(spec), "ref": ref, "points": out}
+
+
+def load_defaults(saved: dict) -> list:
+    spec = eval(saved["spec"])  # a tuple of literals written by save_defaults
+    out = []
+    for point in saved["points"]:
+        if "state" not in point:
+            out.append(None)
+            continue
+        with make_default(spec) as b:
+            try:
+                b.load_state_dict(point["state"])
+            except StateError as exc:
+                out.append({"load_refused": str(exc)[:300]})
+                continue
+            try:
+                out.append({"got": epochs(b, DEFAULT_EPOCHS - point["epoch"], limit=200_000)})
+            except Exception as exc:
+                out.append({"raised": f"{type(exc).__name__}: {exc}"[:300],
+                            "where": traceback.format_exc().splitlines()[-3].strip()})
+    return out
+
+
+def judge_defaults(spec: tuple, saved: dict, results: list) -> dict:
+    """Counts of one pipeline's points: exact, multiset, weak (no repeat seen), refused by design, and the
+    failures (own states refused at state_dict() or at load, wrong resumes, errors)."""
+    how = default_oracle(spec)
+    counts = collections.Counter()
+    failures = []
+    ref = saved["ref"]
+    for point, result in zip(saved["points"], results):
+        where = {"kind": point["kind"], "epoch": point["epoch"], "k": point["k"]}
+        if result is None:
+            if default_by_design(spec, point["refused"]):
+                counts["refused_by_design"] += 1
+            else:
+                failures.append({**where, "own_state_refused": point["refused"]})
+            continue
+        if "got" not in result:
+            failures.append({**where, **result})
+            continue
+        received = ref[point["epoch"]][:point["k"]] if point["kind"] == "at" else []
+        wrong = judge(spec, ref, {**point, "received": received, "pre": ref[:point["epoch"]]}, result, how)
+        if wrong:
+            failures.append({**where, "wrong": wrong})
+        else:
+            counts[how] += 1
+    return {"counts": dict(counts), "failures": failures}
+
+
+def check_defaults_in_process(spec: tuple, seed: int) -> dict:
+    """Save and load in this process (the hypothesis test's way; the fuzz uses two fresh processes)."""
+    saved = save_defaults(spec, seed)
+    return {"spec": saved["spec"], "oracle": default_oracle(spec), **judge_defaults(spec, saved, load_defaults(saved))}
+
+
+def check_defaults(seed: int, index: int, timeout: float) -> dict:
+    """Draw pipeline ``index`` of ``seed``, save in one fresh process and load in another."""
+    spec = draw_defaults(random.Random(seed * 100_003 + index))
+    out: dict = {"pipeline": index, "spec": repr(spec), "oracle": default_oracle(spec), "family": family_defaults(spec)}
+    status, saved = _run(["--role", "save-defaults", "--spec", repr(spec), "--seed", str(seed * 100_003 + index)],
+                         timeout)
+    if status != "ok":
+        return {**out, "status": f"save {status}", "detail": saved}
+    status, loaded = _run(["--role", "load-defaults"], timeout, json.dumps(saved))
+    if status != "ok":
+        return {**out, "status": f"load {status}", "detail": loaded}
+    return {**out, "status": "ok", "points": len(saved["points"]), **judge_defaults(spec, saved, loaded)}
+
+
+def family_defaults(spec: tuple) -> str:
+    """The wrapper right above the first unordered stage, or "ordered"."""
+    node, parent = spec, "top"
+    while True:
+        if _default_unordered(node):
+            return f"{parent}/{node[0]}"
+        kids = _default_children(node)
+        if not kids:
+            return "ordered"
+        parent = node[0] if node[0] != "map" else parent
+        node = kids[0]
 
 
 # --- the driver ----------------------------------------------------------------------------------------
@@ -516,7 +784,10 @@ def main() -> int:
     parser.add_argument("--only", type=int, nargs="*", help="run only these pipelines (their indices)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per process (save, load)")
     parser.add_argument("--verbose", action="store_true", help="a line for every pipeline")
-    parser.add_argument("--role", choices=["save", "load"], help=argparse.SUPPRESS)
+    parser.add_argument("--defaults", action="store_true", help="pipelines of default arguments, epochs of 1 to "
+                        "20,000 datapoints, states taken in the uninterrupted run (issue 39)")
+    parser.add_argument("--role", choices=["save", "load", "save-defaults", "load-defaults"], help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -526,6 +797,14 @@ def main() -> int:
     if args.role == "load":
         print(json.dumps(load_role(json.loads(sys.stdin.read()), args.folder)))
         return 0
+    if args.role == "save-defaults":
+        print(json.dumps(save_defaults(eval(args.spec), args.seed)))
+        return 0
+    if args.role == "load-defaults":
+        print(json.dumps(load_defaults(json.loads(sys.stdin.read()))))
+        return 0
+    if args.defaults:
+        return defaults_main(args)
     t0 = time.perf_counter()
     results = []
     with tempfile.TemporaryDirectory() as folder:
@@ -539,6 +818,39 @@ def main() -> int:
     print(json.dumps({"summary": summarize(results), "pipelines": len(results), "failed_or_hung": bad,
                       "seconds": round(time.perf_counter() - t0, 1), "bridgeflow": os.path.dirname(bf.__file__)}),
           flush=True)
+    return 1 if bad else 0
+
+
+def defaults_main(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    totals: collections.Counter = collections.Counter()
+    by_family: dict = collections.defaultdict(collections.Counter)
+    bad = 0
+    for i in args.only if args.only else range(args.pipelines):
+        res = check_defaults(args.seed, i, args.timeout)
+        fam = by_family[res["family"]]
+        fam["pipelines"] += 1
+        totals["pipelines"] += 1
+        if res["status"] != "ok":
+            bad += 1
+            totals[res["status"]] += 1
+            print(json.dumps(res), flush=True)
+            continue
+        for k, v in res["counts"].items():
+            fam[k] += v
+            totals[k] += v
+        fam["points"] += res["points"]
+        totals["points"] += res["points"]
+        for f in res["failures"]:
+            kind = "own_state_refused" if "own_state_refused" in f or "load_refused" in f else \
+                "silent" if "wrong" in f else "raised"
+            totals[kind] += 1
+            fam[kind] += 1
+        bad += len(res["failures"])
+        if args.verbose or res["failures"]:
+            print(json.dumps(res), flush=True)
+    print(json.dumps({"summary": {k: dict(v) for k, v in sorted(by_family.items())}, "totals": dict(totals),
+                      "failed_or_hung": bad, "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
     return 1 if bad else 0
 
 

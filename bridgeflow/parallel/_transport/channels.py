@@ -227,6 +227,7 @@ class ProcessChannel:
         self._fd_worker: dict[int, tuple[int, bool]] = {}
         self._pollers: list[Any] = []
         self._poll_all = select.poll()
+        self._turn = 0  # the worker whose message is read first when several are waiting (then the next)
         for ctx in contexts:
             base = ctl_base(ctx.worker_id)
             self.readers.append(shm.SlabReader(view[base:base + MAX_SLABS] if view else None, self.hooks))
@@ -312,12 +313,17 @@ class ProcessChannel:
         conns = self.result_conns
         poller = self._poll_all if worker is None else self._pollers[worker]
         events = poller.poll(wait_for * 1000)
-        dead = []
+        dead, first, n = [], None, len(self.procs)
         for fd, _ in events:
             w, is_conn = self._fd_worker[fd]
-            if is_conn:
-                return w, self._read(w)
-            dead.append(w)
+            if not is_conn:
+                dead.append(w)
+            elif first is None or (w - self._turn) % n < (first - self._turn) % n:
+                first = w
+        if first is not None:  # in turns: poll lists the fds in their order, and a worker that always has a
+            # message waiting would keep the next one's unread (an unordered pool then never gives its results)
+            self._turn = first + 1
+            return first, self._read(first)
         for w in dead:  # a sentinel: the process ended; what it sent before is in the pipe, then end-of-file
             return w, self._read(w) if conns[w].poll(0) else None
         if not events and worker is not None:
