@@ -102,7 +102,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Protocol, TypeVar, cast
 
-from ._errors import DataFlowReentrantError, LengthUnknownError
+from ._errors import DataFlowReentrantError, length_unknown
 from ._state import (
     MAX_DEPTH,
     NotResumableError,
@@ -363,7 +363,7 @@ class DataFlow:
                     method(epoch)
 
     def __len__(self) -> int:
-        raise LengthUnknownError(f"{type(self).__name__} has no known length; iterate it to count")
+        raise length_unknown(f"{type(self).__name__} has no known length; iterate it to count")
 
     def size(self) -> int:
         """tensorpack's older spelling of ``len(df)``."""

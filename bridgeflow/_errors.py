@@ -7,6 +7,8 @@ them all at once; where a builtin type carries meaning (``TypeError`` for an unk
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BatchError",
     "BridgeflowError",
@@ -29,6 +31,24 @@ class LengthUnknownError(BridgeflowError, TypeError):
 
     It is a ``TypeError`` so that ``list(df)`` and ``operator.length_hint`` treat the flow as length-free.
     """
+
+
+def length_unknown(message: str) -> LengthUnknownError:
+    """A :class:`LengthUnknownError` with ``message``; when torch's own DataLoader asked (it reads any dataset
+    that is not an ``IterableDataset`` by index, after its length), it also says what to use instead."""
+    import sys
+
+    frame: Any = sys._getframe(1)
+    for _ in range(12):  # len() of the outermost flow asks its source's, and so on down
+        frame = frame.f_back
+        if frame is None:
+            break
+        if frame.f_globals.get("__name__", "").startswith("torch.utils.data"):
+            message += ("; torch.utils.data.DataLoader reads a dataset by index after asking its length: give the "
+                        "flow to bridgeflow.adapters.torch.DataLoader, a drop-in subclass that iterates a flow "
+                        "without one")
+            break
+    return LengthUnknownError(message)
 
 
 class DataFlowReentrantError(BridgeflowError, RuntimeError):

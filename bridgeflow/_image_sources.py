@@ -1,7 +1,8 @@
 """ImageFromFile: images decoded from a list of files, as tensorpack's flow of that name.
 
-Decoding is OpenCV's (``cv2.imread``; ``pip install -e ".[images]"``). A file that is missing or that
-OpenCV cannot decode raises an error naming it: no datapoint is skipped silently.
+Decoding is OpenCV's (``cv2.imread``; the "images" extra: ``pip install "opencv-python-headless>=4.5"
+"pillow>=9"``). A file that is missing or that OpenCV cannot decode raises an error naming it: no datapoint is
+skipped silently.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ._base import DataFlow
-from ._errors import LengthUnknownError
+from ._errors import LengthUnknownError, length_unknown
 
-__all__ = ["DataFromGenerator", "DataFromIterable", "as_dataflow"]
+__all__ = ["DataFromGenerator", "DataFromIterable", "as_dataflow", "not_a_flow"]
 
 
 def as_dataflow(ds: Any, who: str = "DataFlow") -> Any:
@@ -30,8 +30,19 @@ def as_dataflow(ds: Any, who: str = "DataFlow") -> Any:
     if isinstance(ds, DataFlow) or (hasattr(ds, "__iter__") and hasattr(ds, "reset_state")):
         return ds
     if not hasattr(ds, "__iter__"):
-        raise TypeError(f"{who} wraps a DataFlow or iterable, got {type(ds).__name__}")
+        raise not_a_flow(ds, f"{who} wraps a DataFlow or iterable")
     return DataFromIterable(ds)
+
+
+def not_a_flow(ds: Any, what: str) -> TypeError:
+    """The error for ``ds`` given where a flow or iterable is needed (``what`` says by whom); for a dataset read
+    by index (``__len__`` and ``__getitem__``, as torch's map-style ``Dataset``), how to make it a flow."""
+    message = f"{what}, got {type(ds).__name__}"
+    if hasattr(ds, "__getitem__") and hasattr(ds, "__len__"):
+        message += (", a dataset read by index (as torch's map-style Dataset): make it a flow with "
+                    "DataFromList(dataset, shuffle=False), which reads dataset[i] in order (shuffle=True: in a new "
+                    "order every epoch)")
+    return TypeError(message)
 
 
 class DataFromGenerator(DataFlow):
@@ -52,7 +63,7 @@ class DataFromGenerator(DataFlow):
 
     def __len__(self) -> int:
         if self._size is None:
-            raise LengthUnknownError("DataFromGenerator has no known length; pass size= to give one")
+            raise length_unknown("DataFromGenerator has no known length; pass size= to give one")
         return self._size
 
     def _iter_epoch(self) -> Iterator:

@@ -8,6 +8,7 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 from ._base import DataFlow, reset_once
+from ._batch import BatchData, BatchDataByShape, UnbatchData
 from ._progress import progress_bar
 from ._proxy import ProxyDataFlow
 from .pipeline import bottleneck, format_stats, pipeline_stats
@@ -19,12 +20,16 @@ collect_stats = pipeline_stats  # ``df.stats()``, also for a duck-typed flow at 
 
 
 class TestDataSpeed(ProxyDataFlow):
-    """Iterate a flow ``size`` times behind a progress bar and report datapoints per second.
+    """Iterate a flow ``size`` times behind a progress bar and report what it yields per second.
 
-    ``start()`` runs the test and returns the rate; the first ``warmup`` datapoints are not timed (worker
+    ``start()`` runs the test and returns the rate; the first ``warmup`` items are not timed (worker
     start-up, caches). If the flow runs out before ``size`` it is iterated again. ``min_seconds`` times
-    more rounds of ``size`` datapoints until that long has passed: a fast flow read for a few milliseconds
-    gives a rate that changes several-fold between runs (``bridgeflow bench`` times 2 s). Afterwards the
+    more rounds of ``size`` items until that long has passed: a fast flow read for a few milliseconds
+    gives a rate that changes several-fold between runs (``bridgeflow bench`` times 2 s); the progress bar
+    then counts without a percentage, the number of rounds being unknown. The items are called batches
+    (with the datapoints per second beside them) when the flow batches: a ``BatchData`` or
+    ``BatchDataByShape`` is in its chain of wrapped flows with no ``UnbatchData`` above it; ``unit`` names
+    them otherwise (``size`` and ``warmup`` count them either way). Afterwards the
     statistics of every stage that keeps them (buffer fill, consumer wait, workers busy) are printed with
     a verdict on the slow side (see :func:`bridgeflow.pipeline.bottleneck`): an output buffer that is
     nearly always empty while the workers are busy means the workers are the bottleneck.
@@ -38,7 +43,7 @@ class TestDataSpeed(ProxyDataFlow):
     __test__ = False  # not a pytest test class, despite the name
 
     def __init__(self, ds: DataFlow, size: int = 5000, warmup: int = 0, *, progress: bool = True,
-                 file: Any = None, min_seconds: float = 0.0) -> None:
+                 file: Any = None, min_seconds: float = 0.0, unit: str | None = None) -> None:
         super().__init__(ds)
         if size <= 0 or warmup < 0 or not min_seconds >= 0:
             raise ValueError(f"TestDataSpeed needs size > 0, warmup >= 0 and min_seconds >= 0, got size={size} "
@@ -48,7 +53,23 @@ class TestDataSpeed(ProxyDataFlow):
         self.min_seconds = float(min_seconds)
         self.progress = progress
         self.file = file
+        self.unit = unit
         self.rate: float | None = None
+
+    def _items(self) -> tuple[str, int | None]:
+        """What the flow yields, in the plural, and the datapoints in each when they are batches."""
+        if self.unit:
+            return self.unit, None
+        stage: Any = self.ds
+        for _ in range(1000):  # a chain of wrapped flows (``ds``), outermost first
+            if isinstance(stage, UnbatchData):
+                break
+            if isinstance(stage, (BatchData, BatchDataByShape)):
+                return "batches", stage.batch_size
+            stage = getattr(stage, "ds", None)
+            if stage is None:
+                break
+        return "datapoints", None
 
     def _stream(self) -> Generator[Any, None, None]:
         while True:
@@ -60,7 +81,7 @@ class TestDataSpeed(ProxyDataFlow):
                 raise ValueError(f"TestDataSpeed: {type(self.ds).__name__} yielded no datapoint")
 
     def start(self) -> float:
-        """Run the test; returns datapoints per second and prints a summary."""
+        """Run the test; returns the items (datapoints, or batches) per second and prints a summary."""
         reset_once(self)
         out = self.file or sys.stdout
         stream = self._stream()
@@ -68,8 +89,10 @@ class TestDataSpeed(ProxyDataFlow):
             for _ in range(self.warmup):
                 next(stream)
             n = 0
-            t0 = time.perf_counter()
-            with progress_bar(enabled=self.progress, total=self.test_size, unit="dp", leave=False) as bar:
+            items, per_batch = self._items()
+            with progress_bar(enabled=self.progress, total=None if self.min_seconds else self.test_size,
+                              unit="batch" if per_batch else "dp", leave=False) as bar:
+                t0 = time.perf_counter()  # after the bar is made: its first use imports tqdm
                 while True:
                     for _ in range(self.test_size):
                         next(stream)
@@ -78,12 +101,13 @@ class TestDataSpeed(ProxyDataFlow):
                     elapsed = time.perf_counter() - t0
                     if elapsed >= self.min_seconds:
                         break
-                    if self.progress:
-                        bar.total = n + self.test_size
         finally:
             stream.close()
         self.rate = n / max(elapsed, 1e-9)
-        print(f"{n} datapoints in {elapsed:.3f}s: {self.rate:.1f} datapoints/s", file=out)
+        line = f"{n} {items} in {elapsed:.3f}s: {self.rate:.1f} {items}/s"
+        if per_batch:
+            line += f" ({self.rate * per_batch:.1f} datapoints/s at {per_batch} a batch)"
+        print(line, file=out)
         stats = pipeline_stats(self.ds)
         if stats:
             print("stage statistics:\n" + format_stats(stats), file=out)
@@ -100,3 +124,12 @@ class TestDataSpeed(ProxyDataFlow):
     def _iter_epoch(self) -> Iterator:
         self.start()
         yield from self.ds
+
+
+def bench_counts(args: Any) -> tuple[int, int]:
+    """``bridgeflow bench``'s ``--size`` and ``--warmup`` count datapoints; with ``--batch B`` TestDataSpeed
+    counts batches, so it is given the batches that hold that many datapoints (rounded up)."""
+    size, warmup, batch = int(getattr(args, "size", 2000)), int(getattr(args, "warmup", 0)), getattr(args, "batch", 0)
+    if batch:
+        return -(-size // batch), -(-warmup // batch)
+    return size, warmup

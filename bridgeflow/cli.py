@@ -79,7 +79,7 @@ def _seconds(text: str) -> float:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from ._batch import BatchData
     from ._sources import FakeData
-    from ._speed import TestDataSpeed
+    from ._speed import TestDataSpeed, bench_counts
 
     if (args.target is None) == (args.fake is None):
         raise SystemExit("bridgeflow bench: give either TARGET (module:function or a dataset file) or --fake")
@@ -98,8 +98,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.batch:
         df = BatchData(df, args.batch)
     with df:
-        TestDataSpeed(df, size=args.size, warmup=args.warmup, progress=not args.quiet,
-                      min_seconds=args.seconds).start()
+        size, warmup = bench_counts(args)
+        TestDataSpeed(df, size, warmup, progress=not args.quiet, min_seconds=args.seconds).start()
     return 0
 
 
@@ -125,7 +125,8 @@ def _build_parser() -> argparse.ArgumentParser:
                        help="dtype of --fake components (default uint8)")
     bench.add_argument("--constant", action="store_true", help="--fake repeats one datapoint (no RNG cost)")
     bench.add_argument("--batch", type=_int_at_least(0), default=0,
-                       help="wrap the flow in BatchData of this size")
+                       help="wrap the flow (or the file's) in BatchData of this size; --size and --warmup still "
+                       "count datapoints, and the rate is given in batches and datapoints per second")
     bench.add_argument("--size", type=_int_at_least(1), default=2000, help="datapoints to time (default 2000)")
     bench.add_argument("--warmup", type=_int_at_least(0), default=50, help="datapoints to skip before timing")
     bench.add_argument("--seconds", type=_arg_type(_seconds, "a number of seconds >= 0"), default=2.0,

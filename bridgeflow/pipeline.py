@@ -29,6 +29,9 @@ __all__ = ["bottleneck", "format_stats", "iter_flows", "pipeline_stats"]
 # busier than this share of the time have no slack.
 WAITS = 0.10
 BUSY = 0.80
+# An output buffer filled less than this share on average is "near 0": each result was made just as it was
+# asked for, so the workers are the slow side even when the consumer seldom had to wait for them.
+EMPTY = 0.10
 
 
 def iter_flows(df: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -76,9 +79,10 @@ def bottleneck(stats: dict[str, dict[str, float]]) -> str | None:
     """Where a pipeline's time goes, in one sentence, from :func:`pipeline_stats`; None without a stage
     that measures its consumer's waits.
 
-    The stage nearest the consumer decides: if the consumer seldom waits for it, what reads the
-    pipeline is the slow side; if it waits and the stage's workers are busy, the workers are; if it
-    waits and they idle, what feeds them is (the source the stage reads, or the transfer of the data),
+    The stage nearest the consumer decides: if the consumer seldom waits for it and its buffer holds
+    results ready, what reads the pipeline is the slow side; if the buffer is nearly empty (a fill under
+    ``EMPTY``), the workers are, if only just, as they are when the consumer waits and they are busy; if
+    it waits and they idle, what feeds them is (the source the stage reads, or the transfer of the data),
     and the stage below it, if any, is looked at in turn.
     """
     stages = [(path, s) for path, s in stats.items() if "consumer_wait_frac" in s]
@@ -90,11 +94,15 @@ def bottleneck(stats: dict[str, dict[str, float]]) -> str | None:
         wait, fill = s["consumer_wait_frac"], s.get("buffer_fill", 0.0)
         busy = s.get("workers_busy")
         if wait < WAITS:
-            if verdict is None:
-                return (f"the consumer: {path} had its results ready ({fill:.0%} of its buffer full on "
-                        f"average) and was waited for {wait:.0%} of the time; the pipeline keeps up with what "
-                        "reads it")
-            return verdict
+            if verdict is not None:
+                return verdict
+            if fill < EMPTY:
+                return (f"the workers of {path}, by a narrow margin: its buffer was {fill:.1%} full on average, "
+                        f"so each result was made just as it was asked for (the consumer waited {wait:.0%} of "
+                        "the time); a faster consumer would wait for them")
+            return (f"the consumer: {path} had its results ready ({fill:.0%} of its buffer full on "
+                    f"average) and was waited for {wait:.0%} of the time; the pipeline keeps up with what "
+                    "reads it")
         if busy is None or busy >= BUSY:
             busy_text = "" if busy is None else f"busy {busy:.0%} of the time "
             return (f"the workers of {path}: {busy_text}while the consumer waited {wait:.0%} of it; add workers "

@@ -168,6 +168,7 @@ numpy (imported when an augmentor first needs it). Apply them with :class:`~brid
         "Photometric": ["bridgeflow.imgaug.Brightness", "bridgeflow.imgaug.BrightnessScale",
                         "bridgeflow.imgaug.Contrast", "bridgeflow.imgaug.Saturation", "bridgeflow.imgaug.Lighting",
                         "bridgeflow.imgaug.Hue", "bridgeflow.imgaug.Gamma", "bridgeflow.imgaug.GaussianBlur",
+                        "bridgeflow.imgaug.SaltPepperNoise",
                         "bridgeflow.imgaug.Clip", "bridgeflow.imgaug.ColorSpace", "bridgeflow.imgaug.Grayscale",
                         "bridgeflow.imgaug.ToUint8", "bridgeflow.imgaug.ToFloat32",
                         "bridgeflow.imgaug.MinMaxNormalize", "bridgeflow.imgaug.MeanVarianceNormalize"],

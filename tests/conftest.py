@@ -1,9 +1,10 @@
-"""Shared test fixtures: a hang guard, a check that nothing outlives a test, and ``need()`` for optional
+"""Shared test fixtures: a time limit per test, a check that nothing outlives a test, and ``need()`` for optional
 packages."""
 
 from __future__ import annotations
 
 import configparser
+import contextlib
 import faulthandler
 import functools
 import gc
@@ -14,13 +15,39 @@ import re
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from types import ModuleType
 
 import pytest
 
+from bridgeflow._deps import EXTRAS, install_hint
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _find_source_tree() -> str | None:
+    """The checkout: the folder above tests/ when it is one, else ``BRIDGEFLOW_SOURCE_TREE`` (.ci/run's
+    installed-wheel job runs a copy of tests/ from a folder of its own and names the checkout there)."""
+    for candidate in (ROOT, os.environ.get("BRIDGEFLOW_SOURCE_TREE")):
+        if candidate and os.path.isfile(os.path.join(candidate, "setup.cfg")) \
+                and os.path.isdir(os.path.join(candidate, "adapters")):
+            return os.path.abspath(candidate)
+    return None
+
+
+SOURCE_TREE = _find_source_tree()
+
+
+def source_tree() -> str:
+    """The checkout's folder, for a test that reads it (docs/, examples/, benchmarks/, setup.cfg) rather than
+    the installed package; skips, saying so, where tests/ was copied out of it and no checkout is named."""
+    __tracebackhide__ = True
+    if SOURCE_TREE is None:
+        pytest.skip("needs the source tree (docs/, examples/, setup.cfg...): these tests run from a copy of "
+                    "tests/; set BRIDGEFLOW_SOURCE_TREE to the checkout", allow_module_level=True)
+    return SOURCE_TREE
 
 # distributions whose import name is not their own name
 _IMPORT_NAMES = {"opencv-python-headless": "cv2", "pillow": "PIL", "pyzmq": "zmq", "tensorflow-cpu": "tensorflow",
@@ -29,13 +56,23 @@ _IMPORT_NAMES = {"opencv-python-headless": "cv2", "pillow": "PIL", "pyzmq": "zmq
 
 @functools.cache
 def _extras() -> dict[str, dict[str, str]]:
-    """setup.cfg's extras: extra -> {import name: distribution}."""
-    cfg = configparser.ConfigParser()
-    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    """setup.cfg's extras: extra -> {import name: distribution}; without the checkout, the installed package's."""
+    by_extra: dict[str, list[str]] = {}
+    if SOURCE_TREE is not None:
+        cfg = configparser.ConfigParser()
+        cfg.read(os.path.join(SOURCE_TREE, "setup.cfg"))
+        for extra, requirements in cfg["options.extras_require"].items():
+            by_extra[extra] = [line.strip() for line in requirements.splitlines() if line.strip()]
+    else:
+        import importlib.metadata
+
+        for requirement in importlib.metadata.requires("bridgeflow") or []:
+            m = re.search(r"""extra == ['"]([^'"]+)['"]""", requirement)
+            if m:
+                by_extra.setdefault(m.group(1), []).append(requirement)
     out: dict[str, dict[str, str]] = {}
-    for extra, requirements in cfg["options.extras_require"].items():
-        dists = [re.match(r"[A-Za-z0-9_.-]+", line.strip()).group(0).lower()
-                 for line in requirements.splitlines() if line.strip()]
+    for extra, requirements in by_extra.items():
+        dists = [re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in requirements]
         out[extra] = {_IMPORT_NAMES.get(d, d.replace("-", "_")): d for d in dists}
     return out
 
@@ -65,7 +102,7 @@ def docs_module(name: str):
     import contextlib
     from pathlib import Path
 
-    docs = str(Path(__file__).resolve().parent.parent / "docs")
+    docs = str(Path(source_tree()) / "docs")
 
     @contextlib.contextmanager
     def imported():
@@ -99,7 +136,8 @@ def need(module: str, import_it: bool = True) -> ModuleType | None:
         top = module.split(".")[0]
         missing = (exc.name or top).split(".")[0]
         extra = next((e for e, names in _extras().items() if top in names and e != "all"), None)
-        how = f'pip install -e ".[{extra}]"' if extra else f"pip install {top}"
+        how = (install_hint(top) if extra in EXTRAS else f'pip install -e ".[{extra}]"' if extra
+               else f"pip install {top}")
         why = f"needs {top} ({how})" + (f": it imports {missing}, which is missing" if missing != top else "")
         if top in installed_by_ci() or missing in installed_by_ci():
             pytest.fail(f"{why}, but this CI job installed it: a test that skips here would hide an install "
@@ -123,10 +161,6 @@ def have(module: str) -> bool:
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-# A test that hangs longer than this dumps every thread's stack and ends the run, so CI fails instead
-# of stalling until its own limit.
-HANG_TIMEOUT_S = float(os.environ.get("BRIDGEFLOW_TEST_HANG_TIMEOUT", "240"))
-
 # A bound on a wait that ends within a second when the code works and much later, or never, when it does not (a
 # timeout that does not fire, a dead worker nobody notices). Generous, so that a busy machine does not fail it:
 # the tests assert what ended the wait and in what order, not how fast (benchmarks measure speed).
@@ -136,13 +170,117 @@ SHM_DIR = "/dev/shm"
 SHM_PREFIX = "bf"  # bridgeflow's shared-memory segments are named bf<pid>_...
 
 
-# pytest captures file descriptor 2 while a test runs, so a dump written there is lost when the guard ends
-# the run; CI names a file instead (and prints it when the tests fail), headed by the test that hung.
-# Under pytest-xdist each worker process writes a file of its own: FILE.gw0, FILE.gw1, ...
-_HANG_LOG = os.environ.get("BRIDGEFLOW_TEST_HANG_LOG")
-if _HANG_LOG and os.environ.get("PYTEST_XDIST_WORKER"):
-    _HANG_LOG += "." + os.environ["PYTEST_XDIST_WORKER"]
-_hang_file = open(_HANG_LOG, "w") if _HANG_LOG else None  # open for the whole run
+# A test that runs longer than its time limit fails, and the run goes on (setup.cfg: pytest-timeout, 240 s,
+# `--timeout N` or a `timeout` mark to change it): its report then holds every thread's stack of the test process
+# and of each process under it (tests/hangs.py). Should the main thread be stuck where a signal cannot reach it
+# (a C call holding the GIL), a backstop 60 s later writes every thread's stack to a file and ends the test
+# process; under pytest-xdist that is a crashed worker, reported as the test's failure with the file's stacks,
+# and the run goes on in a new worker.
+_BACKSTOP_S = float(os.environ.get("BRIDGEFLOW_TEST_BACKSTOP_S", "60"))  # tests/test_hangs.py sets it
+_controller = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+_HANG_LOG = os.environ.get("BRIDGEFLOW_TEST_HANG_LOG") or os.path.join(
+    tempfile.gettempdir(), f"bridgeflow-test-hang-{_controller}.log")
+_hang_file = None  # this process's, opened at the first test: HANG_LOG.gw0, HANG_LOG.gw1... under xdist
+
+
+_STACKS = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's signal method, plus the stacks of every process taken when the limit strikes (before the
+    test's ``finally`` and ``with`` blocks stop what hung), and the backstop."""
+    global _hang_file
+    if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
+        return None  # pytest-timeout's own thread method: it dumps this process's stacks and ends it
+    if _hang_file is None:
+        _hang_file = open(f"{_HANG_LOG}.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}", "w")
+    _hang_file.seek(0)
+    _hang_file.truncate()
+    _hang_file.write(f"{item.nodeid} ran {settings.timeout + _BACKSTOP_S:.0f} s and did not stop when its time "
+                     f"limit ({settings.timeout:.0f} s) failed it; every thread's stack:\n")
+    _hang_file.flush()
+    faulthandler.dump_traceback_later(settings.timeout + _BACKSTOP_S, exit=True, file=_hang_file)
+
+    def on_timeout(signum, frame):
+        __tracebackhide__ = True
+        from hangs import stacks_of_everything
+
+        item.stash[_STACKS] = stacks_of_everything()
+        pytest.fail(f"Timeout (>{settings.timeout}s) from pytest-timeout.")
+
+    def cancel():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        faulthandler.cancel_dump_traceback_later()
+        _hang_file.seek(0)
+        _hang_file.truncate()
+
+    item.cancel_timeout = cancel  # what pytest-timeout's pytest_timeout_cancel_timer calls
+    signal.signal(signal.SIGALRM, on_timeout)
+    signal.setitimer(signal.ITIMER_REAL, settings.timeout)
+    return True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    stacks = item.stash.get(_STACKS, None)
+    if stacks is not None and call.excinfo is not None:
+        del item.stash[_STACKS]
+        outcome.get_result().sections.append(("stacks when the time limit struck", stacks))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` (the README's command) whose crashed worker is a reported failure, not a wait."""
+    if config.getvalue("dist") == "loadgroup":
+        from hangs import CrashTolerantLoadGroup
+
+        return CrashTolerantLoadGroup(config, log)
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    """A worker that died: its backstop's stacks, if it wrote them, go into the failure's report."""
+    try:
+        with open(f"{_HANG_LOG}.{report.node.gateway.id}") as f:
+            stacks = f.read()
+    except (OSError, AttributeError):
+        return
+    if stacks.strip():
+        report.longrepr = f"{report.longrepr}\n{stacks}"
+
+
+def pytest_unconfigure(config):
+    if _hang_file is not None:
+        _hang_file.close()
+    if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get("BRIDGEFLOW_TEST_HANG_LOG"):
+        for name in os.listdir(os.path.dirname(_HANG_LOG)):
+            if name.startswith(os.path.basename(_HANG_LOG)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(os.path.dirname(_HANG_LOG), name))
+
+
+def pytest_report_header(config):
+    import bridgeflow
+
+    return f"bridgeflow {bridgeflow.__version__} imported from {os.path.dirname(bridgeflow.__file__)}"
+
+
+def pytest_configure(config):
+    """``BRIDGEFLOW_TEST_INSTALLED=1`` (.ci/run's installed-wheel job): the package under test must be the
+    installed one, in site-packages, not a checkout; every test process checks."""
+    if os.environ.get("BRIDGEFLOW_TEST_INSTALLED"):
+        import bridgeflow
+
+        where = os.path.dirname(os.path.realpath(bridgeflow.__file__))
+        # (a venv may live inside the checkout, as .ci/run's do: its site-packages is still an install)
+        if os.path.basename(os.path.dirname(where)) != "site-packages" or (
+                SOURCE_TREE is not None and where == os.path.realpath(os.path.join(SOURCE_TREE, "bridgeflow"))):
+            raise pytest.UsageError(f"BRIDGEFLOW_TEST_INSTALLED is set, but bridgeflow was imported from {where}, "
+                                    "not from an installed package's site-packages")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -163,23 +301,6 @@ def pytest_collection_finish(session):
     is still collected; only objects alive now, imports and module-level values, are never freed."""
     gc.collect()
     gc.freeze()
-
-
-@pytest.fixture(autouse=True)
-def _hang_guard(request):
-    out = sys.stderr
-    if _hang_file is not None:
-        _hang_file.seek(0)
-        _hang_file.truncate()
-        _hang_file.write(f"{request.node.nodeid} ran longer than {HANG_TIMEOUT_S:.0f} s; every thread's stack:\n")
-        _hang_file.flush()
-        out = _hang_file
-    faulthandler.dump_traceback_later(HANG_TIMEOUT_S, exit=True, file=out)
-    yield
-    faulthandler.cancel_dump_traceback_later()
-    if _hang_file is not None:
-        _hang_file.seek(0)
-        _hang_file.truncate()
 
 
 # multiprocessing's own helpers live as long as the interpreter once started; they are not workers.

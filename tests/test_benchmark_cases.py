@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from conftest import need
+from conftest import need, source_tree
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+BENCHMARKS = os.path.join(source_tree(), "benchmarks")
 
 
 def test_torch_expands_to_every_sample_shape_bench_torch_runs(monkeypatch):

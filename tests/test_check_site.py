@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import docs_module
+from conftest import docs_module, source_tree
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(source_tree()) / "docs"
 
 
 @pytest.fixture(scope="module")

@@ -62,11 +62,15 @@ def test_bench_times_rounds_until_its_seconds_have_passed():
     assert float(out.stdout.split(" datapoints in ")[1].split("s:")[0]) >= 0.3, out.stdout
 
 
-def test_bench_fake_batched():
-    out = run(bridgeflow_exe() + ["bench", "--fake", "4,scalar", "--batch", "8", "--size", "5", "--quiet",
+def test_bench_fake_batched_counts_its_size_in_datapoints():
+    """--size is datapoints with --batch too: 40 of them are 5 batches of 8 (it timed 40 batches, 320
+    datapoints, and called them datapoints)."""
+    out = run(bridgeflow_exe() + ["bench", "--fake", "4,scalar", "--batch", "8", "--size", "40", "--quiet",
                                   "--constant", "--dtype", "float32", "--seconds", "0"])
     assert out.returncode == 0, out.stderr
-    assert RATE.search(out.stdout).group(1) == "5"
+    m = re.search(r"^5 batches in [\d.]+s: ([\d.]+) batches/s \(([\d.]+) datapoints/s at 8 a batch\)$",
+                  out.stdout, re.M)
+    assert m and float(m.group(2)) == pytest.approx(8 * float(m.group(1)), rel=1e-3), out.stdout
 
 
 FLOW_MODULE = textwrap.dedent('''

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import bridgeflow
-from conftest import docs_module, need
+from conftest import docs_module, need, source_tree
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(source_tree()) / "docs"
 FRAMEWORKS = {"bridgeflow.adapters.torch": "torch", "bridgeflow.adapters.tensorflow": "tensorflow"}
 
 

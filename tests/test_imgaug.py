@@ -456,3 +456,26 @@ def test_unreset_augmentor_seeds_itself_and_forked_copies_differ():
     assert len({tuple(r) for r in results}) == 3, "forked copies repeated one another's augmentations"
     copy = pickle.loads(pickle.dumps(aug))
     assert crops(copy, 8) != crops(aug, 8)
+
+
+def test_tensorpacks_deprecated_calls_give_the_transform_and_reuse_it():
+    augs = imgaug.AugmentorList([imgaug.Flip(horiz=True, prob=1.0), imgaug.Resize((4, 6)),
+                                 imgaug.SaltPepperNoise(0.2, 0.2)])
+    img = np.arange(5 * 8, dtype=np.float32).reshape(5, 8) / 40
+    with pytest.warns(DeprecationWarning, match=r"augment_return_params\(img\) is deprecated .*get_transform"):
+        out, t = augs.augment_return_params(img)
+    assert isinstance(t, imgaug.BaseTransform) and out.shape == (4, 6)
+    with pytest.warns(DeprecationWarning, match="augment_with_params"):
+        again = augs.augment_with_params(img, t)
+    np.testing.assert_array_equal(out, again)  # the same draws: salt and pepper on the same elements
+    with pytest.warns(DeprecationWarning, match="augment_coords"):
+        coords = augs.augment_coords(np.array([[1.0, 2.0]]), t)
+    np.testing.assert_allclose(coords, [[(8 - 1.0) * 6 / 8, 2.0 * 4 / 5]])  # flipped, then resized
+
+
+def test_salt_pepper_noise_leaves_its_input_and_refuses_bad_probabilities():
+    img = np.full((20, 20, 3), 128, np.uint8)
+    out = imgaug.SaltPepperNoise(0.1, 0.1).augment(img)
+    assert (img == 128).all() and {0, 128, 255} == set(np.unique(out))
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        imgaug.SaltPepperNoise(0.6, 0.6)

@@ -15,7 +15,9 @@ import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import source_tree
+
+ROOT = source_tree()
 PACKAGES = {"bridgeflow": os.path.join(ROOT, "bridgeflow"), "bridgeflow.adapters": os.path.join(ROOT, "adapters")}
 
 

@@ -947,6 +947,13 @@ def test_a_runner_over_an_unshuffled_flow_warns_of_the_repeats_it_yields(leak_ch
             repeated = len(set(epoch)) < len(epoch)
     assert repeated, f"{len(sizes)} epochs in {PROMPTLY_S} s without a repeated datapoint"
     assert set(sizes) == {2000}
+    # tensorpack's LMDB pipeline without its inner runner: a sequential source under LocallyShuffleData
+    local = bf.MapData(bf.LocallyShuffleData(bf.DataFromList(list(range(20)), shuffle=False), 8), lambda dp: dp)
+    with pytest.warns(bf.UnshardedWarning, match=r"MultiProcessRunnerZMQ: its 2 workers each iterate their own copy "
+                                                  r"of the flow, whose source is read in the same order by every copy "
+                                                  r"\(MapData/LocallyShuffleData shuffles only within its buffer\), "
+                                                  r"so every worker gives the same datapoints, each in its own order"):
+        MultiProcessRunnerZMQ(local, 2).close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         MultiProcessRunner(bf.DataFromList(list(range(20)), shuffle=True), 4, 2).close()  # random: i.i.d.

@@ -53,6 +53,9 @@ def test_a_duck_typed_flow_is_walked_without_children():
 
 @pytest.mark.parametrize("stats, verdict", [
     ({"S": stage(0.02, 0.4, fill=0.95)}, "the consumer: S had its results ready (95% of its buffer full"),
+    # the two sides of a fill near 0 (the docs: the workers are the slow side), the consumer seldom waiting
+    ({"S": stage(0.02, 0.4, fill=0.012)}, "the workers of S, by a narrow margin: its buffer was 1.2% full"),
+    ({"S": stage(0.02, 0.4, fill=0.1)}, "the consumer: S had its results ready (10% of its buffer full"),
     ({"S": stage(0.9, 0.97)}, "the workers of S: busy 97% of the time while the consumer waited 90%"),
     ({"S": stage(0.9)}, "the workers of S: while the consumer waited 90%"),  # threads of a Ray stage, say
     ({"S": stage(0.9, 0.3)}, "what feeds the workers of S: they were busy only 30%"),

@@ -173,6 +173,22 @@ def test_module_function_source_and_conversions(tmp_path, capsys):
     assert code == 1 and "MapData" in cap.err
 
 
+def test_bench_of_a_file_in_batches(tmp_path, capsys):
+    from bridgeflow import DataFromList
+    from bridgeflow.serialize import LMDBSerializer
+
+    path = tmp_path / "x.lmdb"
+    LMDBSerializer.save(DataFromList([[np.zeros(3, np.float32), i] for i in range(30)], shuffle=False), path,
+                        progress=False)
+    args = argparse.Namespace(size=20, warmup=5, quiet=True, batch=8, seconds=0)
+    assert bench_file(str(path), args) == 0
+    out = capsys.readouterr().out
+    # --size and --warmup count datapoints: 20 are 3 batches of 8 (24), 5 one batch
+    assert out.count("timing rounds of 24 datapoints in batches of 8 after 8 untimed") == 2, out
+    assert len(re.findall(r"^3 batches in [\d.]+s: [\d.]+ batches/s \([\d.]+ datapoints/s at 8 a batch\)$", out,
+                          re.M)) == 2, out
+
+
 def test_inspect_and_bench(tmp_path, capsys):
     from bridgeflow import DataFromList
     from bridgeflow.serialize import LMDBSerializer

@@ -21,6 +21,7 @@ from tensorpack_reference import DATA, SCRIPT, load_script, run_tensorpack, tens
 import bridgeflow.dataflow as bfd
 from bridgeflow import LMDBData, LMDBDataDecoder, LMDBDataPoint, LMDBSerializer, MultiProcessMapData
 from bridgeflow.serialize import decode_tensorpack
+from conftest import source_tree
 
 script = load_script()
 FILES = list(script.LMDB_FILES)
@@ -256,7 +257,7 @@ def test_committed_fixture_files_are_clean():
 # --- the porting table ----------------------------------------------------------------------------------
 
 def _porting_section() -> str:
-    with open(os.path.join(os.path.dirname(DATA), os.pardir, "docs", "tensorpack.md")) as f:
+    with open(os.path.join(source_tree(), "docs", "tensorpack.md")) as f:
         return f.read()
 
 

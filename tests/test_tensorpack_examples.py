@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from bridgeflow.dataflow import dataset
-from conftest import need
+from conftest import need, source_tree
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLE = os.path.join(HERE, os.pardir, "examples", "tensorpack_imagenet.py")
+EXAMPLE = os.path.join(source_tree(), "examples", "tensorpack_imagenet.py")
 
 
 def load(path: str, name: str):

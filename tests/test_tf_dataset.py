@@ -119,3 +119,18 @@ def test_keras_fit_learns_from_a_dataflow():
     assert len(hist.history["loss"]) == 4
     assert hist.history["loss"][-1] < hist.history["loss"][0]
     assert hist.history["accuracy"][-1] > 0.8
+
+
+def test_a_dataset_read_by_index_is_refused_saying_how_to_make_it_a_flow():
+    class ByIndex:  # a torch map-style Dataset, to Python
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            return [np.full(2, i)]
+
+    with pytest.raises(TypeError, match=r"to_tf_dataset needs a DataFlow or iterable of datapoints, got ByIndex, "
+                                        r"a dataset read by index .*DataFromList\(dataset, shuffle=False\)"):
+        to_tf_dataset(ByIndex())
+    got = [x[0].numpy().tolist() for x in to_tf_dataset(DataFromList(ByIndex(), shuffle=False))]
+    assert got == [[0, 0], [1, 1]]

@@ -97,6 +97,21 @@ def test_datapipe_settings_functions_shard_and_seed():
     assert _compat.distributed_settings() == (1, 0) and _compat.seed_group() is None
 
 
+def test_the_datapipe_wrapper_torchs_loader_sends_to_workers_round_trips():
+    import pickle
+
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    from torch.utils.data.datapipes.map import SequenceWrapper
+
+    assert isinstance(tud.DataLoader(IterableWrapper(range(2))).dataset, _compat.IterDataPipe)
+    for pipe in (IterableWrapper(range(3)), SequenceWrapper([0, 1, 2])):
+        sent = pickle.loads(pickle.dumps(_compat.pipe_for_workers(pipe)))
+        assert type(sent).__name__.endswith("SerializationWrapper")  # torch's: pickle, else dill
+        back = _compat.pipe_from_parent(sent)
+        assert type(back) is type(pipe) and list(back) == [0, 1, 2]
+    assert _compat.pipe_for_workers([1]) == [1] and _compat.pipe_from_parent([1]) == [1]
+
+
 def test_set_worker_info_is_what_get_worker_info_returns(clean_worker_info):
     dataset = object()
     _compat.set_worker_info(1, 4, 12345, dataset)

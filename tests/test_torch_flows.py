@@ -273,3 +273,14 @@ def test_on_one_of_several_ranks_a_distributed_sampler_shards_a_random_access_fl
         told = [w for w in caught if issubclass(w.category, bridgeflow.UnshardedWarning)]
         assert len(told) == 1 and "MapData/DataFromList" in str(told[0].message)
     flow.close()
+
+
+def test_torchs_own_loader_over_a_length_free_flow_names_bridgeflows_loader():
+    flow = bridgeflow.MapData(bridgeflow.DataFromGenerator(lambda: ([i] for i in range(4))), lambda dp: dp)
+    with pytest.raises(TypeError, match=r"DataFromGenerator has no known length; pass size= to give one; "
+                                        r"torch.utils.data.DataLoader reads a dataset by index .* "
+                                        r"bridgeflow.adapters.torch.DataLoader"):
+        list(tud.DataLoader(flow, batch_size=2))
+    with pytest.raises(TypeError, match=r"pass size= to give one$"):
+        len(flow)  # asked by anyone else: no word of torch
+    assert [[t.tolist() for t in b] for b in DataLoader(flow, batch_size=2)] == [[[0, 1]], [[2, 3]]]

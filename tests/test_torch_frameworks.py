@@ -121,13 +121,20 @@ def test_lightning_resumes_mid_epoch_from_a_checkpoint(num_workers, tmp_path, le
 
 # --- distributed ------------------------------------------------------------------------------------------
 
+# A launch of two ranks, each importing torch and Lightning or Accelerate, then training: beside .ci/stress's
+# four test processes and a spinning core one passed 240 s with both ranks still running (not stuck). Its bound,
+# and the tests' time limits above it, leave room for that.
+LAUNCH_S = 420
+LAUNCH_LIMIT = pytest.mark.timeout(LAUNCH_S + 60)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def run(args: list[str], out, timeout: float = 240) -> list[dict]:
+def run(args: list[str], out, timeout: float = LAUNCH_S) -> list[dict]:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore")
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, cwd=HERE)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -137,6 +144,7 @@ def run(args: list[str], out, timeout: float = 240) -> list[dict]:
 
 
 @pytest.mark.slow
+@LAUNCH_LIMIT
 def test_lightning_ddp_spawn_gives_each_rank_torchs_shard(tmp_path):
     from frameworks_run import N
 
@@ -152,6 +160,7 @@ def test_lightning_ddp_spawn_gives_each_rank_torchs_shard(tmp_path):
 
 
 @pytest.mark.slow
+@LAUNCH_LIMIT
 def test_accelerate_two_processes_shard_and_accumulate_like_torch(tmp_path):
     need("accelerate")  # tests/frameworks_run.py runs it
     from frameworks_run import N
@@ -194,6 +203,7 @@ def killed_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(540)  # the first case waits for killed_runs, bounded by 480 s
 @pytest.mark.xdist_group("lightning_resume")  # the cases share one launch (killed_runs)
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("kind", ["map", "dataflow"])
@@ -260,12 +270,13 @@ def test_lightning_ddp_resumes_every_rank_from_rank_zeros_checkpoint(strategy, d
 
 
 @pytest.mark.slow
+@LAUNCH_LIMIT
 def test_lightning_ddp_spawn_with_the_import_inside_the_hook(tmp_path):
     """bridgeflow first imported inside train_dataloader(): Lightning re-creates the loader with its
     DistributedSampler (torch's __init__ is called by keyword, so the recorded call takes sampler=)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore")
     proc = subprocess.run([sys.executable, "frameworks_late_import.py", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=240, cwd=HERE)
+                          capture_output=True, text=True, timeout=LAUNCH_S, cwd=HERE)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("late-*.json"))]
     assert len(ranks) == 2
@@ -279,6 +290,7 @@ def test_lightning_ddp_spawn_with_the_import_inside_the_hook(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * LAUNCH_S + 60)  # two launches, one after the other
 def test_accelerate_resumes_every_rank_with_bridgeflows_workers(tmp_path):
     need("accelerate")  # tests/frameworks_run.py runs it
     """The documented route (loader not prepared, a DistributedSampler, AllRanksState registered for
@@ -290,7 +302,7 @@ def test_accelerate_resumes_every_rank_with_bridgeflows_workers(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "frameworks_run.py",
                                "accelerate_resume", str(tmp_path), phase],
-                              env=env, capture_output=True, text=True, timeout=240, cwd=HERE)
+                              env=env, capture_output=True, text=True, timeout=LAUNCH_S, cwd=HERE)
         assert (proc.returncode == 0) == ok, proc.stdout[-2000:] + proc.stderr[-3000:]
     steps = {(phase, rank): [json.loads(line) for line in (tmp_path / f"{phase}-{rank}.jsonl").read_text().splitlines()]
              for phase in ("full", "killed", "resume") for rank in (0, 1)}

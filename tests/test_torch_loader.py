@@ -646,6 +646,26 @@ def test_unpicklable_dataset_with_spawn_fails_at_start(tracker_running, leak_che
     assert "lambda" in str(errors[1]) or "pickle" in str(errors[1]).lower()
 
 
+def _times_ten_pipe():
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper(range(8)).sharding_filter().map(lambda x: x * 10)  # a lambda: pickled by dill only
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_datapipe_holding_a_lambda_goes_to_spawned_workers_with_dill_as_torchs_does(method, tracker_running,
+                                                                                     leak_check):
+    """torch's loader sends a DataPipe to its workers in a wrapper that pickles it with dill when pickle cannot;
+    so does this one (it refused the pipe up front)."""
+    need("dill")
+    got = []
+    for cls in (tud.DataLoader, DataLoader):
+        loader = cls(_times_ten_pipe(), batch_size=2, num_workers=2, multiprocessing_context=method)
+        got.append(sorted(int(v) for batch in loader for v in batch))
+        del loader
+    assert got[0] == got[1] == [10 * i for i in range(8)]
+
+
 def test_iterable_longer_than_its_len_warns_like_torch(leak_check):
     class Liar(RangeIterable):
         def __len__(self) -> int:

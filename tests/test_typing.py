@@ -15,13 +15,16 @@ import sys
 
 import pytest
 
-from conftest import ROOT, need
+from conftest import need, source_tree
+
+ROOT = source_tree()
 
 need("mypy")
 
 # One test process runs both, the package check first: they share .mypy_cache, which two mypy runs at once can
 # corrupt or find locked (its SQLite cache).
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("mypy")]
+# A time limit above the 900 s that bounds each mypy run: a cold cache on a busy machine takes minutes.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("mypy"), pytest.mark.timeout(960)]
 
 # Packages whose errors the package check does not count yet (none now: the whole tree is checked). A package
 # put here while it is being rewritten makes the test fail, saying so, as soon as it has no error left.

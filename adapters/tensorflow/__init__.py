@@ -1,6 +1,7 @@
 """TensorFlow adapter: QueueInput, StagingInput, tf.data and Keras inputs from any DataFlow.
 
-Importing this package imports TensorFlow (the core ``bridgeflow`` package never does).
+Importing this package imports TensorFlow (the core ``bridgeflow`` package never does), and raises
+:class:`~bridgeflow.MissingDependencyError` with the command that installs it when it is missing.
 
 - :class:`QueueInput`: a FIFOQueue filled from a DataFlow by a background thread (eager
   ``tf.function`` steps, or ``tf.compat.v1`` graph mode with ``start(sess)``).
@@ -10,12 +11,16 @@ Importing this package imports TensorFlow (the core ``bridgeflow`` package never
   to compare with and to time the model alone.
 """
 
-from ._dataset import to_tf_dataset
-from ._feed import DummyConstantInput, FeedInput
-from ._queue_input import QueueInput
-from ._signature import Signature, infer_signature
-from ._source import InputSource, InputSourceError
-from ._staging import StagingInput
+from bridgeflow._deps import require
+
+require("tensorflow", "bridgeflow.adapters.tensorflow")  # first: a missing TensorFlow is named, with its install
+
+from ._dataset import to_tf_dataset  # noqa: E402
+from ._feed import DummyConstantInput, FeedInput  # noqa: E402
+from ._queue_input import QueueInput  # noqa: E402
+from ._signature import Signature, infer_signature  # noqa: E402
+from ._source import InputSource, InputSourceError  # noqa: E402
+from ._staging import StagingInput  # noqa: E402
 
 __all__ = [
     "DummyConstantInput",

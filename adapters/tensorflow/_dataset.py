@@ -24,6 +24,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from bridgeflow._iterables import not_a_flow
+
 from ._flow import END, close_iterator, dynamic_batch_for, peek, reset_once
 from ._signature import Signature
 
@@ -79,7 +81,7 @@ def to_tf_dataset(df: Any, output_signature: Any = None, *, dynamic_batch: bool 
     epoch); a flow whose epoch differs from its ``len()`` then fails with TensorFlow's cardinality error.
     """
     if not hasattr(df, "__iter__"):
-        raise TypeError(f"to_tf_dataset needs a DataFlow or iterable of datapoints, got {type(df).__name__}")
+        raise not_a_flow(df, "to_tf_dataset needs a DataFlow or iterable of datapoints")
     pending = None
     if output_signature is None:
         pending = peek(df, "to_tf_dataset", "output_signature=")

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from bridgeflow._iterables import not_a_flow
+
 from ._flow import END, close_iterator, dynamic_batch_for, peek, reset_once, with_first
 from ._signature import Signature
 from ._source import InputSource, InputSourceError, graph_mode, not_autographed
@@ -42,7 +44,7 @@ class FeedInput(InputSource):
 
     def __init__(self, df: Any, signature: Any = None, *, dynamic_batch: bool | None = None) -> None:
         if not hasattr(df, "__iter__"):
-            raise TypeError(f"FeedInput needs a DataFlow or iterable of datapoints, got {type(df).__name__}")
+            raise not_a_flow(df, "FeedInput needs a DataFlow or iterable of datapoints")
         self.df = df
         self.dynamic_batch = dynamic_batch_for(df, dynamic_batch)  # None: from BatchData(remainder=...)
         self._sig = None if signature is None else Signature.from_structure(signature)

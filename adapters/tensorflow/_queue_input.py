@@ -46,6 +46,7 @@ from typing import Any
 import tensorflow as tf
 
 from bridgeflow._errors import DatapointError
+from bridgeflow._iterables import not_a_flow
 from bridgeflow.parallel._transport.background import Producer
 
 from ._flow import END, close_iterator, dynamic_batch_for, reset_once
@@ -75,7 +76,7 @@ class QueueInput(InputSource):
                  dynamic_batch: bool | None = None, log_every_s: float | None = 60.0, name: str = "QueueInput",
                  join_timeout_s: float = 10.0) -> None:
         if not hasattr(df, "__iter__"):
-            raise TypeError(f"QueueInput needs a DataFlow or iterable of datapoints, got {type(df).__name__}")
+            raise not_a_flow(df, "QueueInput needs a DataFlow or iterable of datapoints")
         if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size < 1:
             raise ValueError(f"QueueInput queue_size must be a positive integer, got {queue_size!r}")
         if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):

@@ -44,6 +44,8 @@ __all__ = [
     "fast_default_collate",
     "get_worker_info",
     "numpy_seed",
+    "pipe_for_workers",
+    "pipe_from_parent",
     "set_worker_info",
     "seed_group",
     "share_seed",
@@ -154,6 +156,28 @@ class TorchIteratorNames(BaseLoaderIter):
 
 IterDataPipe = tud.IterDataPipe
 MapDataPipe = tud.MapDataPipe
+
+
+def pipe_for_workers(dataset: Any) -> Any:
+    """A DataPipe as torch's loader sends it to spawn and forkserver workers: in torch's wrapper, which pickles
+    it with pickle, else with ``dill`` when installed (a lambda in its graph); anything else as it is."""
+    from torch.utils.data.datapipes.datapipe import (
+        _IterDataPipeSerializationWrapper,
+        _MapDataPipeSerializationWrapper,
+    )
+
+    if isinstance(dataset, IterDataPipe):
+        return _IterDataPipeSerializationWrapper(dataset)
+    if isinstance(dataset, MapDataPipe):
+        return _MapDataPipeSerializationWrapper(dataset)
+    return dataset
+
+
+def pipe_from_parent(dataset: Any) -> Any:
+    """The DataPipe :func:`pipe_for_workers` wrapped, in the worker that unpickled it."""
+    from torch.utils.data.datapipes.datapipe import _DataPipeSerializationWrapper
+
+    return getattr(dataset, "_datapipe") if isinstance(dataset, _DataPipeSerializationWrapper) else dataset  # noqa: B009
 apply_sharding = tud.graph_settings.apply_sharding
 apply_random_seed = tud.graph_settings.apply_random_seed
 

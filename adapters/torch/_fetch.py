@@ -164,6 +164,12 @@ class WorkerSpec:
     saved: list | None = None  # per worker, the dataset state to resume from (Fetcher.state)
     skip: bool = False  # on_error="skip": a sample whose __getitem__ raises is left out of its batch
 
+    def __getstate__(self) -> dict:  # to a spawn or forkserver worker: a DataPipe travels as torch's loader sends it
+        return dict(self.__dict__, dataset=_compat.pipe_for_workers(self.dataset))
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, dataset=_compat.pipe_from_parent(state["dataset"]))
+
 
 class Reset:
     """Task that restarts a persistent worker's fetcher for a new epoch (a fresh ``iter(dataset)``); its

@@ -5,14 +5,14 @@
 geometric augmentors (``Flip``, ``Resize``, ``ResizeShortestEdge``, ``RandomResize``, ``CenterCrop``,
 ``RandomCrop``, ``GoogleNetRandomCropAndResize``, ``CenterPaste``, ``Transpose``), photometric ones
 (``Brightness``, ``BrightnessScale``, ``Contrast``, ``Saturation``, ``Lighting``, ``Hue``, ``Gamma``,
-``GaussianBlur``, ``Clip``, ``ColorSpace``, ``Grayscale``, ``ToUint8``, ``ToFloat32``,
+``GaussianBlur``, ``SaltPepperNoise``, ``Clip``, ``ColorSpace``, ``Grayscale``, ``ToUint8``, ``ToFloat32``,
 ``MinMaxNormalize``, ``MeanVarianceNormalize``), combinators (``AugmentorList``, ``RandomOrderAug``,
 ``RandomApplyAug``, ``RandomChooseAug``, ``MapImage``, ``Identity``), the base classes to subclass
 (``ImageAugmentor``, ``PhotometricAugmentor``), the transforms they return, and wrappers for
 albumentations and torchvision pipelines.
 
 Importing this package does not import OpenCV; the augmentors import it when they first need it
-(``pip install -e ".[images]"``).
+(the "images" extra: ``pip install "opencv-python-headless>=4.5" "pillow>=9"``).
 
 Example:
     >>> import numpy as np
@@ -51,6 +51,7 @@ from ._photometric import (
     Lighting,
     MeanVarianceNormalize,
     MinMaxNormalize,
+    SaltPepperNoise,
     Saturation,
     ToFloat32,
     ToUint8,
@@ -119,6 +120,7 @@ __all__ = [
     "Resize",
     "ResizeShortestEdge",
     "ResizeTransform",
+    "SaltPepperNoise",
     "Saturation",
     "ToFloat32",
     "ToUint8",

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,11 @@ def check_dtype(img: Any, who: str = "augmentor input") -> None:
         raise TypeError(f"{who} must be a numpy array (an HWC or HW image), got {type(img).__name__}")
     if img.dtype.kind in "iub" and img.dtype != np.uint8:
         raise TypeError(f"{who} has dtype {img.dtype}; augmentors take uint8 or floating point images")
+
+
+def _deprecated(call: str, instead: str) -> None:
+    warnings.warn(f"imgaug: {call} is deprecated (as in tensorpack 0.11): use {instead}", DeprecationWarning,
+                  stacklevel=3)
 
 
 def reset_children(parent: ImageAugmentor, children: Sequence[Any]) -> None:
@@ -141,6 +147,23 @@ class ImageAugmentor:
         """Augment one image (for a transform to reuse on masks or coordinates, use get_transform)."""
         check_dtype(img)
         return self.get_transform(img).apply_image(img)
+
+    # --- tensorpack's older calls, deprecated there (0.11) in favour of get_transform -------------------
+    def augment_return_params(self, img: np.ndarray) -> tuple[np.ndarray, BaseTransform]:
+        """Deprecated: ``(t.apply_image(img), t)`` for ``t = get_transform(img)``."""
+        _deprecated("augment_return_params(img)", "t = get_transform(img); t.apply_image(img)")
+        t = self.get_transform(img)
+        return t.apply_image(img), t
+
+    def augment_with_params(self, img: np.ndarray, params: BaseTransform) -> np.ndarray:
+        """Deprecated: ``params.apply_image(img)``, ``params`` being what :meth:`augment_return_params` gave."""
+        _deprecated("augment_with_params(img, t)", "t.apply_image(img)")
+        return params.apply_image(img)
+
+    def augment_coords(self, coords: np.ndarray, params: BaseTransform) -> np.ndarray:
+        """Deprecated: ``params.apply_coords(coords)``."""
+        _deprecated("augment_coords(coords, t)", "t.apply_coords(coords)")
+        return params.apply_coords(coords)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

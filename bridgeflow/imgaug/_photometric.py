@@ -28,6 +28,7 @@ __all__ = [
     "Lighting",
     "MeanVarianceNormalize",
     "MinMaxNormalize",
+    "SaltPepperNoise",
     "Saturation",
     "ToFloat32",
     "ToUint8",
@@ -95,6 +96,26 @@ class Contrast(PhotometricAugmentor):
         else:
             mean = np.mean(x)
         return _finish(x * r + mean * (1 - r), img.dtype, self.clip)
+
+
+class SaltPepperNoise(PhotometricAugmentor):
+    """Set each element (each channel of each pixel, on its own) to 255 with probability ``white_prob`` and to 0
+    with probability ``black_prob``, from one uniform draw per element."""
+
+    def __init__(self, white_prob: float = 0.05, black_prob: float = 0.05) -> None:
+        if not (0 <= white_prob and 0 <= black_prob and white_prob + black_prob <= 1):
+            raise ValueError(f"SaltPepperNoise needs probabilities >= 0 that sum to at most 1, got white_prob="
+                             f"{white_prob} and black_prob={black_prob}")
+        self.white_prob, self.black_prob = white_prob, black_prob
+
+    def _get_augment_params(self, img: np.ndarray) -> Any:
+        return self.rng.uniform(0, 1, img.shape)
+
+    def _augment(self, img: np.ndarray, u: Any) -> np.ndarray:
+        out = img.copy()
+        out[u > 1 - self.white_prob] = 255
+        out[u < self.black_prob] = 0
+        return out
 
 
 class Saturation(PhotometricAugmentor):

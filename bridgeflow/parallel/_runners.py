@@ -28,6 +28,7 @@ from typing import Any
 
 from .._base import DataFlow, epoch_live, pending_state, unordered_stage
 from .._errors import LengthUnknownError
+from .._local_shuffle import LocallyShuffleData
 from .._renamed import renamed_keywords
 from .._rng import get_rng, in_worker_scope, worker_seed_scope
 from .._shard import UnshardedWarning
@@ -316,11 +317,17 @@ def _warn_if_copies_repeat(ds: DataFlow, workers: int, who: str) -> None:
         log.info("%s: %d workers each iterate a copy of the flow, which assumes its datapoints are i.i.d. (a "
                  "random or shuffled source): an epoch may hold a datapoint more than once", who, workers)
         return
-    warnings.warn(f"{who}: its {workers} workers each iterate their own copy of the flow, and nothing in it "
-                  f"shuffles, so every worker gives the same datapoints in the same order and an epoch holds each "
-                  f"of them up to {workers} times. A runner assumes i.i.d. datapoints (a shuffled or random source); "
-                  "to read a dataset once with the work done in parallel, use MultiProcessMapData(source, num_proc, "
-                  "map_func) (silence with warnings.simplefilter('ignore', bridgeflow.UnshardedWarning))",
+    local = [path for path, flow in iter_flows(ds) if isinstance(flow, LocallyShuffleData)]
+    if local:  # tensorpack's LMDB pipeline with its inner runner taken out
+        what = (f"whose source is read in the same order by every copy ({local[0]} shuffles only within its "
+                "buffer), so every worker gives the same datapoints, each in its own order")
+    else:
+        what = "and nothing in it shuffles, so every worker gives the same datapoints in the same order"
+    warnings.warn(f"{who}: its {workers} workers each iterate their own copy of the flow, {what}, and an epoch "
+                  f"holds each of them up to {workers} times. A runner assumes i.i.d. datapoints (a shuffled or "
+                  "random source); to read a dataset once with the work done in parallel, use "
+                  "MultiProcessMapData(source, num_proc, map_func) (silence with "
+                  "warnings.simplefilter('ignore', bridgeflow.UnshardedWarning))",
                   UnshardedWarning, stacklevel=_outside_bridgeflow())
 
 

@@ -243,7 +243,7 @@ class RayMapData(ProxyDataFlow):
             if group:
                 i = min(range(len(actors)), key=load.__getitem__)
                 load[i] += 1
-                in_flight[actors[i].map_batch.remote(group)] = i
+                in_flight[actors[i].map_batch.remote(group)] = i, group
 
         try:
             while more and len(in_flight) < self._in_flight_max:
@@ -252,9 +252,9 @@ class RayMapData(ProxyDataFlow):
                 self._fill_sum += len(in_flight) / self._in_flight_max
                 self._fill_count += 1
                 ref = self._next_ready(ray, in_flight)
-                i = in_flight.pop(ref)
+                i, group = in_flight.pop(ref)
                 load[i] -= 1
-                out = self._get(ref, i)
+                out = self._get(ref, i, group)
                 if more:
                     submit()
                 for dp in out:
@@ -272,25 +272,68 @@ class RayMapData(ProxyDataFlow):
         ready, _ = ray.wait(refs, num_returns=1, timeout=self.task_timeout)
         self._wait += time.perf_counter() - t0
         if not ready:
-            i = in_flight[refs[0]]
+            i = in_flight[refs[0]][0]
             raise WorkerError(f"RayMapData: Ray actor {i} returned no result within task_timeout="
                               f"{self.task_timeout} s (map_func hanging?)", stage="RayMapData", worker=i)
         return ready[0]
 
-    def _get(self, ref: Any, i: int) -> Any:
+    def _get(self, ref: Any, i: int, group: list | None = None) -> Any:
         ray = self._ray
-        try:
-            kind, value = ray.get(ref)
-        except ray.exceptions.RayActorError as exc:
-            raise WorkerError(f"RayMapData: Ray actor {i} died and could not be restarted "
-                              f"(max_restarts={self.max_restarts}): {_first_line(exc)}",
-                              stage="RayMapData", worker=i) from exc
-        except ray.exceptions.RayTaskError as exc:  # failed outside map_func, e.g. unpicklable datapoints
-            raise exc.as_instanceof_cause() from None
+        unavailable = getattr(ray.exceptions, "ActorUnavailableError", ())  # Ray 2.30+
+        for _ in range(self.max_restarts + 1):
+            try:
+                kind, value = ray.get(ref)
+                break
+            except unavailable as exc:
+                # The actor's node went away (or the connection to it): Ray restarts the actor, and retries
+                # its tasks while it is down, which can spend every retry before it is back. The group is sent
+                # again once the actor answers; a map is a function of its group, so running it twice is safe.
+                if group is None:  # at start: an actor that never answered
+                    raise WorkerError(f"RayMapData: Ray actor {i} is unavailable: {_first_line(exc)}",
+                                      stage="RayMapData", worker=i) from exc
+                log.warning("RayMapData: Ray actor %d is unavailable (its node lost?); waiting up to "
+                            "start_timeout=%s s for it to restart, then sending its group again: %s", i,
+                            self.start_timeout, _first_line(exc))
+                self._wait_restarted(i, exc)
+                ref = self._actors[i].map_batch.remote(group)
+            except ray.exceptions.RayActorError as exc:
+                raise WorkerError(f"RayMapData: Ray actor {i} died and could not be restarted "
+                                  f"(max_restarts={self.max_restarts}): {_first_line(exc)}",
+                                  stage="RayMapData", worker=i) from exc
+            except ray.exceptions.RayTaskError as exc:  # failed outside map_func, e.g. unpicklable datapoints
+                raise exc.as_instanceof_cause() from None
+        else:
+            raise WorkerError(f"RayMapData: Ray actor {i} was unavailable {self.max_restarts + 1} times in a row "
+                              f"(max_restarts={self.max_restarts})", stage="RayMapData", worker=i)
         if kind == _ERR:
             raise unpack_exception(value, f"RayMapData actor {i}")
         return value
 
+    def _wait_restarted(self, i: int, cause: BaseException) -> None:
+        """Wait up to ``start_timeout`` for actor ``i`` to answer again, or raise a WorkerError naming it."""
+        ray = self._ray
+        unavailable = getattr(ray.exceptions, "ActorUnavailableError", ())
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            try:
+                ray.get(self._actors[i].ready.remote(), timeout=max(deadline - time.monotonic(), 0.01))
+                return
+            except unavailable as exc:  # its node not yet known lost, or the actor restarting: ask again
+                last: BaseException = exc
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(min(1.0, max(deadline - time.monotonic(), 0.0)))
+            except ray.exceptions.GetTimeoutError as exc:
+                last = exc
+                break
+            except ray.exceptions.RayActorError as exc:  # Ray gave it up: its restarts are spent
+                raise WorkerError(f"RayMapData: Ray actor {i} was lost and could not be restarted "
+                                  f"(max_restarts={self.max_restarts}): {_first_line(exc)}",
+                                  stage="RayMapData", worker=i) from cause
+        raise WorkerError(f"RayMapData: Ray actor {i} was lost (its node gone?) and did not come back within "
+                          f"start_timeout={self.start_timeout} s: no node has room for it "
+                          f"({self.num_cpus_per_worker} CPU) or it cannot start ({_first_line(last)})",
+                          stage="RayMapData", worker=i) from cause
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()

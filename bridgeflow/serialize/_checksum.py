@@ -19,6 +19,8 @@ import logging
 import zlib
 from typing import Any, Protocol
 
+from .._deps import install_hint
+
 __all__ = ["crc32", "crc32_implementation"]
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,8 @@ def _pick() -> tuple[str, Crc32]:
     try:
         from zlib_ng import zlib_ng
     except ImportError:
-        log.info("zlib-ng is not installed: checksums use zlib.crc32 (slower reads of large values; "
-                 "pip install zlib-ng, or the lmdb extra)")
+        log.info("zlib-ng is not installed: checksums use zlib.crc32 (slower reads of large values; %s)",
+                 install_hint("zlib_ng"))
         return "zlib", zlib.crc32
     return "zlib-ng", zlib_ng.crc32
 

@@ -280,7 +280,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def bench_file(path: str, args: argparse.Namespace) -> int:
     """``bridgeflow bench FILE``: datapoints/s of the loaded flow, sequential then shuffled."""
-    from .._speed import TestDataSpeed
+    from .._batch import BatchData
+    from .._speed import TestDataSpeed, bench_counts
 
     quiet = bool(getattr(args, "quiet", False))
     for shuffle in (False, True):
@@ -289,15 +290,19 @@ def bench_file(path: str, args: argparse.Namespace) -> int:
         if len(ds) == 0:
             print(f"{path}: empty dataset, nothing to measure")
             return 0
-        size = int(getattr(args, "size", 2000))
-        warmup = int(getattr(args, "warmup", 0))
+        rounds, skipped = bench_counts(args)  # in batches with --batch
+        batch = int(getattr(args, "batch", 0))
         seconds = float(getattr(args, "seconds", 2.0))
+        size = rounds * (batch or 1)
         passes = size / len(ds)
+        warmup = skipped * (batch or 1)
         print(f"{path}: {'shuffled' if shuffle else 'sequential'} read, {len(ds)} datapoints; timing rounds of "
-              f"{size} datapoints" + (f" for at least {seconds:g} s" if seconds else "") + f" after {warmup} untimed"
+              f"{size} datapoints" + (f" in batches of {batch}" if batch else "")
+              + (f" for at least {seconds:g} s" if seconds else "") + f" after {warmup} untimed"
               + (f"; a round reads the file {passes:.1f} times (pass --size to change)" if passes > 1.5 else ""))
-        with ds:
-            TestDataSpeed(ds, size=size, warmup=warmup, progress=not quiet, min_seconds=seconds).start()
+        flow: Any = BatchData(ds, batch) if batch else ds
+        with flow:
+            TestDataSpeed(flow, rounds, skipped, progress=not quiet, min_seconds=seconds).start()
     return 0
 
 

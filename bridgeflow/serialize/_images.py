@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from .._deps import require
 from .._errors import MissingDependencyError
 from .._sources import DataFromList
 from .._transforms import MapData
@@ -128,10 +129,7 @@ def read_image(path: str, decode: bool = False, mode: str | None = "RGB") -> byt
     if not decode:
         with open(path, "rb") as f:
             return f.read()
-    try:
-        from PIL import Image
-    except ImportError as exc:
-        raise MissingDependencyError("decoding images needs Pillow; install it with: pip install pillow") from exc
+    Image = require("PIL.Image", "decoding images")
     try:
         with Image.open(path) as img:
             if mode is not None and img.mode != mode:
@@ -146,11 +144,10 @@ def read_image(path: str, decode: bool = False, mode: str | None = "RGB") -> byt
 def check_decodes(data: Any, path: str) -> None:
     """Raise :class:`CorruptDataError` naming ``path`` unless ``data`` (an image file's bytes) decodes."""
     try:
-        from PIL import Image
-    except ImportError as exc:
-        raise MissingDependencyError("checking that images decode needs Pillow; install it with: pip install "
-                                     "pillow (or pass --bad-images keep / bad_images=None to store them "
-                                     "unchecked)") from exc
+        Image = require("PIL.Image", "checking that images decode")
+    except MissingDependencyError as exc:
+        raise MissingDependencyError(f"{exc} (or pass --bad-images keep / bad_images=None to store them "
+                                     "unchecked)") from exc.__cause__
     try:
         with Image.open(io.BytesIO(memoryview(data))) as img:
             if img.format == "JPEG":  # decoded at 1/8 scale: the whole stream is read, a third faster

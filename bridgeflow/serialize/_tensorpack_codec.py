@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .._deps import require
+from .._errors import MissingDependencyError
 from ._errors import CorruptDataError, PickleNotAllowedError
 
 __all__ = ["SERIALIZERS", "decode_tensorpack", "is_pickle", "which_serializer"]
@@ -178,7 +179,7 @@ def decode_tensorpack(buf: Any, *, allow_pickle: bool = False, serializer: str |
                                "it is not unpickled")
     try:
         return _decode_msgpack(buf, allow_pickle)
-    except (CorruptDataError, PickleNotAllowedError):
+    except (CorruptDataError, PickleNotAllowedError, MissingDependencyError):  # a missing msgpack is not bad data
         raise
     except Exception as exc:  # ExtraData, FormatError, StackError, UnicodeDecodeError, unhashable keys, ...
         raise CorruptDataError(f"not a valid msgpack value: {type(exc).__name__}: {exc}") from exc
