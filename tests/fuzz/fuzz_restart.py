@@ -285,19 +285,26 @@ def compare(spec: dict, got: list, ref: Any) -> str | None:
     return None
 
 
-def leaks(before_children: set[int]) -> str | None:
+def _left() -> tuple[set[int], set[str], set[str]]:
+    """This process's live children, its shared-memory segments and its other non-daemon threads."""
+    shm = {s for s in os.listdir("/dev/shm") if s.startswith(f"bf{os.getpid()}_")}
+    threads = {f"{t.name}@{t.ident}" for t in threading.enumerate()
+               if t is not threading.main_thread() and t.is_alive() and not t.daemon}
+    return _children(), shm, threads
+
+
+def leaks(before: tuple[set[int], set[str], set[str]]) -> str | None:
+    """What the run left that was not there before it (``_left()`` then): in the suite, this process has run
+    other tests, whose leftovers are theirs to answer for."""
     import gc
     gc.collect()
     deadline = time.monotonic() + 10
     while True:
-        children = _children() - before_children
-        shm = [s for s in os.listdir("/dev/shm") if s.startswith(f"bf{os.getpid()}_")]
-        threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()
-                   and not t.daemon]
+        children, shm, threads = (now - then for now, then in zip(_left(), before))
         if not (children or shm or threads):
             return None
         if time.monotonic() > deadline:
-            return f"left behind: processes {sorted(children)}, segments {shm[:5]}, threads {threads}"
+            return f"left behind: processes {sorted(children)}, segments {sorted(shm)[:5]}, threads {sorted(threads)}"
         time.sleep(0.05)
 
 
@@ -331,7 +338,7 @@ def check_run(seed: int, index: int, timeout: float | None = 120.0, kinds: tuple
     thread's stack (None: the caller guards, e.g. pytest's hang guard)."""
     spec = draw(seed, index, kinds)
     result: dict = {"seed": seed, "index": index, "spec": spec, "status": "ok"}
-    before = _children()
+    before = _left()
     if timeout is not None:
         faulthandler.dump_traceback_later(timeout, exit=True)
     stop = threading.Event()
