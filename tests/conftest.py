@@ -21,6 +21,7 @@ import time
 from types import ModuleType
 
 import pytest
+from procs import children
 
 from bridgeflow._deps import EXTRAS, install_hint
 
@@ -309,24 +310,15 @@ _STDLIB_HELPERS = (b"resource_tracker", b"forkserver")
 
 def child_pids() -> set[int]:
     """Live (non-zombie) child processes of this process, read from /proc, less multiprocessing's helpers."""
-    me = str(os.getpid())
     out = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in children():
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
         except OSError:
             continue
-        if fields[1] == me and fields[0] != "Z":
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read()
-            except OSError:
-                continue
-            if not any(h in cmdline for h in _STDLIB_HELPERS):
-                out.add(int(entry))
+        if not any(h in cmdline for h in _STDLIB_HELPERS):
+            out.add(pid)
     return out
 
 

@@ -26,6 +26,8 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 
+from procs import processes
+
 try:
     from xdist.scheduler import LoadGroupScheduling
 except ImportError:  # no pytest-xdist: no scheduler to fix
@@ -41,16 +43,8 @@ _MAX_PROCESSES = 24  # dumped at most: a test that started more is summed up
 def descendants(pid: int | None = None) -> list[int]:
     """The live processes under ``pid`` (this process by default), children first, from /proc."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
+    for proc in processes():
+        children.setdefault(proc.ppid, []).append(proc.pid)
     out, todo = [], [os.getpid() if pid is None else pid]
     while todo:
         for child in sorted(children.get(todo.pop(0), [])):

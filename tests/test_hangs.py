@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_pytest(tmp_path, test_file: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    for name in ("conftest.py", "hangs.py"):
+    for name in ("conftest.py", "hangs.py", "procs.py"):
         shutil.copy(os.path.join(HERE, name), tmp_path / name)
     (tmp_path / "pytest.ini").write_text("[pytest]\ntimeout_method = signal\n")
     (tmp_path / "test_it.py").write_text(textwrap.dedent(test_file))

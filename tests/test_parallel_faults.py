@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 from deaths import die, once
+from procs import alive
 
 import bridgeflow as bf
 from bridgeflow._errors import WorkerError
@@ -212,19 +213,10 @@ def test_a_replaced_worker_takes_the_processes_its_tasks_started_with_it(tmp_pat
         assert stage.stats()["MultiProcessMapData"]["restarts"] == 1
         orphan = int(pids.read_text())
         deadline = time.monotonic() + 5
-        while _alive(orphan) and time.monotonic() < deadline:
+        while alive(orphan) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(orphan), f"the dead worker's child {orphan} outlived its replacement"
+        assert not alive(orphan), f"the dead worker's child {orphan} outlived its replacement"
     assert got == list(range(40))
-
-
-def _alive(pid: int) -> bool:
-    """``pid`` runs (a zombie, reaped by nobody we know, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def segfault_on(dp, at, tally):

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from procs import alive
 
 from bridgeflow._errors import BridgeflowError, WorkerError
 from bridgeflow.parallel import EXHAUSTED, WorkerContext, WorkerPool
@@ -480,15 +481,6 @@ def test_a_worker_whose_pool_is_gone_exits_quietly():
 
 # --- processes a task starts: a forked child's exit is its own, and nothing outlives the pool ---------
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, ended but not reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _ps(pids) -> str:
     """``ps`` of ``pids`` (for an assertion's message)."""
     import subprocess
@@ -573,11 +565,11 @@ def test_processes_that_tasks_start_end_when_the_pool_closes(leak_check):
         for i in range(4):
             pool.put(i)
         pids = [p for _ in range(4) for p in pool.get(timeout=PROMPTLY_S)[1]]
-        assert all(_alive(p) for p in pids), _ps(pids)
+        assert all(alive(p) for p in pids), _ps(pids)
         before = _ps(pids)
         workers = pool.pids
         assert all(os.getpgid(p) in workers for p in pids), before  # in the workers' groups, not pytest's
-    assert wait_for(lambda: not any(_alive(p) for p in pids)), f"before close():\n{before}after:\n{_ps(pids)}"
+    assert wait_for(lambda: not any(alive(p) for p in pids)), f"before close():\n{before}after:\n{_ps(pids)}"
 
 
 _STDOUT_SCRIPT = """
@@ -620,7 +612,7 @@ def test_a_caller_reading_the_consumers_stdout_is_not_held_by_what_tasks_started
         out, err = "", "the caller's read did not end"
     finally:
         pids = [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
-        left = [p for p in pids if _alive(p)]
+        left = [p for p in pids if alive(p)]
         report = _ps(left)
         for p in left:  # what the bug leaves, so that it does not outlive the test either
             os.kill(p, signal.SIGKILL)

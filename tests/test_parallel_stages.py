@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from procs import alive
 
 import bridgeflow as bf
 from bridgeflow._errors import DataFlowTerminated, DatapointError, WorkerError
@@ -498,24 +499,16 @@ _ORPHAN_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("method", START_METHODS)
 def test_workers_exit_when_the_parent_is_sigkilled(method):
     shm_before = shm_entries(mine_only=False)
     script = _ORPHAN_SCRIPT.format(tests=os.path.dirname(__file__), method=method, action="time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     pids = [int(p) for p in proc.stdout.readline().split()]
-    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    assert len(pids) == 2 and all(alive(p) for p in pids)
     proc.kill()
     proc.wait()
-    assert wait_for(lambda: not any(_alive(p) for p in pids)), "orphaned workers kept running"
+    assert wait_for(lambda: not any(alive(p) for p in pids)), "orphaned workers kept running"
     left = lambda: {n for n in shm_entries(mine_only=False) - shm_before if n.startswith(f"bf{proc.pid}_")}
     assert wait_for(lambda: not left()), f"shared memory left: {sorted(left())}"
 
@@ -533,7 +526,7 @@ def test_sigterm_to_the_whole_process_group_leaves_no_shared_memory(method):
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait()
     assert proc.returncode == -signal.SIGTERM
-    assert wait_for(lambda: not any(_alive(p) for p in pids)), "workers kept running"
+    assert wait_for(lambda: not any(alive(p) for p in pids)), "workers kept running"
     left = lambda: {n for n in shm_entries(mine_only=False) - shm_before if n.startswith(f"bf{proc.pid}_")}
     assert wait_for(lambda: not left()), f"shared memory left: {sorted(left())}"
 
@@ -568,7 +561,7 @@ def test_ctrl_c_in_the_consumer_leaves_nothing():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert "KeyboardInterrupt" in err
-    assert wait_for(lambda: not any(_alive(p) for p in pids))
+    assert wait_for(lambda: not any(alive(p) for p in pids))
     left = lambda: {n for n in shm_entries(mine_only=False) - shm_before if n.startswith(f"bf{proc.pid}_")}
     assert wait_for(lambda: not left()), f"shared memory left: {sorted(left())}"
 

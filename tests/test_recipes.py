@@ -15,10 +15,12 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from procs import processes
 
 from conftest import need, source_tree
 
@@ -99,17 +101,7 @@ def write_images(root: Path) -> None:
 
 def session_processes(sid: int) -> list[int]:
     """Live processes of session ``sid`` (a block's program and anything it started)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                out.append(int(entry))
-    return out
+    return [p.pid for p in processes() if p.session == sid]
 
 
 def run_block(language: str, code: str, cwd: Path, start_method: str | None = None) -> str:
@@ -132,7 +124,11 @@ def run_block(language: str, code: str, cwd: Path, start_method: str | None = No
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
         pytest.fail(f"the block ran past 300 s:\n{code}\n--- output:\n{output}")
-    left = session_processes(proc.pid)
+    # multiprocessing's forkserver and resource tracker leave when the program's end closes their pipes: a
+    # moment after it, longer on a busy machine. What is still there after a few seconds was left running.
+    deadline = time.monotonic() + 5
+    while (left := session_processes(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     segments = [n for n in os.listdir("/dev/shm") if n.startswith(f"bf{proc.pid}_")]

@@ -56,6 +56,7 @@ import bridgeflow as bf
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for deaths.py
 from deaths import kill_child
+from procs import children
 
 KINDS = ("ordered", "unordered", "runner", "loader")
 SLAB_BYTES = 32 * 1024  # arrays this large travel in shared memory
@@ -290,7 +291,7 @@ def _left() -> tuple[set[int], set[str], set[str]]:
     shm = {s for s in os.listdir("/dev/shm") if s.startswith(f"bf{os.getpid()}_")}
     threads = {f"{t.name}@{t.ident}" for t in threading.enumerate()
                if t is not threading.main_thread() and t.is_alive() and not t.daemon}
-    return _children(), shm, threads
+    return children(), shm, threads
 
 
 def leaks(before: tuple[set[int], set[str], set[str]]) -> str | None:
@@ -308,25 +309,11 @@ def leaks(before: tuple[set[int], set[str], set[str]]) -> str | None:
         time.sleep(0.05)
 
 
-def _children() -> set[int]:
-    me, out = str(os.getpid()), set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == me and fields[0] != "Z":
-                out.add(int(entry))
-    return out
-
-
 def _bound_children(stop: threading.Event, spec: dict) -> None:
     """End this process when it has more than ``MAX_CHILDREN`` children at once: a pool that restarts its
     workers without end must not go on forking (the processes under it exit with it: they watch their parent)."""
     while not stop.wait(0.5):
-        n = len(_children())
+        n = len(children())
         if n > MAX_CHILDREN:
             sys.stderr.write(json.dumps({"status": "runaway", "children": n, "spec": spec}) + "\n")
             sys.stderr.flush()
