@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import bridgeflow as bf
@@ -128,13 +128,16 @@ def _generated_pipeline_resumes(seed: int, most: int, long: float) -> None:
     r = random.Random(seed)  # the fuzz's draws (hypothesis' own random draws rarely leave a bare source)
     spec = fuzz_resume.draw_defaults(r, most=most, long=long)
     result = fuzz_resume.check_defaults_in_process(spec, seed)
-    assert not result["failures"], result  # an own state refused, a wrong resume or an error
+    # an own state refused, a wrong resume or an error; the seed repeats it
+    assert not result["failures"], (f"seed={seed}", result["failures"], result)
     counts = result["counts"]
     assert sum(counts.values()) >= 4, result  # the points: every one resumed as promised, or refused by design
 
 
-_SETTINGS = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                      HealthCheck.function_scoped_fixture])
+# The seed only picks a pipeline: a smaller seed is no simpler pipeline, so a failure is reported as found, not
+# shrunk (shrinking re-ran whole pipelines until the test's time limit ended it, and the seed was never printed).
+_SETTINGS = dict(deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
 @settings(max_examples=12, **_SETTINGS)
@@ -149,7 +152,8 @@ def test_generated_default_pipelines_load_back_every_state_they_save(seed):
 
 
 @pytest.mark.slow
-@settings(max_examples=10, **_SETTINGS)
+@pytest.mark.timeout(720)  # 8 pipelines of 1-30 s each when quiet; a CI run at load 4-8 took past 240 s
+@settings(max_examples=8, **_SETTINGS)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_generated_default_pipelines_with_epochs_of_up_to_20000_datapoints(seed):
     """The same, with epochs of up to 20,000 datapoints (a third of the sources 2,000 or more): past every buffer
