@@ -246,6 +246,7 @@ def ddp_killed_runs(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(6 * 300 + 60)  # the first case waits for ddp_killed_runs: six launches of at most 300 s
 @pytest.mark.xdist_group("lightning_ddp_resume")  # the strategies share one fixture
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_lightning_ddp_resumes_every_rank_from_rank_zeros_checkpoint(strategy, ddp_killed_runs):
