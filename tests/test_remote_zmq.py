@@ -119,7 +119,11 @@ def test_killed_producer_is_named_within_timeout_and_the_others_go_on(leak_check
     df = RemoteDataZMQ([a, b], timeout=3.0)  # 3 s: longer than a busy machine keeps a live producer silent
     df.reset_state()
     it = iter(df)
-    seen = [next(it)[1] for _ in range(40)]
+    # both producers heard from before the kill: on a busy machine one starts seconds after the other (the
+    # stress run read 40 datapoints of the victim alone), so read until both are seen, 20,000 at most (100 s)
+    seen: list[int] = []
+    while not (any(x < 500_000 for x in seen) and any(x >= 500_000 for x in seen)) and len(seen) < 20_000:
+        seen.append(next(it)[1])
     assert any(x < 500_000 for x in seen) and any(x >= 500_000 for x in seen)
     os.kill(victim.pid, signal.SIGKILL)
     killed = time.monotonic()
