@@ -284,14 +284,37 @@ def pytest_configure(config):
                                     "not from an installed package's site-packages")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which writes each test's group into its id
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``slow`` (tens of seconds: a training framework's processes, a type check) run first, in
     the order collected, the rest after them as collected. Under pytest-xdist (``-n 3``) a long test started
     last keeps one process busy after the others have finished everything else; started first, it runs beside
     the short tests, which then fill every process to the end. Tests whose cost is a module-scoped fixture
     (a live tensorpack run, a Ray cluster) are not marked: moved apart from their module, each test process
-    would build the fixture again."""
+    would build the fixture again.
+
+    Under ``--dist loadgroup`` a test marked ``xdist_group`` must carry its group in its id, or the scheduler
+    sends the group's tests to any worker at once (two Ray clusters, two six-launch fixtures side by side):
+    pytest 9.2 with pytest-xdist 3.8 did that, silently. Such a test fails at setup, naming the versions."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: collection order kept
+    if not getattr(config.option, "loadgroup", False):  # True on the workers of a loadgroup run only
+        return
+    import xdist
+
+    for item in items:
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+            item.stash[_UNGROUPED] = (
+                f"--dist loadgroup: this test is marked xdist_group but its id names no group, so its group runs "
+                f"split across workers: pytest {pytest.__version__} with pytest-xdist {xdist.__version__} does "
+                f"not group; install the versions that setup.cfg's test extra names")
+
+
+_UNGROUPED = pytest.StashKey[str]()
+
+
+def pytest_runtest_setup(item):
+    if _UNGROUPED in item.stash:
+        pytest.fail(item.stash[_UNGROUPED], pytrace=False)
 
 
 def pytest_collection_finish(session):

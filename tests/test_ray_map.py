@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -24,7 +29,7 @@ def ray():
     ray_mod = need("ray")
     from ray import cloudpickle
 
-    ray_mod.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray_mod.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors cannot import the tests folder
     yield ray_mod
     cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
@@ -128,7 +133,10 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.slow
-def test_starts_and_shuts_down_its_own_ray(tmp_path):
+def test_starts_and_shuts_down_its_own_ray_even_beside_a_cluster_ray_would_join():
+    """Without ray_address or RAY_ADDRESS a new local Ray, though this machine's Ray folder names a cluster
+    (``ray start`` and ray.cluster_utils write it; plain ``ray.init(num_cpus=1)`` would connect to it and
+    fail); close() shuts down the Ray it started."""
     need("ray")
     code = (
         "import numpy as np, ray\n"
@@ -141,7 +149,23 @@ def test_starts_and_shuts_down_its_own_ray(tmp_path):
         "df.close()\n"
         "print(ray.is_initialized())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.strip().splitlines()
+    # Ray's folder is $TMPDIR/ray: a short one of this test's (its sockets' paths must stay under 108 bytes)
+    tmp = tempfile.mkdtemp(prefix="bfray", dir="/tmp")
+    try:
+        os.makedirs(os.path.join(tmp, "ray"))
+        with open(os.path.join(tmp, "ray", "ray_current_cluster"), "w") as f:
+            f.write("127.0.0.1:9")  # a cluster that ray.init() would try to join: nothing listens there
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"TMPDIR": tmp}
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=tmp, env=env, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=300)  # ~11 s on an idle machine
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # Ray's own processes too, if it did not end
+            proc.wait()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert proc.returncode == 0, err[-2000:]
+    lines = out.strip().splitlines()
     assert lines[-2] == str([3 * i for i in range(10)]) and lines[-1] == "False"

@@ -13,8 +13,10 @@ past that, or if an actor cannot start within ``start_timeout``, :class:`~bridge
 the actor. ``task_timeout`` bounds the wait for one group, so a ``map_func`` that hangs is an error too.
 
 Ray: if Ray is already initialized in this process, it is used as it is. Otherwise ``reset_state()``
-calls ``ray.init``: on ``ray_address`` (an existing cluster, e.g. ``"ray://head:10001"`` or ``"auto"``) or,
-without one, a new local instance with ``num_workers * num_cpus_per_worker`` CPUs. Only a Ray that this
+calls ``ray.init``: on ``ray_address`` (an existing cluster, e.g. ``"ray://head:10001"`` or ``"auto"``), else
+on ``RAY_ADDRESS`` if the environment sets it, else a new local instance with ``num_workers *
+num_cpus_per_worker`` CPUs, even where ``ray start`` or another program left a cluster on this machine (Ray's
+own ``ray.init()`` would join that one, and refuse the CPU count). Only a Ray that this
 flow initialized is shut down by ``close()`` (for a cluster that means disconnecting, not stopping it).
 Actors import ``map_func``'s module: on a cluster, bridgeflow and that module must be installed on the
 workers (or shipped with a Ray ``runtime_env``).
@@ -137,14 +139,15 @@ class RayMapData(ProxyDataFlow):
         self._ray = ray
         if not ray.is_initialized():
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-            if self.ray_address is not None:
-                ray.init(address=self.ray_address, **kwargs)
+            address = self.ray_address or os.environ.get("RAY_ADDRESS") or None
+            if address is not None:
+                ray.init(address=address, **kwargs)
             else:
                 n = self.num_workers
-                ray.init(num_cpus=None if n is None else max(1, int(np.ceil(n * self.num_cpus_per_worker))),
-                         **kwargs)
+                ray.init(address="local", **kwargs,
+                         num_cpus=None if n is None else max(1, int(np.ceil(n * self.num_cpus_per_worker))))
             self._owns_ray = True
-            log.info("RayMapData started Ray (%s); close() shuts it down", self.ray_address or "local")
+            log.info("RayMapData started Ray (%s); close() shuts it down", address or "local")
         n = self.num_workers
         if n is None:
             cpus = ray.cluster_resources().get("CPU", 1)
