@@ -141,8 +141,8 @@ def test_a_crash_while_a_replacement_worker_collects_is_reported_and_the_run_goe
     assert out.returncode == 1, text
     assert "INTERNALERROR" not in text, text
     assert "2 failed, 8 passed" in text, text
-    assert "crashed while running 'test_it.py::test_first_crash'" in text, text
-    assert "crashed while running 'test_it.py::test_second_crash'" in text, text
+    assert "crashed while running 'test_it.py::test_first_crash@a'" in text, text  # its group in its id
+    assert "crashed while running 'test_it.py::test_second_crash@b'" in text, text
 
 
 STUCK = """
