@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromGenerator, DataFromList
+from bridgeflow._codec import encode_frames
 from bridgeflow.remote import (
     MessageTooLargeError,
     ProducerError,
@@ -25,8 +26,7 @@ from bridgeflow.remote import (
     send_dataflow_zmq,
 )
 from bridgeflow.remote._zmq_flow import _QUEUE_DEPTH
-from bridgeflow.serialize._codec import encode_frames
-from bridgeflow.serialize._errors import PickleNotAllowedError
+from bridgeflow.serialize import PickleNotAllowedError
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 from conftest import PROMPTLY_S, exit_with_parent, free_tcp, wait_for
 
@@ -300,7 +300,7 @@ def test_import_bridgeflow_loads_neither_zmq_nor_ray():
 def test_a_bad_message_names_the_producer(leak_check, frames, error, message):
     import zmq
 
-    from bridgeflow.serialize import _codec as codec
+    from bridgeflow import _codec as codec
     from bridgeflow.serialize import _errors as errors
 
     if frames == "pickle":
