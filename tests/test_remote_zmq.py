@@ -300,11 +300,10 @@ def test_import_bridgeflow_loads_neither_zmq_nor_ray():
 def test_a_bad_message_names_the_producer(leak_check, frames, error, message):
     import zmq
 
-    from bridgeflow import _codec as codec
-    from bridgeflow.serialize import _errors as errors
+    from bridgeflow import serialize
 
     if frames == "pickle":
-        frames = codec.encode_frames([1], codec="pickle")
+        frames = serialize.encode_frames([1], codec="pickle")
     addr = free_tcp()
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
@@ -314,7 +313,7 @@ def test_a_bad_message_names_the_producer(leak_check, frames, error, message):
         with RemoteDataZMQ(addr, timeout=10) as df:
             df.reset_state()
             push.send_multipart(frames)
-            with pytest.raises(getattr(errors, error), match=message) as info:
+            with pytest.raises(getattr(serialize, error), match=message) as info:
                 list(df)
             assert f"bad message from {addr}" in str(info.value)
     finally:
