@@ -70,7 +70,7 @@ def _produce(addr: str, keys: str | None = None) -> None:
 def _produce_raw(addr: str) -> None:
     import zmq
 
-    from bridgeflow.serialize._codec import encode_frames
+    from bridgeflow._codec import encode_frames
 
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)

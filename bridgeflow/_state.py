@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ._codec import decode, encode
 from ._errors import BridgeflowError
 
 __all__ = [
@@ -316,9 +317,6 @@ def pack_held(items: list, stage: str) -> str:
     lists, tuples, dicts; never pickle), in base64. A state over an unordered stage (``stage``) keeps them,
     since the stage would not give them again; a datapoint the codec cannot store makes the state refused
     (:class:`NotResumableError` naming the stage; the base puts the flow's path in front)."""
-    # Imported here: importing bridgeflow.serialize runs its package, whose readers import the flows.
-    from .serialize._codec import encode
-
     try:
         raw = encode(items)
     except (TypeError, ValueError) as exc:  # EncodeError, or an array dtype the codec does not store
@@ -331,8 +329,6 @@ def pack_held(items: list, stage: str) -> str:
 def unpack_held(text: str, gaps: bool = False) -> list:
     """The datapoints :func:`pack_held` stored (arrays writable), or a StateMismatchError for damaged text or
     an item that is not a datapoint (``gaps``: None too, a map stage's place of a datapoint received)."""
-    from .serialize._codec import decode
-
     try:
         out = decode(bytearray(base64.b64decode(text.encode("ascii"), validate=True)))
     except (binascii.Error, UnicodeError, ValueError, TypeError) as exc:  # CorruptDataError is a ValueError

@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from bridgeflow._errors import BridgeflowError
-from bridgeflow.serialize._codec import (
+from bridgeflow._codec import (
     FORMAT_VERSION,
     decode,
     decode_frames,
@@ -20,7 +19,8 @@ from bridgeflow.serialize._codec import (
     encode_frames,
     peek_codec,
 )
-from bridgeflow.serialize._errors import (
+from bridgeflow._errors import BridgeflowError
+from bridgeflow.serialize import (
     CorruptDataError,
     EncodeError,
     PickleNotAllowedError,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bridgeflow.dataflow import dataset
-from bridgeflow.serialize._errors import PickleNotAllowedError
+from bridgeflow.serialize import PickleNotAllowedError
 from bridgeflow.testing import check_dataflow
 
 

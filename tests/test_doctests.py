@@ -44,7 +44,7 @@ MODULES = modules_with_examples()
 
 def test_the_examples_are_found():
     # Without this, an empty list (a moved package) would make the test below pass by running nothing.
-    assert {"bridgeflow._sources", "bridgeflow.serialize._codec",
+    assert {"bridgeflow._sources", "bridgeflow._codec",
             "bridgeflow.adapters.tensorflow._feed"} <= set(MODULES)
     assert len(MODULES) >= 30
 

@@ -6,6 +6,12 @@ Every ``import`` and ``from ... import`` in every module under ``bridgeflow/`` a
 inside bridgeflow is an edge of a graph; a cycle in that graph is a cycle a reader has to untangle, and a
 lazy import that hides one is still one. Lazy imports stay for optional dependencies only, which are not
 bridgeflow's modules and so not in the graph.
+
+Importing ``pkg.sub.mod`` first runs ``pkg/__init__`` and ``pkg/sub/__init__``: an import is also an edge to
+each package above its target that the importer is not inside (the importer's own packages have started
+before it runs). Without these edges, a function of ``bridgeflow._state`` that imported the codec from
+``bridgeflow.serialize`` looked harmless, while it ran ``serialize/__init__``, whose readers import the flows,
+which import ``_state``: a cycle of 24 modules.
 """
 
 from __future__ import annotations
@@ -71,7 +77,14 @@ def imports(module: str, path: str, known: set[str]) -> set[str]:
                 target = target.rpartition(".")[0]
             if target and target != module:
                 found.add(target)
+                found.update(p for p in parents(target) if p != module and p not in parents(module))
     return found
+
+
+def parents(module: str) -> list[str]:
+    """The packages above ``module``, which Python runs before it (``a.b.c``: ``a``, ``a.b``)."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def graph() -> dict[str, set[str]]:
@@ -121,6 +134,16 @@ def test_the_walk_sees_function_level_and_relative_imports():
     assert "bridgeflow.parallel._transport.pool" in edges["bridgeflow.parallel._stages"]  # from .pool import ...
     assert "bridgeflow._demo" in edges["bridgeflow.cli"]  # imported inside a function
     assert "bridgeflow._base" in edges["bridgeflow.adapters.torch._loader"]  # the adapters, by their package name
+    # the packages Python runs first: parallel/__init__ and parallel/_transport/__init__ before the pool...
+    assert {"bridgeflow.parallel", "bridgeflow.parallel._transport"} <= edges["bridgeflow.remote._ray_map"]
+    # ...but not a package the importer is inside, which started before it
+    assert "bridgeflow.parallel" not in edges["bridgeflow.parallel._stages"]
+
+
+def test_parents():
+    assert parents("bridgeflow.parallel._transport.pool") == ["bridgeflow", "bridgeflow.parallel",
+                                                              "bridgeflow.parallel._transport"]
+    assert parents("bridgeflow") == []
 
 
 def test_cycles_are_found():

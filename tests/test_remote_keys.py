@@ -242,7 +242,7 @@ def test_without_keys_a_stranger_that_says_hello_is_a_producer(leak_check, produ
 
 
 def encode_frames_list(dp):
-    from bridgeflow.serialize._codec import encode_frames
+    from bridgeflow._codec import encode_frames
 
     return [[bytes(memoryview(f).cast("B")) if not isinstance(f, bytes) else f for f in encode_frames(dp)]]
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromGenerator, DataFromList
+from bridgeflow._codec import encode_frames
 from bridgeflow.remote import (
     MessageTooLargeError,
     ProducerError,
@@ -25,8 +26,7 @@ from bridgeflow.remote import (
     send_dataflow_zmq,
 )
 from bridgeflow.remote._zmq_flow import _QUEUE_DEPTH
-from bridgeflow.serialize._codec import encode_frames
-from bridgeflow.serialize._errors import PickleNotAllowedError
+from bridgeflow.serialize import PickleNotAllowedError
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 from conftest import PROMPTLY_S, exit_with_parent, free_tcp, wait_for
 
@@ -300,11 +300,10 @@ def test_import_bridgeflow_loads_neither_zmq_nor_ray():
 def test_a_bad_message_names_the_producer(leak_check, frames, error, message):
     import zmq
 
-    from bridgeflow.serialize import _codec as codec
-    from bridgeflow.serialize import _errors as errors
+    from bridgeflow import serialize
 
     if frames == "pickle":
-        frames = codec.encode_frames([1], codec="pickle")
+        frames = serialize.encode_frames([1], codec="pickle")
     addr = free_tcp()
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
@@ -314,7 +313,7 @@ def test_a_bad_message_names_the_producer(leak_check, frames, error, message):
         with RemoteDataZMQ(addr, timeout=10) as df:
             df.reset_state()
             push.send_multipart(frames)
-            with pytest.raises(getattr(errors, error), match=message) as info:
+            with pytest.raises(getattr(serialize, error), match=message) as info:
                 list(df)
             assert f"bad message from {addr}" in str(info.value)
     finally:

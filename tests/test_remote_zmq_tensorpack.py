@@ -20,7 +20,7 @@ from bridgeflow.remote import (
     RemoteDataZMQ,
     send_dataflow_zmq,
 )
-from bridgeflow.serialize._errors import PickleNotAllowedError
+from bridgeflow.serialize import PickleNotAllowedError
 from conftest import PROMPTLY_S, exit_with_parent, free_tcp
 
 FORK = mp.get_context("fork")

@@ -22,7 +22,7 @@ SCRIPT = r"""
 import errno, json, os, resource, sys
 import numpy as np
 from bridgeflow.serialize import HDF5Serializer, LMDBSerializer, NumpySerializer, load_dataset
-from bridgeflow.serialize._errors import DatasetWriteError
+from bridgeflow.serialize import DatasetWriteError
 
 folder, cause, existing = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 if cause == "EROFS":

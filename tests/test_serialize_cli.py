@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from bridgeflow._sources import DataFromList
+from bridgeflow.serialize import CorruptDataError
 from bridgeflow.serialize._cli import bench_file, detect_format, main, register
-from bridgeflow.serialize._errors import CorruptDataError
 from bridgeflow.serialize._hdf5_format import HDF5Data
 from bridgeflow.serialize._images import ImageFolderData
 from bridgeflow.serialize._lmdb_format import LMDBDataset

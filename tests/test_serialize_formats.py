@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromList
-from bridgeflow.serialize import HDF5Serializer, NumpySerializer, detect_format, load_dataset
-from bridgeflow.serialize._errors import CorruptDataError
+from bridgeflow.serialize import CorruptDataError, HDF5Serializer, NumpySerializer, detect_format, load_dataset
 from conftest import PROMPTLY_S
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz"))

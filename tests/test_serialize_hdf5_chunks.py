@@ -13,8 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from bridgeflow.serialize import load_dataset
-from bridgeflow.serialize._errors import CorruptDataError, UnsupportedFormatError
+from bridgeflow.serialize import CorruptDataError, UnsupportedFormatError, load_dataset
 from bridgeflow.serialize._hdf5_chunks import MAX_CHUNK_BYTES, CheckedChunks, _lzf_decompress
 from bridgeflow.serialize._hdf5_format import HDF5Data
 

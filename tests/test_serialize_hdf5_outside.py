@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromList
-from bridgeflow.serialize import ExternalDataError, HDF5Serializer, load_dataset
-from bridgeflow.serialize._errors import CorruptDataError
+from bridgeflow.serialize import CorruptDataError, ExternalDataError, HDF5Serializer, load_dataset
 from bridgeflow.serialize._hdf5_format import HDF5Data
 
 ROW = 32

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromGenerator, DataFromList, FakeData
-from bridgeflow.serialize import _lmdb_format as lmdb_format
-from bridgeflow.serialize._errors import (
+from bridgeflow.serialize import (
     CorruptDataError,
     DatasetNotFoundError,
     PickleNotAllowedError,
     TargetExistsError,
     UnsupportedFormatError,
 )
+from bridgeflow.serialize import _lmdb_format as lmdb_format
 from bridgeflow.serialize._lmdb_format import LMDBDataset, LMDBSerializer, read_lmdb_meta
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 from conftest import results_of_forked_children
@@ -356,7 +356,7 @@ def test_a_damaged_key_is_noticed_when_the_file_is_opened(tmp_path):
 
 
 def test_a_value_claiming_another_version_or_codec_is_damage_and_never_unpickled(tmp_path):
-    from bridgeflow.serialize._codec import encode
+    from bridgeflow._codec import encode
 
     path = save(tmp_path, [[i] for i in range(5)], checksum=False)
     future = bytearray(encode([1]))
@@ -449,7 +449,7 @@ CUT_SCRIPT = """
 import multiprocessing as mp, os, sys, threading, time
 import lmdb, numpy as np
 from bridgeflow.serialize import LMDBData, LMDBSerializer
-from bridgeflow.serialize._errors import CorruptDataError
+from bridgeflow.serialize import CorruptDataError
 
 mode, folder = sys.argv[1:3]
 KINDS = {"large": (300, lambda i: [np.full(20000 + i, i % 251, np.uint8), i]),  # overflow pages

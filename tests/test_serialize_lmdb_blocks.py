@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridgeflow import DataFromList, LMDBSerializer
+from bridgeflow._codec import decode_many, encode
 from bridgeflow.serialize import CorruptDataError
-from bridgeflow.serialize._codec import decode_many, encode
 
 
 def _same(a, b) -> None:
@@ -88,7 +88,7 @@ def test_decode_many_equals_decode(n, length, dtype, label, data):
         block[s:s + len(v)] = v
     got = decode_many(memoryview(block), np.array(starts, np.int64), len(values[0]))
     assert got is not None
-    from bridgeflow.serialize._codec import decode
+    from bridgeflow._codec import decode
 
     for g, v in zip(got, values):
         _same(g, decode(bytearray(v)))

@@ -24,8 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bridgeflow import DataFromList
-from bridgeflow.serialize import DatasetChangedError, LMDBData, LMDBSerializer
-from bridgeflow.serialize._errors import CorruptDataError
+from bridgeflow.serialize import CorruptDataError, DatasetChangedError, LMDBData, LMDBSerializer
 from bridgeflow.serialize._lmdb_tree import walk_lmdb
 from bridgeflow.serialize._pinned import PinnedFile
 

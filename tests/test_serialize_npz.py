@@ -12,7 +12,7 @@ import pytest
 
 from bridgeflow import DataFromGenerator, DataFromList
 from bridgeflow._errors import DatapointError
-from bridgeflow.serialize._errors import (
+from bridgeflow.serialize import (
     CorruptDataError,
     DatasetNotFoundError,
     TargetExistsError,

@@ -19,12 +19,12 @@ from tensorpack_reference import DATA
 
 from bridgeflow import LMDBData, LMDBDataPoint, LMDBDataset, LMDBSerializer, load_dataset
 from bridgeflow._sources import DataFromList
-from bridgeflow.serialize import decode_tensorpack
-from bridgeflow.serialize._errors import (
+from bridgeflow.serialize import (
     CorruptDataError,
     DatasetChangedError,
     PickleNotAllowedError,
     UnsupportedFormatError,
+    decode_tensorpack,
 )
 from conftest import results_of_forked_children
 

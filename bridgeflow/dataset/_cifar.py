@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._order import IndexedSource
-from ..serialize._errors import PickleNotAllowedError
+from .._serialize_errors import PickleNotAllowedError
 from ._files import dataset_path, require_path
 
 __all__ = ["Cifar10", "Cifar100", "CifarBase"]

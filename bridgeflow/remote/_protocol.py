@@ -1,6 +1,6 @@
 """The wire format between a producer and :class:`RemoteDataZMQ`, and address checks.
 
-A message is either a datapoint, the frames of :func:`bridgeflow.serialize._codec.encode_frames` (its first
+A message is either a datapoint, the frames of :func:`bridgeflow.serialize.encode_frames` (its first
 frame starts with the codec's magic ``b"\\x93BFC"``), or a one-frame control message starting with
 ``b"\\x00BF"`` and a kind byte:
 
@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from ..serialize._errors import CorruptDataError
+from .._serialize_errors import CorruptDataError
 
 __all__ = [
     "BYE", "CONTROL", "END", "ERROR", "FRAGMENT_BYTES", "HEARTBEAT", "HELLO", "LAST", "MAX_FRAME_BYTES", "SPLIT",

@@ -22,7 +22,7 @@ from a producer that did not say hello), so only addresses no other machine can 
 socket has ZeroMQ refuse a frame larger than any producer sends (``MAXMSGSIZE``, 2 MiB) before it
 binds or connects.
 
-Datapoints travel as the frames of :func:`bridgeflow.serialize._codec.encode_frames`: array bytes are
+Datapoints travel as the frames of :func:`bridgeflow.serialize.encode_frames`: array bytes are
 their own frames, sent without copying (and without pickle: the safe codec is the default). A
 datapoint over 1 MiB travels in 1 MiB pieces after a header that announces its size (see
 :mod:`bridgeflow.remote._protocol`): the consumer sees it arriving piece by piece and refuses one over
@@ -66,10 +66,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .._base import DataFlow
+from .._codec import DECODE_ERRORS, decode_frames
 from .._deps import require
 from .._errors import DataFlowTerminated
-from ..serialize._codec import DECODE_ERRORS, decode_frames
-from ..serialize._errors import CorruptDataError
+from .._serialize_errors import CorruptDataError
 from . import _protocol as P
 from ._errors import MessageTooLargeError, ProducerError, ProducerLostError, RemoteConnectionError
 from ._keys import CurveKeys, Security, load_keys

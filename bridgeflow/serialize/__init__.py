@@ -18,9 +18,8 @@ format name, codec and version stored in the file, and raise :class:`CorruptData
 path for damaged or foreign files.
 """
 
-from ._atomic import atomic_path
-from ._codec import CODECS, DEFAULT_CODEC, FORMAT_VERSION, decode, decode_frames, encode, encode_frames, peek_codec
-from ._errors import (
+from .._codec import CODECS, DEFAULT_CODEC, FORMAT_VERSION, decode, decode_frames, encode, encode_frames, peek_codec
+from .._serialize_errors import (
     ComponentNotFoundError,
     CorruptDataError,
     DatasetChangedError,
@@ -33,6 +32,7 @@ from ._errors import (
     TargetExistsError,
     UnsupportedFormatError,
 )
+from ._atomic import atomic_path
 from ._formats import detect_format, load, load_dataset
 from ._hdf5_format import HDF5Data, HDF5Serializer
 from ._images import ImageFolderData, image_folder, list_image_folder, read_image

@@ -41,7 +41,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no locks, stale files are kept
     fcntl = None  # type: ignore[assignment]  # not POSIX: the module is absent, checked before use
 
-from ._errors import DatasetWriteError, SerializationError, TargetExistsError
+from .._serialize_errors import DatasetWriteError, SerializationError, TargetExistsError
 
 __all__ = ["atomic_path", "check_target", "remove_path", "remove_stale_temporaries", "write_error"]
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from .._base import DataFlow
 from .._commands import Terminated, load_object, run_command
+from .._serialize_errors import CorruptDataError, TargetExistsError
 from ._atomic import check_target
-from ._errors import CorruptDataError, TargetExistsError
 from ._formats import EXTENSIONS, FORMATS, detect_format, load_dataset
 
 __all__ = ["Terminated", "bench_file", "main", "open_source", "register"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._base import DataFlow
 from .._progress import progress_bar
-from ._errors import CorruptDataError, DatasetNotFoundError
+from .._serialize_errors import CorruptDataError, DatasetNotFoundError
 from ._pinned import PinnedFile
 
 __all__ = ["LOADERS", "classes_json", "existing_path", "hdf5_superblock_at", "iterate_source", "normalize_index",

@@ -18,8 +18,8 @@ import os
 import warnings
 
 from .._base import DataFlow
+from .._serialize_errors import CorruptDataError, DatasetNotFoundError
 from ._common import sniff
-from ._errors import CorruptDataError, DatasetNotFoundError
 from ._pinned import PinnedFile
 
 __all__ = ["EXTENSIONS", "FORMATS", "detect_format", "load", "load_dataset"]

@@ -29,8 +29,8 @@ import math
 import struct
 from typing import Any
 
+from .._serialize_errors import CorruptDataError, ExternalDataError
 from ._common import hdf5_superblock_at, wrong_format
-from ._errors import CorruptDataError, ExternalDataError
 from ._pinned import PinnedFile
 
 __all__ = ["check_global_heaps", "check_stored", "check_superblock", "contained_dataset", "is_variable_length"]

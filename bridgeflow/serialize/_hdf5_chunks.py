@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CorruptDataError, UnsupportedFormatError
+from .._serialize_errors import CorruptDataError, UnsupportedFormatError
 
 __all__ = ["MAX_CHUNK_BYTES", "CheckedChunks", "cache_bytes", "check_chunks", "compressed", "open_with_cache",
            "read_failure"]

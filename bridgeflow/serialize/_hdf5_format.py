@@ -20,7 +20,7 @@ The reader opens the path once and reads everything through that open file (see
 :mod:`bridgeflow.serialize._pinned`): a file renamed over the path meanwhile is never mixed in. Nothing
 outside the file is read: a dataset reached through an external link (or a soft link leading out
 through one), whose raw data lies in other files, or that is virtual raises
-:class:`~bridgeflow.serialize._errors.ExternalDataError` naming it and what it points at, unless
+:class:`~bridgeflow.serialize.ExternalDataError` naming it and what it points at, unless
 ``allow_external=True`` vouches for the file and what it points at. Every
 dataset read must hold the bytes its shape declares (a compressed one, no more than deflate could give),
 so memory stays in proportion to the file, whatever counts it claims.
@@ -53,10 +53,10 @@ from .._base import DataFlow
 from .._deps import require
 from .._errors import BridgeflowError
 from .._order import IndexedSource
+from .._serialize_errors import ComponentNotFoundError, CorruptDataError, UnsupportedFormatError
 from ._atomic import atomic_path, write_error
 from ._columns import Column, assemble
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes, source_length
-from ._errors import ComponentNotFoundError, CorruptDataError, UnsupportedFormatError
 from ._hdf5_check import check_global_heaps, check_stored, check_superblock, contained_dataset, is_variable_length
 from ._hdf5_chunks import CheckedChunks, cache_bytes, check_chunks, compressed, open_with_cache, read_failure
 from ._hdf5_rows import DirectRows, direct_rows

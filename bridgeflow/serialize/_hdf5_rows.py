@@ -8,7 +8,7 @@ inside the file) and returns a :class:`DirectRows` that reads a row, or a block 
 reads of the reader's pinned file (:mod:`bridgeflow.serialize._pinned`) into an array the datapoint owns.
 Per row this skips libhdf5's selection machinery (about 20 µs of h5py's ``ds[i]``); the row CRC-32 is
 still checked by the reader. A file cut short while it is read gives a short read, a
-:class:`~bridgeflow.serialize._errors.CorruptDataError` naming the file. Any other layout (filters,
+:class:`~bridgeflow.serialize.CorruptDataError` naming the file. Any other layout (filters,
 chunks across rows, foreign byte order, unallocated chunks) returns ``None``: h5py reads it as before.
 
 Example:

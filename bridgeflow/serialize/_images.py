@@ -44,9 +44,9 @@ import numpy as np
 
 from .._deps import require
 from .._errors import MissingDependencyError
+from .._serialize_errors import CorruptDataError, DatasetNotFoundError
 from .._sources import DataFromList
 from .._transforms import MapData
-from ._errors import CorruptDataError, DatasetNotFoundError
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageFolderData", "check_decodes", "image_folder", "is_image_file",
            "list_image_folder", "read_image"]

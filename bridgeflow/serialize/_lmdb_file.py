@@ -35,8 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .._rng import RNGDataFlow
+from .._serialize_errors import CorruptDataError
 from ._common import existing_path
-from ._errors import CorruptDataError
 from ._lmdb_tree import LMDBTree, cut_error, walk_lmdb
 from ._pinned import PinnedFile
 

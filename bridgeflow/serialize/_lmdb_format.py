@@ -5,7 +5,7 @@ Layout: a single file (``foo.lmdb``, LMDB's ``subdir=False`` mode; no ``-lock`` 
 with ``__bf__/`` (they sort after every datapoint): ``format``, ``codec``, ``version``, ``count``.
 ``load`` also reads an LMDB *directory* (``data.mdb`` inside) written the same way.
 
-Each value is one :func:`bridgeflow.serialize._codec.encode` buffer followed by its 4-byte CRC-32 (the
+Each value is one :func:`bridgeflow.serialize.encode` buffer followed by its 4-byte CRC-32 (the
 default, ``checksum=True``; the ``__bf__/checksum`` key says so; files saved with ``checksum=False`` or
 before checksums were the default have none and still load). The CRC is zlib's, computed by zlib-ng when
 installed (the ``lmdb`` extra; see :mod:`bridgeflow.serialize._checksum`).
@@ -59,13 +59,13 @@ from typing import Any
 import numpy as np
 
 from .._base import DataFlow
+from .._codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, decode, decode_many, encode
 from .._deps import require
 from .._order import IndexedSource
+from .._serialize_errors import CorruptDataError, EncodeError, PickleNotAllowedError, UnsupportedFormatError
 from ._atomic import atomic_path, write_error
 from ._checksum import crc32
-from ._codec import CODECS, DECODE_ERRORS, DEFAULT_CODEC, FORMAT_VERSION, decode, decode_many, encode
 from ._common import classes_json, existing_path, iterate_source, normalize_index, note_datapoint, parse_classes
-from ._errors import CorruptDataError, EncodeError, PickleNotAllowedError, UnsupportedFormatError
 from ._lmdb_file import PinnedLMDB, check_verify, new_bytearray, new_bytearray_function
 from ._lmdb_rows import ROWS, SMALL_VALUE, SmallValueReads, gather_rows, rows_crc
 from ._lmdb_tree import LMDBTree, walk_lmdb, written_error
@@ -561,7 +561,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
 
     def _decode_block(self, at: int, end: int, base: int, block: memoryview | None) -> list | None:
         """The datapoints ``at..end-1`` of a block of small values, their CRCs checked and their values decoded
-        together (:func:`~bridgeflow.serialize._codec.decode_many`: the arrays are views of the block), or
+        together (:func:`~bridgeflow._codec.decode_many`: the arrays are views of the block), or
         ``None`` where they are not alike: then each goes the usual way, which names a damaged one."""
         if block is None or end - at < 2 or self.format != "bridgeflow" or self._unpickle:
             return None

@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from .._base import DataFlow
+from .._codec import DECODE_ERRORS
+from .._serialize_errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
 from .._transforms import MapData
-from ._codec import DECODE_ERRORS
 from ._common import normalize_index
-from ._errors import CorruptDataError, PickleNotAllowedError, UnsupportedFormatError
 from ._lmdb_file import PinnedLMDB, check_verify
 from ._lmdb_tree import written_error
 from ._tensorpack_codec import decode_tensorpack, which_serializer

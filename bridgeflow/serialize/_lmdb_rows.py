@@ -4,7 +4,7 @@ At a few hundred bytes a value, what a read costs is the Python around it: a cal
 to decode each value, one ``pread`` to watch for a writer. A batch of ``k`` values of ``s`` bytes each
 (the encoding and its 4-byte CRC-32, as :mod:`bridgeflow.serialize._lmdb_format` stores them), gathered into
 one buffer, is instead checked by one CRC-32 call over the whole buffer and decoded by
-:func:`~bridgeflow.serialize._codec.decode_many`. Sequential epochs gather a batch from a run of leaf pages
+:func:`~bridgeflow._codec.decode_many`. Sequential epochs gather a batch from a run of leaf pages
 read at once; shuffled ones (:class:`SmallValueReads`) from the *region*, the bytes holding every value
 the epoch reads, read with one ``preadv`` when it is at most :data:`REGION_BYTES` (64 MiB) and at least
 half values (a small dataset), else with one ``preadv`` a value, which at 300 bytes costs more than the
@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from .._codec import DECODE_ERRORS, decode_many
+from .._serialize_errors import CorruptDataError
 from ._checksum import crc32
-from ._codec import DECODE_ERRORS, decode_many
 from ._common import normalize_index
-from ._errors import CorruptDataError
 from ._lmdb_file import new_bytearray
 
 __all__ = ["ROWS", "SMALL_VALUE", "SmallValueReads", "gather_rows", "read_rows", "rows_crc"]

@@ -42,8 +42,8 @@ import struct
 
 import numpy as np
 
+from .._serialize_errors import CorruptDataError, DatasetChangedError
 from ._common import wrong_format
-from ._errors import CorruptDataError, DatasetChangedError
 from ._pinned import PinnedFile
 
 __all__ = ["LMDBTree", "cut_error", "walk_lmdb", "written_error"]

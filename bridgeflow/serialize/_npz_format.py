@@ -36,10 +36,10 @@ import numpy as np
 from .._base import DataFlow
 from .._errors import DatapointError
 from .._order import IndexedSource
+from .._serialize_errors import CorruptDataError, UnsupportedFormatError
 from ._atomic import atomic_path, check_target, write_error
 from ._columns import Column, assemble, classify, split_datapoint
 from ._common import classes_json, existing_path, iterate_source, normalize_index, parse_classes, wrong_format
-from ._errors import CorruptDataError, UnsupportedFormatError
 from ._pinned import PinnedFile
 from ._zip_member import MemberFile, ZipMember
 

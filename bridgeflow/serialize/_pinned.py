@@ -40,7 +40,7 @@ import os
 import stat
 from typing import Any
 
-from ._errors import CorruptDataError, DatasetChangedError, DatasetNotFoundError
+from .._serialize_errors import CorruptDataError, DatasetChangedError, DatasetNotFoundError
 
 __all__ = ["PinnedFile", "PinnedReader", "not_a_file"]
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from .._deps import require
 from .._errors import MissingDependencyError
-from ._errors import CorruptDataError, PickleNotAllowedError
+from .._serialize_errors import CorruptDataError, PickleNotAllowedError
 
 __all__ = ["SERIALIZERS", "decode_tensorpack", "is_pickle", "which_serializer"]
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CorruptDataError
+from .._serialize_errors import CorruptDataError
 from ._lmdb_tree import LMDBTree
 from ._pinned import PinnedFile
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CorruptDataError
+from ._serialize_errors import CorruptDataError
 
 __all__ = ["ARRAY_KINDS", "BASE", "HEADER", "Plan", "T", "compile_plan"]
 

@@ -1,8 +1,12 @@
-"""Errors raised by bridgeflow.serialize; all derive from :class:`bridgeflow._errors.BridgeflowError`."""
+"""Errors raised by bridgeflow.serialize and the codec; all derive from :class:`bridgeflow._errors.BridgeflowError`.
+
+They sit in the lowest layer, beside :mod:`bridgeflow._errors`: the codec (:mod:`bridgeflow._codec`), which the
+state uses to keep held datapoints, raises them too. Users import them from :mod:`bridgeflow.serialize`.
+"""
 
 from __future__ import annotations
 
-from .._errors import BridgeflowError
+from ._errors import BridgeflowError
 
 __all__ = [
     "ComponentNotFoundError",

@@ -22,10 +22,14 @@ buffers.
 :func:`decode_frames` keep the buffers as separate frames (header + table + structure first), so a
 transport sends arrays without copying them into a header.
 
+The codec sits beside the state, below the flows: a state keeps the datapoints a flow holds with it
+(:func:`bridgeflow._state.pack_held`). Users reach it through :mod:`bridgeflow.serialize`, which exports
+its public names.
+
 Arrays decoded are **views of the buffer given** (zero-copy): writable exactly when that buffer is
-writable (``bytearray``, a writable ``memoryview``), read-only for ``bytes``. The dataset readers in this
-package copy each stored value once into a fresh ``bytearray``, so the arrays they return are writable and
-stay valid after the file is closed.
+writable (``bytearray``, a writable ``memoryview``), read-only for ``bytes``. The dataset readers of
+:mod:`bridgeflow.serialize` copy each stored value once into a fresh ``bytearray``, so the arrays they return
+are writable and stay valid after the file is closed.
 
 Supported: numpy arrays of bool, integer, float, complex, datetime/timedelta and fixed-width string dtypes
 (any shape, 0-d and empty too; non-contiguous arrays are stored contiguously, Fortran-ordered ones keep
@@ -51,8 +55,8 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import CorruptDataError, EncodeError, PickleNotAllowedError, UnsupportedFormatError
-from ._plan import ARRAY_KINDS, Plan, T, compile_plan
+from ._codec_plan import ARRAY_KINDS, Plan, T, compile_plan
+from ._serialize_errors import CorruptDataError, EncodeError, PickleNotAllowedError, UnsupportedFormatError
 
 __all__ = [
     "CODECS",
