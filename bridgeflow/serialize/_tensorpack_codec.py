@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import io
 import math
 import pickle
 from typing import Any
@@ -152,6 +153,19 @@ def _decode_msgpack(buf: Any, allow_pickle: bool) -> Any:
                            object_hook=_object_hook(allow_pickle), ext_hook=_refuse_ext)
 
 
+class _Unpickler(pickle.Unpickler):
+    """tensorpack's pickles name numpy 1's ``numpy.core``, which numpy 2 keeps as a shim warning on every
+    first use; the names are looked up where numpy 2 keeps them (``numpy._core``)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if _NUMPY_CORE and (module == "numpy.core" or module.startswith("numpy.core.")):
+            module = "numpy._core" + module[len("numpy.core"):]
+        return super().find_class(module, name)
+
+
+_NUMPY_CORE = int(np.__version__.split(".")[0]) >= 2
+
+
 def decode_tensorpack(buf: Any, *, allow_pickle: bool = False, serializer: str | None = None) -> Any:
     """Decode one value written by tensorpack's ``dumps`` (see the module doc).
 
@@ -171,7 +185,7 @@ def decode_tensorpack(buf: Any, *, allow_pickle: bool = False, serializer: str |
                                         "TENSORPACK_SERIALIZE=pickle): pass allow_pickle=True to read it, only if "
                                         "you trust the data (unpickling can run code)")
         try:
-            return pickle.loads(buf)
+            return _Unpickler(io.BytesIO(buf)).load()
         except Exception as exc:  # whatever a damaged pickle raises
             raise CorruptDataError(f"cannot unpickle the value: {type(exc).__name__}: {exc}") from exc
     if is_pickle(buf):
