@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromGenerator, DataFromList
-from bridgeflow._codec import encode_frames
 from bridgeflow.remote import (
     MessageTooLargeError,
     ProducerError,
@@ -26,7 +25,7 @@ from bridgeflow.remote import (
     send_dataflow_zmq,
 )
 from bridgeflow.remote._zmq_flow import _QUEUE_DEPTH
-from bridgeflow.serialize import PickleNotAllowedError
+from bridgeflow.serialize import PickleNotAllowedError, encode_frames
 from bridgeflow.testing import assert_same_datapoints, check_dataflow
 from conftest import PROMPTLY_S, exit_with_parent, free_tcp, wait_for
 

@@ -153,17 +153,17 @@ def _decode_msgpack(buf: Any, allow_pickle: bool) -> Any:
                            object_hook=_object_hook(allow_pickle), ext_hook=_refuse_ext)
 
 
+_NUMPY2 = int(np.__version__.split(".")[0]) >= 2
+
+
 class _Unpickler(pickle.Unpickler):
     """tensorpack's pickles name numpy 1's ``numpy.core``, which numpy 2 keeps as a shim warning on every
     first use; the names are looked up where numpy 2 keeps them (``numpy._core``)."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if _NUMPY_CORE and (module == "numpy.core" or module.startswith("numpy.core.")):
+        if _NUMPY2 and (module == "numpy.core" or module.startswith("numpy.core.")):
             module = "numpy._core" + module[len("numpy.core"):]
         return super().find_class(module, name)
-
-
-_NUMPY_CORE = int(np.__version__.split(".")[0]) >= 2
 
 
 def decode_tensorpack(buf: Any, *, allow_pickle: bool = False, serializer: str | None = None) -> Any:

@@ -555,9 +555,7 @@ def _default_has_len(spec: tuple) -> bool:
 
 def _default_len_from_epoch_1(spec: tuple) -> bool:
     """Whether the flow has a len() from its second epoch on: CacheData learns its length in its first."""
-    if spec[0] == "cache":
-        return True
-    if spec[0] in ("list", "fake"):
+    if spec[0] in ("cache", "list", "fake"):
         return True
     if spec[0] in ("gen", "unbatch"):
         return False
