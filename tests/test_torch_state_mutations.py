@@ -219,10 +219,10 @@ def test_the_damaged_fields_of_issue_24_are_named():
     cases = {"yielded": -1, "started": 1, "base_seed": 2**64, "last_worker": 5, "config": None}
     for field, value in cases.items():
         bad = dict(state, **{field: value})
-        with pytest.raises(ResumeStateError, match=rf"state\[.?{field}.?\]"):
+        with pytest.raises(ResumeStateError, match=rf"field '{field}' of the state"):
             SETUPS["shuffled_generator"](0).load_state_dict(bad)
     bad = dict(state, yielded=True)
-    with pytest.raises(ResumeStateError, match="yielded.*expected an integer"):
+    with pytest.raises(ResumeStateError, match="yielded.*a bool.*expected int"):
         SETUPS["shuffled_generator"](0).load_state_dict(bad)
     bad = dict(state, rng_now={"generator": "!!!"})
     with pytest.raises(ResumeStateError, match="rng_now.generator.*base64"):

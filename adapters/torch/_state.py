@@ -43,7 +43,7 @@ from bridgeflow._state import MAX_DEPTH, StateMismatchError, short
 
 from . import _compat
 from ._compat import InfiniteConstantSampler, torch
-from ._state_fields import LoaderFacts, check_fields, fields_checksum
+from ._state_fields import LoaderFacts, check_loader_state, fields_checksum
 
 __all__ = [
     "FORMAT",
@@ -382,7 +382,8 @@ def _too_deep(state: Any) -> bool:
 
 
 def check_state(loader: Any, state: Any) -> dict:
-    """Validate ``state`` for ``loader`` and return a private copy of it; ResumeStateError names a mismatch."""
+    """Validate ``state`` for ``loader`` (its settings here, its fields with :mod:`._state_fields`'s declaration)
+    and return a private copy of it; ResumeStateError names a mismatch."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ResumeStateError("DataLoader.load_state_dict: not a state of bridgeflow's DataLoader (no "
                                f"'format': {FORMAT!r} entry); states of other loaders cannot be loaded")
@@ -391,14 +392,15 @@ def check_state(loader: Any, state: Any) -> dict:
                                "loader saves one")
     version = state.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ResumeStateError(f"DataLoader.load_state_dict: state['version'] = {version!r}: not a format version")
+        raise ResumeStateError(f"DataLoader.load_state_dict: field 'version' of the state is {short(version)}: not a "
+                               "format version")
     if version > VERSION:
         raise ResumeStateError(f"DataLoader.load_state_dict: the state has format version {version!r}, newer "
                                f"than this bridgeflow reads ({VERSION}); upgrade bridgeflow to load it")
     saved, here = state.get("config"), _config(loader)
     if not isinstance(saved, dict):
-        raise ResumeStateError(f"DataLoader.load_state_dict: state['config'] = {saved!r:.80}: expected the "
-                               "saving loader's settings (a mapping)")
+        raise ResumeStateError(f"DataLoader.load_state_dict: field 'config' of the state is {short(saved)}: "
+                               "expected the saving loader's settings (a mapping)")
     for key in ("kind", "batch_size", "drop_last", "samplers"):
         if saved.get(key) != here.get(key):
             raise _mismatch({"samplers": "sampler types", "kind": "dataset kind"}.get(key, key),
@@ -429,7 +431,7 @@ def check_state(loader: Any, state: Any) -> dict:
     sizes = {path: g.get_state().numel() for path, g in _generators(loader).items()}
     sizes[GLOBAL_RNG] = torch.get_rng_state().numel()
     gens = set(_generators(loader))
-    check_fields(state, LoaderFacts(
+    check_loader_state(state, LoaderFacts(
         kind=loader._bf.kind, num_workers=loader.num_workers, epoch_length=_epoch_length(loader),
         dataset_stateful=is_stateful(loader._bf.items), rng_sizes=sizes, generators=gens,
         epoch_rngs=gens | ({GLOBAL_RNG} if _uses_global_rng(loader) else set()),
@@ -447,8 +449,8 @@ def check_state(loader: Any, state: Any) -> dict:
                                f"a {type(target).__name__}, has no load_state_dict()")
     saved = state.get("check")
     if saved is not None and saved != fields_checksum(state):  # a state without one (by hand) is taken as is
-        raise ResumeStateError(f"DataLoader.load_state_dict: state[check] = {saved!r:.40}: the state's fields do "
-                               "not match the checksum it was saved with (it was changed or damaged after "
+        raise ResumeStateError(f"DataLoader.load_state_dict: field 'check' of the state is {saved!r:.40}: the state's "
+                               "fields do not match the checksum it was saved with (it was changed or damaged after "
                                "state_dict() returned it)")
     return copy.deepcopy(state)
 
