@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from bridgeflow._state import StateMismatchError, short
+from bridgeflow import StateMismatchError
+from bridgeflow._state import short
 from bridgeflow._state_schema import Count, Field, Flag, Value, check_fields
 
 __all__ = ["LOADER_FIELDS", "LoaderFacts", "check_loader_state", "fields_checksum"]
