@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .._codec import DECODE_ERRORS, decode_frames
+from .._codec import DECODE_ERRORS
 from .._errors import DataFlowTerminated
-from .._serialize_errors import CorruptDataError
+from ..serialize import CorruptDataError, decode_frames
 from . import _protocol as P
 from ._errors import MessageTooLargeError, ProducerError, ProducerLostError, RemoteConnectionError
 from ._keys import Security
