@@ -163,21 +163,18 @@ class _MapStage(ParallelStage):
             self._loose = unordered_stage(self)
         return self._loose  # type: ignore[return-value]  # never False here: looked up just above
 
-    def _stream(self, source: Iterator) -> Iterator:
-        """``source`` as the stage pulls it (see :meth:`MapCursor.stream`)."""
-        return self._cursor.stream(source, self._source_loose() is not None)
-
     def _source_stream(self, size: int | None) -> Iterator:
-        """The source stream an epoch reads: one epoch of the source when strict (``size`` None), on a new
-        ledger; else the endless stream of source datapoints that non-strict epochs share."""
-        cursor = self._cursor
+        """The source stream an epoch reads (see :meth:`MapCursor.stream`): one epoch of the source when strict
+        (``size`` None), on a new ledger; else the endless stream of source datapoints that non-strict epochs
+        share."""
+        cursor, loose = self._cursor, self._source_loose() is not None
         if size is None:
-            source = self._stream(iter(self.ds))
-            cursor.new_ledger(self.ds, self._source_loose() is not None)
+            source = cursor.stream(iter(self.ds), loose)
+            cursor.new_ledger(self.ds, loose)
             return source
         if cursor.carry is None:
-            cursor.carry = self._stream(forever(self.ds, type(self).__name__))
-            cursor.new_ledger(self.ds, self._source_loose() is not None)
+            cursor.carry = cursor.stream(forever(self.ds, type(self).__name__), loose)
+            cursor.new_ledger(self.ds, loose)
         return cursor.carry
 
     # the resume planning, in bridgeflow.parallel._resume_plan: where a resumed or gone-back source stands
