@@ -100,7 +100,7 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 from ._errors import DataFlowReentrantError, length_unknown
 from ._state import (
@@ -118,7 +118,7 @@ from ._state import (
     verify_checksum,
 )
 from ._state_schema import Children, Count, Field, Rng, apply_fields
-from ._tensorpack_style import adopt, moved_caller
+from ._tensorpack_style import adopt, public
 from .pipeline import pipeline_stats
 
 __all__ = ["DataFlow", "ReadAhead", "epoch_live", "pending_state", "reset_once", "unordered_stage"]
@@ -198,10 +198,8 @@ class DataFlow:
 
     # --- the public lifecycle ---------------------------------------------------------------------
 
+    @public("_iter_epoch")
     def __iter__(self) -> Iterator[Datapoint]:
-        owner = moved_caller(self, "_iter_epoch")
-        if owner is not None:  # super().__iter__() in a tensorpack-style __iter__: the parent's epoch
-            return self.__parent_epoch(owner)
         if not self.__reset_done:
             log.debug("%s iterated before reset_state(); resetting it now", type(self).__name__)
             self.reset_state()
@@ -213,18 +211,19 @@ class DataFlow:
         self.__epoch = weakref.ref(gen)
         return gen
 
-    get_data = __iter__  # tensorpack's older spelling of iter(df)
+    @public("_iter_epoch")
+    def get_data(self) -> Iterator[Datapoint]:
+        """tensorpack's older spelling of ``iter(df)``."""
+        return self.__iter__()
 
+    @public("_on_reset")
     def reset_state(self) -> None:
         """Prepare to iterate in this process: seed RNGs, open files, start workers. Called once."""
-        owner = moved_caller(self, "_on_reset")
-        if owner is not None:  # super().reset_state() in a tensorpack-style reset_state
-            self.__parent(owner)._on_reset()
-            return
         self._on_reset()
         self.__reset_done = True
         self._settle_loaded()
 
+    @public("_own_state")
     def state_dict(self) -> dict[str, Any]:
         """Where this flow is, as plain data: its next ``iter()`` after ``load_state_dict`` continues here.
 
@@ -245,9 +244,6 @@ class DataFlow:
         ``load_state_dict`` (``_own_state`` and ``_take_state``) for anything else, or declare
         ``class F(DataFlow, resumable=False)``.
         """
-        owner = moved_caller(self, "_own_state")
-        if owner is not None:
-            return self.__parent(owner)._own_state()
         reader = self.__read_ahead() if self.__read_ahead is not None else None
         if reader is not None:  # a reader holds datapoints ahead of its consumer: its position is the consumer's
             out = reader.delivered_state(self)
@@ -277,14 +273,11 @@ class DataFlow:
                 out["check"] = check
         return out
 
+    @public("_take_state")
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Take a state saved by :meth:`state_dict` of a flow of the same structure; its next ``iter()``
         continues from there. A state of another structure raises ``StateMismatchError`` (a ValueError)
         naming the flow and what differs."""
-        owner = moved_caller(self, "_take_state")
-        if owner is not None:
-            self.__parent(owner)._take_state(state)
-            return
         self.__read_ahead = None
         depth = _nesting.loading
         _nesting.loading = depth + 1  # the children's states are loaded inside this call
@@ -320,14 +313,11 @@ class DataFlow:
         Held by a weak reference."""
         self.__read_ahead = weakref.ref(reader)
 
+    @public("_own_stats")  # super().stats() in a moved stats(): the parents' own (flat) counters
     def stats(self) -> dict[str, dict[str, float]]:
         """The counters of every stage in the pipeline under this flow (this one included) that keeps
         them, by path: ``{"BatchData/MultiProcessMapData": {"buffer_fill": 0.9, ...}}``. See
         :func:`bridgeflow.pipeline.bottleneck` for what they say."""
-        owner = moved_caller(self, "_own_stats")
-        if owner is not None:  # super().stats() in a stats() written for an earlier bridgeflow
-            # a moved stats() is this class's _own_stats hook: super().stats() in it means the parent's own counters
-            return self.__parent(owner)._own_stats()  # type: ignore[return-value]  # the hook's flat dict
         return pipeline_stats(self)
 
     def close(self) -> None:
@@ -535,18 +525,6 @@ class DataFlow:
             close = getattr(it, "close", None)
             if close is not None:
                 close()
-
-    def __parent(self, owner: type[Any]) -> DataFlow:
-        # super(owner, self): the methods that follow ``owner`` in this flow's MRO. mypy types a super() proxy by
-        # the class the call is written in (DataFlow here, whose parent is object), not by ``owner``.
-        return cast(DataFlow, super(owner, self))
-
-    def __parent_epoch(self, owner: type) -> Iterator:
-        parent = self.__parent(owner)
-        # the parent's epoch is its _iter_epoch() (a bound method's __func__: typeshed's Callable has none)
-        if getattr(parent._begin_epoch, "__func__", None) is DataFlow._begin_epoch:
-            return parent._iter_epoch()
-        return parent._begin_epoch(None)
 
 
 def _tree_copy(value: Any, depth: int = 0) -> Any:
