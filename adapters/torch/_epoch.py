@@ -32,7 +32,7 @@ import warnings
 import weakref
 from typing import Any
 
-from bridgeflow._errors import BridgeflowError
+from bridgeflow import BridgeflowError
 
 from . import _compat
 from ._dispatch import Dispatcher

@@ -53,9 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from bridgeflow._base import DataFlow
-from bridgeflow._shard import warn_if_unsharded
-from bridgeflow.parallel._transport.supervision import check_max_restarts
+from bridgeflow import DataFlow
+from bridgeflow.engine import check_max_restarts, warn_if_unsharded
 from bridgeflow.pipeline import iter_flows
 
 from . import _compat

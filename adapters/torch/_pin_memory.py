@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from bridgeflow.parallel._transport.background import Producer
+from bridgeflow.engine import Producer
 
 from . import _compat
 from ._compat import torch

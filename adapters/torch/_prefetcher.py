@@ -47,10 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from bridgeflow._base import DataFlow
-from bridgeflow._errors import BridgeflowError
-from bridgeflow._shard import warn_if_unsharded
-from bridgeflow.parallel._transport.background import BackgroundIterator, Producer
+from bridgeflow import BridgeflowError, DataFlow
+from bridgeflow.engine import BackgroundIterator, Producer, warn_if_unsharded
 
 from ._compat import torch
 from ._convert import map_structure

@@ -19,8 +19,7 @@ import argparse
 import os
 from typing import Any
 
-from .._base import DataFlow
-from .._commands import load_object
+from ..engine import DataFlow, load_object
 
 __all__ = ["DEFAULT_ADDR", "load_source", "register"]
 
@@ -35,11 +34,11 @@ def _load_file(path: str, shuffle: bool, allow_pickle: bool = False) -> DataFlow
         return loader(path, shuffle=shuffle, **({"allow_pickle": True} if allow_pickle else {}))
     low = path.lower()
     if low.endswith(".lmdb") or os.path.isfile(os.path.join(path, "data.mdb")):
-        from ..serialize._lmdb_format import LMDBSerializer
+        from ..serialize import LMDBSerializer
 
         return LMDBSerializer.load(path, shuffle=shuffle)
     if low.endswith((".h5", ".hdf5")):
-        from ..serialize._hdf5_format import HDF5Serializer
+        from ..serialize import HDF5Serializer
 
         return HDF5Serializer.load(path, shuffle=shuffle)
     raise ValueError(f"bridgeflow serve: cannot tell the format of {path}; name LMDB files *.lmdb and HDF5 "

@@ -65,11 +65,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .._base import DataFlow
-from .._codec import DECODE_ERRORS, decode_frames
-from .._deps import require
-from .._errors import DataFlowTerminated
-from .._serialize_errors import CorruptDataError
+from ..engine import DECODE_ERRORS, DataFlow, DataFlowTerminated, require
+from ..serialize import CorruptDataError, decode_frames
 from . import _protocol as P
 from ._errors import MessageTooLargeError, ProducerError, ProducerLostError, RemoteConnectionError
 from ._keys import CurveKeys, Security, load_keys
