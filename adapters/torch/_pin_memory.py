@@ -3,7 +3,7 @@
 :class:`BatchPinner` copies every CPU tensor of a batch into page-locked memory taken from torch's pinned
 caching allocator, splitting large copies across a few threads (:class:`~._staging.ParallelCopier`).
 Tensors already pinned by that allocator pass through. Tensors that view a *registered* shared-memory slab
-(see :mod:`.pinning`) are pinned too, but the loader's user may start a non-blocking copy from them and
+(see :mod:`._pinning`) are pinned too, but the loader's user may start a non-blocking copy from them and
 drop them at once; torch tracks such copies only for memory its own allocator gave out, so the slab could
 go back to its worker while the copy still reads it. So they are copied as well, unless ``zero_copy=True``
 says the consumer keeps each batch until its copies are done (as :class:`~._prefetcher.CUDAPrefetcher` does).

@@ -16,7 +16,7 @@ pinner warns once and stops registering: batches in unregistered slabs take the 
 they did before, and nothing crashes.
 
 Example:
-    >>> from bridgeflow.adapters.torch.pinning import SlabPinner, attach_pinner   # doctest: +SKIP
+    >>> from bridgeflow.adapters.torch._pinning import SlabPinner, attach_pinner   # doctest: +SKIP
     >>> pinner = SlabPinner(CudaHostRegistrar("cuda:0"))                           # doctest: +SKIP
     >>> attach_pinner(flow, pinner)   # every parallel stage of the flow          # doctest: +SKIP
 """
