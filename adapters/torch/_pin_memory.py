@@ -127,7 +127,7 @@ class _Stopped(BaseException):
 
 def _pinned(result: Result, pinner: BatchPinner) -> Result:
     """A result with its batch pinned; a pinning error is that batch's error (it counts as delivered)."""
-    if result.tag != BATCH:
+    if result.tag is not BATCH:
         return result
     try:
         return Result(BATCH, pinner(result.value), result.state)

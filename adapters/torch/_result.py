@@ -17,19 +17,45 @@ sample's index, or the batch's indices when the task cannot be told apart; the e
 ``state`` is the worker's dataset state right after the task (torchdata's convention, see
 :meth:`~._fetch.Fetcher.state`): None when the dataset has none, an exception when reading it failed.
 
+The tags are the members of :class:`Tag`, an :class:`enum.Enum`, also bound at module level (``BATCH``, ...).
+Each is one object in every process: a pickled tag is loaded by name as the same member, so the epoch iterator
+tells them apart with ``is``.
+
 Example:
     >>> r = Result(BATCH, [1, 2])
-    >>> r.tag == BATCH, r.value, r.state
+    >>> r.tag is BATCH, r.value, r.state
     (True, [1, 2], None)
+    >>> import pickle
+    >>> pickle.loads(pickle.dumps(r)).tag is BATCH
+    True
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
-__all__ = ["BATCH", "ENDED", "FAILED", "SKIPPED", "STARTED", "STOPPED", "Result"]
+__all__ = ["BATCH", "ENDED", "FAILED", "SKIPPED", "STARTED", "STOPPED", "Result", "Tag"]
 
-BATCH, ENDED, STOPPED, FAILED, STARTED, SKIPPED = "batch", "ended", "stopped", "failed", "started", "skipped"
+
+class Tag(enum.Enum):
+    """What a task's :class:`Result` says happened (see the module doc)."""
+
+    BATCH = "batch"
+    ENDED = "ended"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    STARTED = "started"
+    SKIPPED = "skipped"
+
+    def __reduce_ex__(self, protocol: Any) -> str:  # type: ignore[override]  # a str is pickle's by-name form
+        # Pickled as the module-level name (``BATCH``, bound below), which loading looks up: the same member,
+        # without calling Tag("batch") for each result a worker sends.
+        return self.name
+
+
+BATCH, ENDED, STOPPED = Tag.BATCH, Tag.ENDED, Tag.STOPPED
+FAILED, STARTED, SKIPPED = Tag.FAILED, Tag.STARTED, Tag.SKIPPED
 
 
 class Result:
@@ -38,7 +64,7 @@ class Result:
 
     __slots__ = ("skipped", "state", "tag", "value")
 
-    def __init__(self, tag: str, value: Any = None, state: Any = None, skipped: list | None = None) -> None:
+    def __init__(self, tag: Tag, value: Any = None, state: Any = None, skipped: list | None = None) -> None:
         self.tag = tag
         self.value = value
         self.state = state
@@ -50,4 +76,4 @@ class Result:
         return (Result, (self.tag, self.value, self.state, self.skipped))
 
     def __repr__(self) -> str:
-        return f"Result({self.tag}, state={'yes' if self.state is not None else 'none'})"
+        return f"Result({self.tag.value}, state={'yes' if self.state is not None else 'none'})"
