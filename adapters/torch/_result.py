@@ -39,23 +39,20 @@ __all__ = ["BATCH", "ENDED", "FAILED", "SKIPPED", "STARTED", "STOPPED", "Result"
 
 
 class Tag(enum.Enum):
-    """What a task's :class:`Result` says happened (see the module doc)."""
+    """What a task's :class:`Result` says happened (see the module doc). The values are the tags' numbers on
+    the wire: a pickled :class:`Result` carries its tag as that small int."""
 
-    BATCH = "batch"
-    ENDED = "ended"
-    STOPPED = "stopped"
-    FAILED = "failed"
-    STARTED = "started"
-    SKIPPED = "skipped"
-
-    def __reduce_ex__(self, protocol: Any) -> str:  # type: ignore[override]  # a str is pickle's by-name form
-        # Pickled as the module-level name (``BATCH``, bound below), which loading looks up: the same member,
-        # without calling Tag("batch") for each result a worker sends.
-        return self.name
+    BATCH = 0
+    ENDED = 1
+    STOPPED = 2
+    FAILED = 3
+    STARTED = 4
+    SKIPPED = 5
 
 
 BATCH, ENDED, STOPPED = Tag.BATCH, Tag.ENDED, Tag.STOPPED
 FAILED, STARTED, SKIPPED = Tag.FAILED, Tag.STARTED, Tag.SKIPPED
+_TAGS = tuple(Tag)  # a tag's member by its number: _TAGS[tag._value_] is tag
 
 
 class Result:
@@ -71,9 +68,16 @@ class Result:
         self.skipped = skipped
 
     def __reduce__(self) -> tuple:
+        # The tag travels as its number (``_value_``, a plain attribute): a worker sends a result per batch, and
+        # pickling the member itself would look its class up by name on each load.
         if self.skipped is None:
-            return (Result, (self.tag, self.value, self.state))
-        return (Result, (self.tag, self.value, self.state, self.skipped))
+            return (_loaded, (self.tag._value_, self.value, self.state))
+        return (_loaded, (self.tag._value_, self.value, self.state, self.skipped))
 
     def __repr__(self) -> str:
-        return f"Result({self.tag.value}, state={'yes' if self.state is not None else 'none'})"
+        return f"Result({self.tag.name.lower()}, state={'yes' if self.state is not None else 'none'})"
+
+
+def _loaded(tag: int, value: Any, state: Any, skipped: list | None = None) -> Result:
+    """A pickled :class:`Result` loaded: its tag back from its number."""
+    return Result(_TAGS[tag], value, state, skipped)
