@@ -35,6 +35,7 @@ import numpy as np
 import bridgeflow as bf
 from bridgeflow.parallel import MultiProcessMapData, MultiThreadMapData
 from bridgeflow.parallel._progress import SourceLedger
+from bridgeflow.parallel._resume_plan import MapCursor
 
 BANK_SIZE = 512  # 77 MB of images: more than the caches hold, as with a real dataset
 BATCH = 64
@@ -144,12 +145,20 @@ class _NullLedger(SourceLedger):
         pass
 
 
+class _UntrackedCursor(MapCursor):
+    __slots__ = ()
+
+    def new_ledger(self, ds: bf.DataFlow, loose: bool) -> SourceLedger:
+        self.skips.clear()
+        self.index_of.clear()
+        self.ledger = _NullLedger(ds)
+        return self.ledger
+
+
 class UntrackedProcesses(MultiProcessMapData):
-    def _new_ledger(self) -> SourceLedger:
-        self._skips.clear()
-        self._index_of.clear()
-        self._ledger = _NullLedger(self.ds)
-        return self._ledger
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._cursor = _UntrackedCursor()
 
 
 class Saving:

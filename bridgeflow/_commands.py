@@ -1,8 +1,8 @@
 """What every ``bridgeflow`` command shares: the flow a ``MODULE:FUNCTION`` (or ``FILE.py:FUNCTION``) names,
 and running a command with one-line errors and the shell's exit codes.
 
-:mod:`bridgeflow.cli` builds the command line; the commands of :mod:`bridgeflow.serialize._cli` and
-:mod:`bridgeflow.remote._cli` use these too.
+:mod:`bridgeflow.cli` builds the command line; the commands of :mod:`bridgeflow._cli_serialize` and
+:mod:`bridgeflow._cli_remote` use these too.
 """
 
 from __future__ import annotations
@@ -162,4 +162,8 @@ def _has_a_where(exc: BaseException) -> bool:
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
     package = os.path.dirname(os.path.abspath(__file__))
     last = os.path.abspath(frames[-1].filename) if frames else ""
-    return not (last.startswith(package + os.sep) and os.path.basename(last) in ("cli.py", "_cli.py", "_commands.py"))
+    return not (last.startswith(package + os.sep) and os.path.basename(last) in _COMMAND_FILES)
+
+
+# The modules of the command line itself: an error raised in one of them is a bad argument, not the user's code.
+_COMMAND_FILES = ("cli.py", "_cli_serialize.py", "_cli_remote.py", "_commands.py")

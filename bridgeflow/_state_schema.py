@@ -72,7 +72,8 @@ class Field:
 
     def check(self, flow: Any, value: Any) -> None:
         if not _typed(value, self.kinds):
-            self.fail(f"is a {type(value).__name__} ({_show(value)})")
+            expected = " or ".join(k.__name__ for k in self.kinds if k is not type(None))
+            self.fail(f"is a {type(value).__name__} ({_show(value)}), expected {expected}")
 
     def load(self, flow: Any, value: Any) -> None:
         """Give the flow's children their states (child fields), once every field passed."""
@@ -299,7 +300,7 @@ def check_fields(flow: Any, state: dict, fields: Sequence[Field], reserved: Sequ
         elif not f.optional:
             raise StateMismatchError(f"the state has no {f.name!r} field; it was saved by another version of "
                                      "this flow")
-    if len(state) > len(fields):
+    if len(state) > sum(f.name in state for f in fields):  # a key that is not a field (or reserved)
         names = {f.name for f in fields}
         for key in state:
             if key not in names and key not in reserved:

@@ -86,7 +86,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.target is not None and ":" not in args.target:
         if not os.path.exists(args.target):
             raise FileNotFoundError(f"no such dataset file: {args.target} (and it is not MODULE:FUNCTION)")
-        from .serialize._cli import bench_file
+        from ._cli_serialize import bench_file
 
         return bench_file(args.target, args)
     if args.fake is not None:
@@ -166,7 +166,7 @@ class _AboveProgressBars(logging.StreamHandler):
 
 
 # Modules that add their own sub-commands with ``register(subparsers)``.
-_COMMAND_MODULES: tuple[str, ...] = ("bridgeflow.serialize._cli", "bridgeflow.remote._cli")
+_COMMAND_MODULES: tuple[str, ...] = ("bridgeflow._cli_serialize", "bridgeflow._cli_remote")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,7 @@ import public names (``bridgeflow.DataFlow``, ``bridgeflow.MapData``, ``bridgefl
 errors, ...) from their public places, and everything else of the core from here: no private module of the core
 is imported from outside it. The ``seam`` contract in ``pyproject.toml`` (``lint-imports``) holds this.
 
-The names fall in four groups:
+The names fall in five groups:
 
 - the background thread: :class:`Producer` and :class:`BackgroundIterator`;
 - the worker pool's parts that a pool owner needs beside :class:`bridgeflow.parallel.WorkerPool`:
@@ -14,7 +14,9 @@ The names fall in four groups:
   :func:`warn_if_unsharded`, :func:`check_datapoint`, :data:`DATAPOINT_TYPES`, :func:`not_a_flow`,
   :func:`load_object`;
 - helpers: :func:`require`, :func:`progress_bar`, :data:`DECODE_ERRORS`, and the state's :data:`MAX_DEPTH` and
-  :func:`short`.
+  :func:`short`;
+- the state schema an adapter declares its state with: :class:`Field`, :class:`Count`, :class:`Flag`,
+  :class:`Value`, :func:`check_fields`.
 
 ``bridgeflow.remote`` lives inside the package, so it cannot import ``bridgeflow`` itself (that would make an
 import cycle through ``bridgeflow/__init__``); for it the seam also hands on the base classes and errors it
@@ -45,6 +47,7 @@ from ._progress import progress_bar
 from ._proxy import ProxyDataFlow
 from ._shard import warn_if_unsharded
 from ._state import MAX_DEPTH, short
+from ._state_schema import Count, Field, Flag, Value, check_fields
 from ._transforms import _DATAPOINT_TYPES as DATAPOINT_TYPES
 from ._transforms import check_datapoint
 from .parallel._common import ParallelStage
@@ -75,6 +78,12 @@ __all__ = [
     "DECODE_ERRORS",  # the errors decoding raises on purpose
     "MAX_DEPTH",  # the deepest nesting of dicts and lists a state may have
     "short",  # repr() cut to about 60 characters, for error messages about untrusted states
+    # the state schema, to declare an adapter's state with the core's fields
+    "Field",  # one field of a state: its name and what a saved state may hold in it
+    "Count",  # a field holding an integer from 0 to a bound
+    "Flag",  # a field holding a bool
+    "Value",  # a field holding a value of given types, checked further by a hook
+    "check_fields",  # every declared field there (or optional) and as declared, and no other
     # the base names, for bridgeflow.remote (the adapters import them from bridgeflow)
     "BridgeflowError",
     "DataFlow",

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from bridgeflow import DataFromList
+from bridgeflow._cli_remote import DEFAULT_ADDR, register
 from bridgeflow.remote import RemoteDataZMQ
-from bridgeflow.remote._cli import DEFAULT_ADDR, register
 from bridgeflow.serialize._lmdb_format import LMDBSerializer
 from bridgeflow.testing import assert_same_datapoints
 
 # Runs the real ``bridgeflow`` main with the serve command registered (a no-op once the CLI lists it).
-MAIN = ("import sys, bridgeflow.cli as c; m = 'bridgeflow.remote._cli'; "
+MAIN = ("import sys, bridgeflow.cli as c; m = 'bridgeflow._cli_remote'; "
         "c._COMMAND_MODULES += () if m in c._COMMAND_MODULES else (m,); sys.exit(c.main(sys.argv[1:]))")
 
 

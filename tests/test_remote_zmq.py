@@ -138,14 +138,15 @@ def test_killed_producer_is_named_within_timeout_and_the_others_go_on(leak_check
 
 
 def test_on_lost_skip_logs_and_finishes_the_epoch(leak_check, producers, caplog, tmp_path):
-    """The survivor's whole epoch, and its last-pass marker, wait in the consumer's queue before the victim is
-    killed: a producer that has said goodbye cannot be lost, however busy the machine."""
+    """The survivor has sent its whole epoch, and its last-pass marker, before the victim is killed: a producer
+    that has said goodbye cannot be lost, however busy the machine; it returns once this consumer hung up."""
     a, b = f"ipc://{tmp_path}/victim.sock", f"ipc://{tmp_path}/survivor.sock"
     victim = producers(a, 100_000, 0, None, delay=0.005)
-    survivor = producers(b, 60, 500_000, 1)
+    made = FORK.Value("i", 0)
+    survivor = producers(b, 60, 500_000, 1, counter=made)
     with RemoteDataZMQ([a, b], hwm=1000, timeout=3.0, on_lost="skip") as df, caplog.at_level(logging.WARNING):
-        df.reset_state()  # connects: the survivor sends its epoch into this side's queue and exits
-        assert wait_for(lambda: survivor.exitcode is not None) and survivor.exitcode == 0
+        df.reset_state()  # connects: the survivor sends its epoch into this side's queue, then waits for the hang-up
+        assert wait_for(lambda: made.value == 60)
         got = []
         for dp in df:
             got.append(dp[1])
@@ -154,6 +155,7 @@ def test_on_lost_skip_logs_and_finishes_the_epoch(leak_check, producers, caplog,
         assert len(got) >= 10
         assert sorted(x for x in got if x >= 500_000) == list(range(500_000, 500_060))
         assert any(a in r.getMessage() and "sent nothing" in r.getMessage() for r in caplog.records)
+        assert wait_for(lambda: survivor.exitcode is not None) and survivor.exitcode == 0  # its end was read
 
 
 def test_every_producer_lost_raises_even_when_skipping(leak_check, producers, tmp_path):
@@ -562,3 +564,48 @@ def test_without_keys_only_addresses_of_this_machine_unless_allowed(leak_check):
         sender.start()
         assert [dp[0] for dp in df] == list(range(5))
         sender.join(PROMPTLY_S)
+
+
+def _produce_then_exit(addr, n, bind, done):
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()  # no orphans
+    def gen():
+        for i in range(n):
+            yield [np.full(4, i, np.int64), i]
+        done.set()  # every datapoint was handed to the sender
+
+    sent = send_dataflow_zmq(DataFromGenerator(gen, size=n), addr, hwm=2, bind=bind, heartbeat_s=0.2)
+    assert sent == n
+
+
+@pytest.mark.parametrize("consumer_binds", [False, True], ids=["consumer-connects", "consumer-binds"])
+def test_the_tail_reaches_a_consumer_behind_when_the_producer_is_done(leak_check, tmp_path, consumer_binds):
+    """A producer that sent everything while the consumer was behind (its queue full) does not close before
+    the consumer hung up: libzmq drops what a closed peer sent but the consumer's engine has not read yet (on
+    ipc://, the hang-up stops that engine for good), so the tail and the end marker were lost and the consumer
+    waited ``timeout`` for a producer that had returned. Each side holds 2 messages; the 200 small
+    datapoints fit in the socket buffers between them, so the producer is done while the consumer waits."""
+    n, addr = 200, f"ipc://{tmp_path}/tail.sock"
+    done = FORK.Event()
+    kw = {"bind": True, "producers": 1} if consumer_binds else {}
+    with RemoteDataZMQ(addr, hwm=2, timeout=10, **kw) as df:
+        if consumer_binds:
+            df.reset_state()
+        proc = FORK.Process(target=_produce_then_exit, args=(addr, n, not consumer_binds, done), daemon=True)
+        proc.start()
+        try:
+            if not consumer_binds:
+                df.reset_state()
+            it = iter(df)
+            got = [next(it)[1]]
+            assert done.wait(PROMPTLY_S)
+            proc.join(1.0)  # closing now lost the tail: give a producer that would close the time to
+            got += [dp[1] for dp in it]
+            assert got == list(range(n))
+        finally:
+            if consumer_binds:
+                df.close()  # a binding consumer hangs up when closed
+            proc.join(PROMPTLY_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+    assert proc.exitcode == 0

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from bridgeflow._cli_serialize import bench_file, detect_format, main, register
 from bridgeflow._sources import DataFromList
 from bridgeflow.serialize import CorruptDataError
-from bridgeflow.serialize._cli import bench_file, detect_format, main, register
 from bridgeflow.serialize._hdf5_format import HDF5Data
 from bridgeflow.serialize._images import ImageFolderData
 from bridgeflow.serialize._lmdb_format import LMDBDataset
@@ -246,7 +246,7 @@ def test_register_adds_commands_to_a_parser():
 def test_python_dash_m_runs_the_script(image_folder, tmp_path):
     root, _ = image_folder
     out = tmp_path / "x.npz"
-    proc = subprocess.run([sys.executable, "-m", "bridgeflow.serialize._cli", "serialize", str(root), str(out)],
+    proc = subprocess.run([sys.executable, "-m", "bridgeflow._cli_serialize", "serialize", str(root), str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert len(NumpyData(out)) == 11 and "ETA" not in proc.stdout

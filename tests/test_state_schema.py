@@ -16,7 +16,7 @@ from test_state import FLOWS
 import bridgeflow as bf
 from bridgeflow import DataFlow
 from bridgeflow._state import RESERVED, NotResumableError, StateError, StateMismatchError, checksum
-from bridgeflow._state_schema import Child, Count, Same
+from bridgeflow._state_schema import Child, Count, Flag, Same, check_fields
 from conftest import need
 
 
@@ -88,6 +88,15 @@ def test_unknown_and_missing_fields_are_refused_by_name():
     with pytest.raises(StateMismatchError, match=r"^BatchData/LocallyShuffleData/MapData/RepeatedData: the state has "
                                                  r"no 'done' field"):
         FLOWS["a pipeline"]().load_state_dict(missing)
+
+
+def test_an_unknown_field_is_refused_when_optional_fields_are_absent():
+    # fewer keys than declared fields (two optional ones absent), one of them not a field: still refused
+    fields = (Count("pos"), Flag("a", optional=True), Flag("b", optional=True), Flag("c", optional=True))
+    check_fields(None, {"pos": 1, "a": True}, fields, ())
+    with pytest.raises(StateMismatchError, match=r"^the state has a field 'surprise' \(3\) that this flow does not "
+                                                 r"save"):
+        check_fields(None, {"pos": 1, "surprise": 3}, fields, ())
 
 
 def test_a_field_changed_into_another_valid_value_is_refused_by_the_checksum():
@@ -176,7 +185,8 @@ def test_a_declared_field_names_its_bound_and_where_it_comes_from():
         Skip(FLOWS["DataFromList shuffled"](), 2).load_state_dict(dict(state, skipped=99))
     with pytest.raises(StateMismatchError, match=r"^Skip: the state is for every=2, this flow has every=3"):
         Skip(FLOWS["DataFromList shuffled"](), 3).load_state_dict(state)
-    with pytest.raises(StateMismatchError, match=r"^Skip: field 'skipped' of the state is a bool \(True\)"):
+    with pytest.raises(StateMismatchError, match=r"^Skip: field 'skipped' of the state is a bool \(True\), "
+                                                 r"expected int$"):
         Skip(FLOWS["DataFromList shuffled"](), 2).load_state_dict(dict(state, skipped=True))
 
 

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from bridgeflow.engine import require
 torch = require("torch", "bridgeflow.adapters.torch")
 
 import torch.utils.data as tud  # noqa: E402  (after the require() that explains a missing torch)
+
+if TYPE_CHECKING:
+    from ._loader import DataLoader
 
 __all__ = [
     "BaseLoaderIter",
@@ -83,22 +86,22 @@ DatasetKind = tud.dataloader._DatasetKind
 
 # Private: what torch's DataLoader keeps about itself, read (and two of them set) by the adapter.
 
-def index_sampler(loader: Any) -> Any:
+def index_sampler(loader: DataLoader) -> Any:
     """What the loader draws each task from: the batch sampler with auto-batching, else the sampler."""
     return loader._index_sampler
 
 
-def auto_collation(loader: Any) -> bool:
+def auto_collation(loader: DataLoader) -> bool:
     """Whether samples are batched and collated (``batch_size`` or ``batch_sampler`` given)."""
     return loader._auto_collation
 
 
-def iterable_length_seen(loader: Any) -> int | None:
+def iterable_length_seen(loader: DataLoader) -> int | None:
     """The length ``len(loader)`` reported for an iterable dataset (torch warns when more batches come)."""
     return loader._IterableDataset_len_called
 
 
-def read_as_iterable(loader: Any, iterable: bool | None = None) -> bool:
+def read_as_iterable(loader: DataLoader, iterable: bool | None = None) -> bool:
     """Whether torch's loader reads its dataset as an iterable one; ``iterable=True`` makes it (a DataFlow
     read as a stream: ``len(loader)`` then works as for an IterableDataset)."""
     if iterable:
@@ -106,12 +109,12 @@ def read_as_iterable(loader: Any, iterable: bool | None = None) -> bool:
     return loader._dataset_kind == DatasetKind.Iterable
 
 
-def held_iterator(loader: Any) -> Any:
+def held_iterator(loader: DataLoader) -> Any:
     """The iterator torch's loader holds for its persistent workers (None when it holds none)."""
     return loader.__dict__.get("_iterator")
 
 
-def set_held_iterator(loader: Any, it: Any) -> None:
+def set_held_iterator(loader: DataLoader, it: Any) -> None:
     loader._iterator = it
 
 
@@ -126,7 +129,7 @@ class TorchIteratorNames(BaseLoaderIter):
 
     yielded: int  # batches handed out this epoch (set by the subclass)
 
-    def reset(self, loader: Any) -> None:
+    def reset(self, loader: DataLoader) -> None:
         raise NotImplementedError
 
     def shutdown(self) -> None:
@@ -136,7 +139,7 @@ class TorchIteratorNames(BaseLoaderIter):
     def worker_processes(self) -> list:
         raise NotImplementedError
 
-    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+    def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         self.reset(loader)
 
     def _shutdown_workers(self) -> None:

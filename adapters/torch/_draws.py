@@ -19,12 +19,15 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _compat
 from ._compat import torch
 from ._fetch import MAP
 from ._state import EpochRecord, apply_generators, loader_draws, replayed_indices
+
+if TYPE_CHECKING:
+    from ._loader import DataLoader
 
 __all__ = ["DrawOrder"]
 
@@ -49,7 +52,7 @@ class DrawOrder:
         self._indices: Any = None
         self._first_pending = False  # the epoch's first index is still to draw (its RNGs not yet noted)
 
-    def start(self, loader: Any, record: EpochRecord, kept_seed: int | None = None, first: bool = True) -> None:
+    def start(self, loader: DataLoader, record: EpochRecord, kept_seed: int | None = None, first: bool = True) -> None:
         """A fresh epoch: the iterator's first (``first``, base seed drawn unless ``kept_seed``), or another
         on the same persistent workers (they keep their seeds, as torch's ``_reset`` does)."""
         self._indices = iter(_compat.index_sampler(loader))
@@ -61,7 +64,7 @@ class DrawOrder:
         self._first_pending = self.kind == MAP
         record.base_seed, record.shared_seed = self.base_seed, self.shared_seed
 
-    def resume(self, loader: Any, record: EpochRecord, state: dict, first_task: int) -> None:
+    def resume(self, loader: DataLoader, record: EpochRecord, state: dict, first_task: int) -> None:
         """An epoch in progress, from its checked ``state``: its seeds, and the sampler replayed up to task
         ``first_task`` (iterables: nothing to replay, the generators go on from where they were)."""
         self.base_seed = state["base_seed"]
@@ -75,7 +78,7 @@ class DrawOrder:
         self._first_pending = self.kind == MAP and state.get("rng_first") is None
         record.base_seed, record.shared_seed = self.base_seed, self.shared_seed
 
-    def redraw_shared_seed(self, loader: Any) -> None:
+    def redraw_shared_seed(self, loader: DataLoader) -> None:
         """torch's multi-process iterator draws a DataPipe's seed a second time for its own copy (its workers
         keep the first): drawn too, so that the generator's later draws stay torch's."""
         if self.is_pipe:
@@ -83,7 +86,7 @@ class DrawOrder:
             self._reseed(self._draw_shared(loader))
             self.shared_seed = kept
 
-    def next_index(self, loader: Any, record: EpochRecord) -> Any:
+    def next_index(self, loader: DataLoader | None, record: EpochRecord) -> Any:
         """The sampler's next index (batch); raises ``StopIteration`` at the epoch's end."""
         if self._first_pending and loader is not None:  # the epoch's first index: note what it draws from
             self._first_pending = False
@@ -92,7 +95,7 @@ class DrawOrder:
                 return next(self._indices)
         return next(self._indices)
 
-    def _draw_shared(self, loader: Any) -> int | None:
+    def _draw_shared(self, loader: DataLoader) -> int | None:
         return _compat.share_seed(loader.generator, self.seed_group) if self.is_pipe else None
 
     def _reseed(self, seed: int | None) -> None:

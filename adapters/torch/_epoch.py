@@ -30,7 +30,7 @@ import operator
 import time
 import warnings
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridgeflow import BridgeflowError
 
@@ -45,6 +45,9 @@ from ._resume import ResumePlan
 from ._sample_seeds import SeededTask, task_seed
 from ._sources import LocalSource, PoolSource
 from ._state import EpochRecord
+
+if TYPE_CHECKING:
+    from ._loader import DataLoader
 
 __all__ = ["EpochIterator", "EpochStats", "LoaderStateError"]
 
@@ -112,12 +115,13 @@ class EpochIterator(_compat.TorchIteratorNames):
     """An epoch of a DataLoader (every epoch, with ``persistent_workers``); ``plan`` resumes an epoch in
     progress (see :mod:`._resume`), None starts a fresh one."""
 
-    def __init__(self, loader: Any, record: EpochRecord, plan: ResumePlan | None = None) -> None:
+    def __init__(self, loader: DataLoader, record: EpochRecord, plan: ResumePlan | None = None) -> None:
         workers = loader.num_workers
         if workers == 0 and loader.timeout != 0:
             raise LoaderStateError(f"timeout={loader.timeout} needs num_workers > 0: with num_workers=0 "
                                    "batches are read in this process and cannot time out")
-        if workers > 0 and loader.prefetch_factor <= 0:
+        prefetch = loader.prefetch_factor  # None: torch's default without workers, and num_workers set since
+        if workers > 0 and (prefetch is None or prefetch <= 0):
             raise LoaderStateError(f"prefetch_factor={loader.prefetch_factor}: with num_workers > 0 "
                                    "prefetch_factor must be at least 1")
         # torch takes any integer (True is one worker) and fails on a float with this same TypeError
@@ -135,9 +139,9 @@ class EpochIterator(_compat.TorchIteratorNames):
         self._stream: StreamReads | None = None
         # in_order=False: map-style results as they are ready (iterables keep order: their workers run dry)
         unordered = not loader.in_order and self._kind == MAP and workers > 0
-        depth = loader.prefetch_factor * workers if workers else 1
+        depth = prefetch * workers if prefetch and workers else 1
         self.draws = DrawOrder(bf.items, self._kind)
-        kept, bf.kept = bf.kept or {}, None  # a state saved between two epochs of persistent workers
+        kept = bf.take_kept()  # a state saved between two epochs of persistent workers
         if plan is None:
             self.draws.start(loader, record, kept.get("base_seed"))
             record.reuse = kept.get("reuse", 0)
@@ -154,7 +158,7 @@ class EpochIterator(_compat.TorchIteratorNames):
         self._spec = spec
         self._sampler = _compat.index_sampler(loader)
         self._pool: PoolSource | None = None
-        self.stats = bf.stats = EpochStats(self._num_workers, depth, skips=loader.on_error == "skip")
+        self.stats = bf.show_stats(EpochStats(self._num_workers, depth, skips=loader.on_error == "skip"))
         try:
             if workers == 0:
                 self._source = LocalSource(spec)
@@ -175,7 +179,7 @@ class EpochIterator(_compat.TorchIteratorNames):
             self.shutdown()
             raise
 
-    def _start_epoch(self, loader: Any, record: EpochRecord, plan: ResumePlan | None) -> None:
+    def _start_epoch(self, loader: DataLoader, record: EpochRecord, plan: ResumePlan | None) -> None:
         self._record = record
         self._len_called = _compat.iterable_length_seen(loader)
         self._pull_error: Exception | None = None  # the flow or sampler failed: raised after what came before
@@ -374,7 +378,7 @@ class EpochIterator(_compat.TorchIteratorNames):
         if self._source is not None:
             self._source.set_mapping_hooks(hooks)
 
-    def reset(self, loader: Any, record: EpochRecord | None = None) -> None:
+    def reset(self, loader: DataLoader, record: EpochRecord | None = None) -> None:
         """Start another epoch on the same workers (``persistent_workers=True``): the previous epoch's
         batches still in flight are dropped."""
         record = EpochRecord(loader) if record is None else record
@@ -382,7 +386,7 @@ class EpochIterator(_compat.TorchIteratorNames):
         record.reuse = self._record.reuse + 1  # the same base seed as the epoch before
         self._note_started(record, self._source.reset(self.draws.shared_seed))
         self.stats.restart()
-        loader._bf.stats = self.stats
+        loader._bf.show_stats(self.stats)
         self._start_epoch(loader, record, None)
 
     def shutdown(self) -> None:
@@ -404,7 +408,7 @@ def _close(source: Any, stats: EpochStats) -> None:
     source.close()
 
 
-def _warn_pinning(loader: Any) -> None:
+def _warn_pinning(loader: DataLoader) -> None:
     """torch's warnings about ``pin_memory``, at the same point."""
     if loader.pin_memory and loader.pin_memory_device:
         warnings.warn("pin_memory_device is deprecated, the current accelerator will be used as the "

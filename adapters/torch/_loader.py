@@ -94,7 +94,9 @@ def _check_flow_args(flow: DataFlow, shuffle: Any, sampler: Any, batch_sampler: 
 @dataclass(eq=False)
 class Internals:
     """What bridgeflow keeps on a :class:`DataLoader` beside torch's attributes, as one object
-    (``loader._bf``): how the dataset is read, and the loader's iterators and states."""
+    (``loader._bf``): how the dataset is read, and the loader's iterators and states. What the loader's
+    running changes is changed by the methods here, which the other modules call (tests set
+    ``pin_backend``)."""
 
     kind: str  # MAP, ITERABLE or COLLATE (a DataFlow read as a stream here, only collation in the workers)
     items: Any  # the dataset as the iterators read it (a random-access DataFlow: by index)
@@ -115,6 +117,58 @@ class Internals:
 
     def latest_iterator(self) -> Any:
         return self.latest() if self.latest is not None else None
+
+    # --- changed as the loader runs -------------------------------------------------------------------
+
+    def begin(self, record: EpochRecord, it: EpochIterator) -> None:
+        """``iter()`` returned ``it``, whose epoch's progress ``record`` is."""
+        self.record = record
+        self.latest = weakref.ref(it)
+
+    def started(self, it: EpochIterator) -> None:
+        """A new iterator, which may run until it is shut down (told about mapping hooks set meanwhile)."""
+        self.iters.add(it)
+
+    def show_stats(self, stats: EpochStats) -> EpochStats:
+        """``stats`` are the latest epoch's figures (``loader.stats()``, kept after the iterator is gone)."""
+        self.stats = stats
+        return stats
+
+    def attach_reader(self, reader: Any) -> None:
+        """A read-ahead answers ``state_dict()`` (None: nothing does, the loader's own record answers)."""
+        self.reader = None if reader is None else weakref.ref(reader)
+
+    def load(self, checked: dict) -> None:
+        """A checked state is taken up by the next ``iter()``; any read-ahead's view of the position is over."""
+        self.reader = None
+        self.pending = checked
+
+    def take_pending(self) -> dict | None:
+        """The loaded state, once: the ``iter()`` that takes it up."""
+        pending, self.pending = self.pending, None
+        return pending
+
+    def keep(self, base_seed: int, workers: list | None, reuse: int) -> None:
+        """A state saved between two epochs of persistent workers: the next epoch runs on ``base_seed`` (the
+        ``reuse``-th epoch on it), its workers' datasets restored to ``workers``' states."""
+        self.kept = {"base_seed": base_seed, "workers": workers, "reuse": reuse}
+
+    def take_kept(self) -> dict:
+        """What :meth:`keep` kept (``{}`` when nothing), once: the epoch that starts from it."""
+        kept, self.kept = self.kept or {}, None
+        return kept
+
+    def chain(self, rng: str | None) -> None:
+        """The global RNG state later epochs draw from (None: torch's global RNG; see state.loader_draws)."""
+        self.rng_chain = rng
+
+    def check_shards_once(self) -> bool:
+        """Whether the warnings about an unsharded or unsplit DataFlow are still to give (once per loader)."""
+        first, self.shard_checked = not self.shard_checked, True
+        return first
+
+    def set_hooks(self, hooks: Any) -> None:
+        self.mapping_hooks = hooks
 
     def __getstate__(self) -> dict:
         """Pickled with the loader (for another process): not this process's iterators, record, figures or
@@ -253,7 +307,7 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
         if self.num_workers > 0:
             self.check_worker_number_rationality()
         it = EpochIterator(self, record, plan)
-        self._bf.iters.add(it)
+        self._bf.started(it)
         return it
 
     def _get_iterator(self) -> Any:
@@ -262,19 +316,17 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
 
     def __iter__(self) -> Any:
         bf = self._bf
-        bf.reader = None  # a new reader: the last one's view of the position is over
+        bf.attach_reader(None)  # a new reader: the last one's view of the position is over
         latest, held = bf.latest_iterator(), _compat.held_iterator(self)
         if bf.stream and latest is not None and latest is not held:
             latest.shutdown()  # a flow has one reader: the previous iterator's epoch ends here
-        if isinstance(self.dataset, DataFlow) and not bf.shard_checked:
-            bf.shard_checked = True  # once per loader: every epoch would repeat them
+        if isinstance(self.dataset, DataFlow) and bf.check_shards_once():  # every epoch would repeat them
             samplers = (self.sampler, getattr(self.batch_sampler, "sampler", None))
             if not any(isinstance(s, _tud.distributed.DistributedSampler) for s in samplers):
                 warn_if_unsharded(self.dataset, "DataLoader")
             if bf.kind == COLLATE:
                 warn_unsplit(self.dataset, self.num_workers)
-        pending, bf.pending = bf.pending, None
-        plan = take_up(self, pending)
+        plan = take_up(self, bf.take_pending())
         if isinstance(bf.view, FlowShards) and self.num_workers > 0:
             bf.view.start(resumed=plan is not None)  # before the workers start
         record = EpochRecord(self)
@@ -289,8 +341,7 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
                 it.reset(self, record)
         else:
             it = self._new_iterator(record, plan)
-        bf.record = record
-        bf.latest = weakref.ref(it)
+        bf.begin(record, it)
         return it
 
     # --- state --------------------------------------------------------------------------------------
@@ -298,7 +349,7 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
     def attach_read_ahead(self, reader: Any) -> None:
         """Let ``reader`` (a :class:`bridgeflow._base.ReadAhead`, e.g. a CUDA prefetcher) answer ``state_dict()``
         until the next ``iter()`` or ``load_state_dict()``."""
-        self._bf.reader = weakref.ref(reader)
+        self._bf.attach_reader(reader)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the latest iterator is in its epoch, as plain data (torchdata's ``StatefulDataLoader``
@@ -322,13 +373,11 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
         if state_dict == {}:
             return
         checked = check_state(self, state_dict)
-        bf = self._bf
-        bf.reader = None
         it = _compat.held_iterator(self)
         if it is not None and hasattr(it, "shutdown"):
             it.shutdown()
         _compat.set_held_iterator(self, None)
-        bf.pending = checked
+        self._bf.load(checked)
 
     # --- statistics ---------------------------------------------------------------------------------
 
@@ -369,7 +418,7 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
         the slabs (:class:`~bridgeflow.adapters.torch._pinning.SlabPinner`), so its copies read batches
         where the workers wrote them.
         """
-        self._bf.mapping_hooks = hooks
+        self._bf.set_hooks(hooks)
         for it in list(self._bf.iters):
             it.set_mapping_hooks(hooks)
         if isinstance(self.dataset, DataFlow):

@@ -26,7 +26,7 @@ import collections
 import functools
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridgeflow.engine import Producer
 
@@ -35,6 +35,9 @@ from ._compat import torch
 from ._convert import map_structure
 from ._result import BATCH, FAILED, Result
 from ._staging import ParallelCopier
+
+if TYPE_CHECKING:
+    from ._loader import DataLoader
 
 __all__ = ["BatchPinner", "PinThread", "loader_pinner", "pins", "update_pinner"]
 
@@ -93,7 +96,7 @@ class BatchPinner:
             self.copier.close()
 
 
-def pins(loader: Any) -> bool:
+def pins(loader: DataLoader) -> bool:
     """Whether the loader's batches are pinned: ``pin_memory=True`` and an accelerator to pin for (not MPS,
     as torch), or a test backend standing for pinned memory (``loader._bf.pin_backend``)."""
     if not loader.pin_memory:
@@ -103,7 +106,7 @@ def pins(loader: Any) -> bool:
     return _compat.accelerator_available() and _compat.current_accelerator_type() != "mps"
 
 
-def loader_pinner(loader: Any, *, threads: int | None = None) -> BatchPinner:
+def loader_pinner(loader: DataLoader, *, threads: int | None = None) -> BatchPinner:
     """The :class:`BatchPinner` a loader's iterator pins with: torch's pinned allocator (or the loader's
     test backend, ``loader._bf.pin_backend``), aware of the slabs registered by the loader's mapping hooks."""
     backend = loader._bf.pin_backend

@@ -20,10 +20,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._compat import torch
 from ._state import ResumeStateError
+
+if TYPE_CHECKING:
+    from ._loader import DataLoader
 
 __all__ = ["AllRanksState"]
 
@@ -36,7 +39,7 @@ class AllRanksState:
     ``group`` is the process group to gather over (default: the world).
     """
 
-    def __init__(self, loader: Any, group: Any = None) -> None:
+    def __init__(self, loader: DataLoader, group: Any = None) -> None:
         self.loader = loader
         self.group = group
 

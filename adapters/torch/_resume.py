@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._fetch import ITERABLE
 from ._state import EpochRecord, apply_generators, chain_from
+
+if TYPE_CHECKING:
+    from ._loader import DataLoader
 
 __all__ = ["ResumePlan", "take_up"]
 
@@ -69,7 +72,7 @@ class ResumePlan:
         record.reuse = s.get("reuse", 0)
 
 
-def take_up(loader: Any, state: dict | None) -> ResumePlan | None:
+def take_up(loader: DataLoader, state: dict | None) -> ResumePlan | None:
     """Apply the parts of a loaded ``state`` that come before an iterator; the plan of the epoch it resumes,
     or None when it was taken outside an epoch (the next epoch then starts fresh from the restored RNGs)."""
     if state is None:
@@ -78,7 +81,8 @@ def take_up(loader: Any, state: dict | None) -> ResumePlan | None:
     if state.get("dataset") is not None:
         bf.items.load_state_dict(state["dataset"])
     if state.get("flow") is not None:
-        loader.dataset.load_state_dict(state["flow"])
+        flow: Any = loader.dataset  # a DataFlow (check_state found its load_state_dict())
+        flow.load_state_dict(state["flow"])
     chain_from(loader, state)
     if state["started"] and not state["finished"]:
         return ResumePlan.of(state, bf.kind, bf.items)
@@ -86,6 +90,5 @@ def take_up(loader: Any, state: dict | None) -> ResumePlan | None:
     if state.get("base_seed") is not None and loader.persistent_workers and loader.num_workers > 0:
         # the next epoch runs on the same workers: their seeds, and their datasets' states at the end of the
         # saved epoch (restored in each worker before its next iter(dataset))
-        bf.kept = {"base_seed": state["base_seed"], "workers": state.get("workers"),
-                   "reuse": state.get("reuse", 0) + 1}
+        bf.keep(state["base_seed"], state.get("workers"), state.get("reuse", 0) + 1)
     return None

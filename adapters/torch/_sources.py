@@ -26,7 +26,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bridgeflow import WorkerError, WorkerTimeoutError
 from bridgeflow.engine import FaultPolicy
@@ -34,6 +34,9 @@ from bridgeflow.parallel import EXHAUSTED, WorkerPool
 
 from ._fetch import COLLATE, MAP, Reset, WorkerSpec, WorkerTask, close_source, init_worker
 from ._result import ENDED, FAILED, SKIPPED, STARTED, Result
+
+if TYPE_CHECKING:
+    from ._loader import DataLoader
 
 __all__ = ["LoaderFaults", "LocalSource", "PoolSource"]
 
@@ -127,7 +130,7 @@ class PoolSource:
 
     reads_ahead = True
 
-    def __init__(self, spec: WorkerSpec, loader: Any, unordered: bool) -> None:
+    def __init__(self, spec: WorkerSpec, loader: DataLoader, unordered: bool) -> None:
         self._timeout = loader.timeout
         self._closed = False
         self._busy_before: float | None = None  # the workers' busy seconds when the first batch was asked for

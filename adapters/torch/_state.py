@@ -36,15 +36,18 @@ import base64
 import contextlib
 import copy
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sized
+from typing import TYPE_CHECKING, Any
 
 from bridgeflow import StateMismatchError
 from bridgeflow.engine import MAX_DEPTH, short
 
 from . import _compat
 from ._compat import InfiniteConstantSampler, torch
-from ._state_fields import LoaderFacts, check_fields, fields_checksum
+from ._state_fields import LoaderFacts, check_loader_state, fields_checksum
+
+if TYPE_CHECKING:
+    from ._loader import DataLoader
 
 __all__ = [
     "FORMAT",
@@ -105,7 +108,7 @@ def _decode(text: str) -> Any:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
 
-def _sampler_chain(loader: Any) -> list[tuple[str, Any]]:
+def _sampler_chain(loader: DataLoader) -> list[tuple[str, Any]]:
     """``(path, sampler)`` from the index sampler down its ``.sampler`` attributes."""
     chain: list[tuple[str, Any]] = []
     seen: set[int] = set()
@@ -118,7 +121,7 @@ def _sampler_chain(loader: Any) -> list[tuple[str, Any]]:
     return chain
 
 
-def _generators(loader: Any) -> dict[str, Any]:
+def _generators(loader: DataLoader) -> dict[str, Any]:
     """The explicit torch generators the loader and its samplers draw from, by attribute path."""
     gens: dict[str, Any] = {}
     ids: set[int] = set()
@@ -131,7 +134,7 @@ def _generators(loader: Any) -> dict[str, Any]:
     return gens
 
 
-def _uses_global_rng(loader: Any) -> bool:
+def _uses_global_rng(loader: DataLoader) -> bool:
     """Whether a sampler may draw from torch's global RNG (no generator of its own, or unknown kind)."""
     for _, s in _sampler_chain(loader):
         if isinstance(s, _DETERMINISTIC) or isinstance(getattr(s, "generator", None), torch.Generator):
@@ -140,20 +143,20 @@ def _uses_global_rng(loader: Any) -> bool:
     return False
 
 
-def _epoch_holder(loader: Any) -> tuple[str, Any] | None:
+def _epoch_holder(loader: DataLoader) -> tuple[str, Any] | None:
     for path, s in _sampler_chain(loader):
         if callable(getattr(s, "set_epoch", None)) and isinstance(getattr(s, "epoch", None), int):
             return path, s
     return None
 
 
-def _config(loader: Any) -> dict:
+def _config(loader: DataLoader) -> dict:
     """What must match between the saving and the loading loader."""
     try:
-        length = len(loader.dataset)
+        length = len(loader.dataset) if isinstance(loader.dataset, Sized) else None
     except Exception:
         length = None
-    config = {
+    config: dict[str, Any] = {
         "dataset": type(loader.dataset).__qualname__, "kind": loader._bf.kind, "length": length,
         "batch_size": loader.batch_size, "drop_last": loader.drop_last, "num_workers": loader.num_workers,
         "samplers": [f"{type(s).__module__}.{type(s).__qualname__}" for _, s in _sampler_chain(loader)],
@@ -207,12 +210,14 @@ def _rank_specific(state: dict) -> str | None:
     return None
 
 
-def _epoch_length(loader: Any) -> int | None:
+def _epoch_length(loader: DataLoader) -> int | None:
     """Batches in an epoch when known (without torch's ``len(loader)``, which records the length it saw)."""
     try:
         if loader._bf.kind != "collate":
             return len(_compat.index_sampler(loader))
-        n, size = len(loader.dataset), loader.batch_size
+        n, size = len(loader.dataset) if isinstance(loader.dataset, Sized) else None, loader.batch_size
+        if n is None:
+            return None
     except Exception:
         return None
     if size is None:
@@ -223,7 +228,7 @@ def _epoch_length(loader: Any) -> int | None:
 class EpochRecord:
     """The progress of one epoch, updated by its iterator as it delivers batches."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: DataLoader) -> None:
         self.finished = False
         self.yielded = 0
         self.base_seed: int | None = None
@@ -264,7 +269,7 @@ class EpochRecord:
         its state is the flow's at the end of the epoch."""
         return self.problem is not None and self.length is not None and self.yielded >= self.length
 
-    def snapshot_rngs(self, loader: Any) -> None:
+    def snapshot_rngs(self, loader: DataLoader) -> None:
         """Before the epoch's first index: the generators the sampler may draw from, and its epoch."""
         snap = {path: _encode(g.get_state()) for path, g in _generators(loader).items()}
         if _uses_global_rng(loader):
@@ -273,7 +278,7 @@ class EpochRecord:
         holder = _epoch_holder(loader)
         self.sampler_epoch = None if holder is None else [holder[0], holder[1].epoch]
 
-    def note_epoch_end(self, loader: Any) -> None:
+    def note_epoch_end(self, loader: DataLoader) -> None:
         """The epoch ran out: the next one's draws start from torch's global RNG as it is now (what this
         process drew since the epoch's start, a dataset read here, counts too), unless drawn from a chain."""
         if self.rng_next is not None and loader._bf.rng_chain is None:
@@ -293,14 +298,14 @@ class EpochRecord:
         self.exhausted[worker] = True
 
 
-def export_state(loader: Any, record: EpochRecord | None) -> dict:
+def export_state(loader: DataLoader, record: EpochRecord | None) -> dict:
     """The loader's state as plain data (see the module docstring), with the checksum of its own fields."""
     state = _export_state(loader, record)
     state["check"] = fields_checksum(state)
     return state
 
 
-def _export_state(loader: Any, record: EpochRecord | None) -> dict:
+def _export_state(loader: DataLoader, record: EpochRecord | None) -> dict:
     state: dict[str, Any] = {
         "format": FORMAT, "version": 2, "config": _config(loader), "started": False, "finished": False,
         "yielded": 0, "rng_now": {path: _encode(g.get_state()) for path, g in _generators(loader).items()},
@@ -382,8 +387,9 @@ def _too_deep(state: Any) -> bool:
     return False
 
 
-def check_state(loader: Any, state: Any) -> dict:
-    """Validate ``state`` for ``loader`` and return a private copy of it; ResumeStateError names a mismatch."""
+def check_state(loader: DataLoader, state: Any) -> dict:
+    """Validate ``state`` for ``loader`` (its settings here, its fields with :mod:`._state_fields`'s declaration)
+    and return a private copy of it; ResumeStateError names a mismatch."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ResumeStateError("DataLoader.load_state_dict: not a state of bridgeflow's DataLoader (no "
                                f"'format': {FORMAT!r} entry); states of other loaders cannot be loaded")
@@ -392,14 +398,15 @@ def check_state(loader: Any, state: Any) -> dict:
                                "loader saves one")
     version = state.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ResumeStateError(f"DataLoader.load_state_dict: state['version'] = {version!r}: not a format version")
+        raise ResumeStateError(f"DataLoader.load_state_dict: field 'version' of the state is {short(version)}: not a "
+                               "format version")
     if version > VERSION:
         raise ResumeStateError(f"DataLoader.load_state_dict: the state has format version {version!r}, newer "
                                f"than this bridgeflow reads ({VERSION}); upgrade bridgeflow to load it")
     saved, here = state.get("config"), _config(loader)
     if not isinstance(saved, dict):
-        raise ResumeStateError(f"DataLoader.load_state_dict: state['config'] = {saved!r:.80}: expected the "
-                               "saving loader's settings (a mapping)")
+        raise ResumeStateError(f"DataLoader.load_state_dict: field 'config' of the state is {short(saved)}: "
+                               "expected the saving loader's settings (a mapping)")
     for key in ("kind", "batch_size", "drop_last", "samplers"):
         if saved.get(key) != here.get(key):
             raise _mismatch({"samplers": "sampler types", "kind": "dataset kind"}.get(key, key),
@@ -430,7 +437,7 @@ def check_state(loader: Any, state: Any) -> dict:
     sizes = {path: g.get_state().numel() for path, g in _generators(loader).items()}
     sizes[GLOBAL_RNG] = torch.get_rng_state().numel()
     gens = set(_generators(loader))
-    check_fields(state, LoaderFacts(
+    check_loader_state(state, LoaderFacts(
         kind=loader._bf.kind, num_workers=loader.num_workers, epoch_length=_epoch_length(loader),
         dataset_stateful=is_stateful(loader._bf.items), rng_sizes=sizes, generators=gens,
         epoch_rngs=gens | ({GLOBAL_RNG} if _uses_global_rng(loader) else set()),
@@ -448,8 +455,8 @@ def check_state(loader: Any, state: Any) -> dict:
                                f"a {type(target).__name__}, has no load_state_dict()")
     saved = state.get("check")
     if saved is not None and saved != fields_checksum(state):  # a state without one (by hand) is taken as is
-        raise ResumeStateError(f"DataLoader.load_state_dict: state[check] = {saved!r:.40}: the state's fields do "
-                               "not match the checksum it was saved with (it was changed or damaged after "
+        raise ResumeStateError(f"DataLoader.load_state_dict: field 'check' of the state is {saved!r:.40}: the state's "
+                               "fields do not match the checksum it was saved with (it was changed or damaged after "
                                "state_dict() returned it)")
     return copy.deepcopy(state)
 
@@ -463,7 +470,7 @@ def _valid_rng(raw: bytes) -> bool:
     return True
 
 
-def apply_generators(loader: Any, rng: dict[str, str] | None) -> None:
+def apply_generators(loader: DataLoader, rng: dict[str, str] | None) -> None:
     """Set the loader's explicit generators (never the global RNG) to saved states."""
     gens = _generators(loader)
     for path, text in (rng or {}).items():
@@ -472,7 +479,7 @@ def apply_generators(loader: Any, rng: dict[str, str] | None) -> None:
 
 
 @contextlib.contextmanager
-def _rngs_of_epoch_start(loader: Any, rng: dict[str, str]) -> Iterator[None]:
+def _rngs_of_epoch_start(loader: DataLoader, rng: dict[str, str]) -> Iterator[None]:
     saved_global = None
     if GLOBAL_RNG in rng:
         saved_global = torch.get_rng_state()
@@ -485,14 +492,14 @@ def _rngs_of_epoch_start(loader: Any, rng: dict[str, str]) -> Iterator[None]:
             torch.set_rng_state(saved_global)
 
 
-def draws_global(loader: Any) -> bool:
+def draws_global(loader: DataLoader) -> bool:
     """Whether an epoch's start draws from torch's global RNG (the workers' base seed without a
     ``generator``, or a sampler without a generator of its own)."""
     return loader.generator is None or _uses_global_rng(loader)
 
 
 @contextlib.contextmanager
-def loader_draws(loader: Any, record: EpochRecord) -> Iterator[None]:
+def loader_draws(loader: DataLoader, record: EpochRecord) -> Iterator[None]:
     """Around the draws an epoch's start makes (base seed, DataPipe seed, the sampler's first index).
 
     Uninterrupted, they come from torch's global RNG, as torch's loader draws them, and the record notes
@@ -514,21 +521,22 @@ def loader_draws(loader: Any, record: EpochRecord) -> Iterator[None]:
     try:
         yield
     finally:
-        loader._bf.rng_chain = record.rng_next = _encode(torch.get_rng_state())
+        record.rng_next = _encode(torch.get_rng_state())
+        loader._bf.chain(record.rng_next)
         torch.set_rng_state(saved)
 
 
-def chain_from(loader: Any, state: dict) -> None:
+def chain_from(loader: DataLoader, state: dict) -> None:
     """After loading ``state``: draw later epochs from its saved global RNG (see :func:`loader_draws`),
     unless this process's global RNG is where it was when the state was taken (a framework restored it:
     Accelerate does), then from the global RNG as torch does."""
     rng_next = state.get("rng_next")
     restored = state.get("rng_saved") is not None and torch.equal(torch.get_rng_state(),
                                                                    _decode(state["rng_saved"]))
-    loader._bf.rng_chain = None if rng_next is None or restored else rng_next
+    loader._bf.chain(None if rng_next is None or restored else rng_next)
 
 
-def replayed_indices(loader: Any, state: dict, skip: int) -> Iterator[Any]:
+def replayed_indices(loader: DataLoader, state: dict, skip: int) -> Iterator[Any]:
     """The index sampler's iterator of the resumed epoch, ``skip`` batches in."""
     if state.get("sampler_epoch"):
         path, epoch = state["sampler_epoch"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,10 @@ from .._proxy import ProxyDataFlow
 from .._state import StateMismatchError
 from ._progress import SourceLedger
 from ._transport.pool import WorkerPool
+
+if TYPE_CHECKING:
+    from ._resume_plan import MapCursor
+    from ._stages import _MapStage
 
 __all__ = ["EPOCH_END", "BatchPlan", "BatchTask", "Stacked", "WorkerBatching", "batch_bytes", "map_group", "unstack"]
 
@@ -309,7 +313,9 @@ class WorkerBatching(ProxyDataFlow):
     :meth:`stage_epoch`. Its position is part of the stage's state, which ``BatchData`` saves.
     """
 
-    def __init__(self, stage: Any, batch_size: int, remainder: bool, use_list: Any, pad_value: Any) -> None:
+    ds: _MapStage
+
+    def __init__(self, stage: _MapStage, batch_size: int, remainder: bool, use_list: Any, pad_value: Any) -> None:
         super().__init__(stage)
         self.batch_size, self.remainder, self.use_list, self.pad_value = batch_size, remainder, use_list, pad_value
 
@@ -319,48 +325,49 @@ class WorkerBatching(ProxyDataFlow):
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
         stage = self.ds
-        stage._batching = self
+        cursor = stage._cursor
+        cursor.batching = self
         try:
             return iter(stage)
         finally:
-            stage._batching = None
+            cursor.batching = None
 
-    def stage_epoch(self, pool: WorkerPool, resume: dict | None) -> Iterator:
-        """The stage's epoch of batches, from ``resume`` (the stage's loaded state) or where it stands."""
+    def stage_epoch(self, cursor: MapCursor, pool: WorkerPool, resume: dict | None, size: int | None) -> Iterator:
+        """The stage's epoch of batches, from ``resume`` (the stage's loaded state) or where ``cursor`` stands;
+        ``size``: the stage's epoch (None: strict)."""
         stage = self.ds
         batch_size, use_list, pad_value = self.batch_size, self.use_list, self.pad_value
-        size = stage._epoch_size()
-        stage._began_strict = size is None
-        plan = stage._batched
-        stage._batched = None  # this epoch owns the groups in flight until it completes
-        if stage._plan is not None and stage._plan is not plan:  # an epoch left before it began: let its source go
-            stage._plan.close()
+        cursor.began_strict = size is None
+        plan = cursor.batched
+        cursor.batched = None  # this epoch owns the groups in flight until it completes
+        if cursor.plan is not None and cursor.plan is not plan:  # an epoch left before it began: let its source go
+            cursor.plan.close()
         if resume is not None:
             if plan is not None:
                 plan.close()
-            plan = self._resumed_plan(stage, pool, resume, size)
+            plan = self._resumed_plan(cursor, pool, resume, size)
         elif plan is None or not plan.continues(pool, batch_size, size, use_list, pad_value):
             if plan is not None:
                 plan.close()
             if plan is not None or pool.outstanding:  # left by an unbatched iteration (or another batch size)
                 stage._drop_in_flight(pool, plan)
-            source = stage._carried() if size is not None else stage._stream(iter(stage.ds))
-            if size is None:
-                stage._new_ledger()
-            plan = BatchPlan(pool, batch_size, size, use_list, pad_value, stage._ledger)
+            source = stage._source_stream(size)
+            ledger = cursor.ledger
+            assert ledger is not None  # the stream's: _source_stream() made it
+            plan = BatchPlan(pool, batch_size, size, use_list, pad_value, ledger)
             # after a resume or the stream went back: groups start where they did (so those received before,
             # skipped, are whole groups), and those received are not sent again
-            offset = stage._align if size is not None else 0
+            offset = cursor.align if size is not None else 0
             plan.block_base = plan.ledger.pulled - offset
-            plan.skip_starts = {start for start, _ in stage._skips}
-            plan.groups, plan.source = self._groups(stage, plan, source, offset, None), source
+            plan.skip_starts = {start for start, _ in cursor.skips}
+            plan.groups, plan.source = self._groups(cursor, plan, source, offset, None), source
         else:
             plan.taken = 0
-        stage._plan = plan
-        stage._fused_size = plan.batch_size
-        return self._batches(stage, pool, plan)
+        cursor.plan = plan
+        cursor.fused_size = plan.batch_size
+        return self._batches(cursor, pool, plan)
 
-    def _resumed_plan(self, stage: Any, pool: WorkerPool, resume: dict, size: int | None) -> BatchPlan:
+    def _resumed_plan(self, cursor: MapCursor, pool: WorkerPool, resume: dict, size: int | None) -> BatchPlan:
         batch_size, use_list, pad_value = self.batch_size, self.use_list, self.pad_value
         fused = resume["batch"]
         if fused is None and not resume["taken"]:  # between epochs of unbatched ones (or after going back)
@@ -368,20 +375,22 @@ class WorkerBatching(ProxyDataFlow):
         if fused is None or fused["size"] != batch_size:
             saved = "without a BatchData" if fused is None else f"under BatchData({fused['size']})"
             raise StateMismatchError(f"the state was saved {saved}, this stage is iterated by "
-                                     f"BatchData({batch_size})", [type(stage).__name__])
-        source = stage._resume(pool, resume, size)
-        ledger = stage._ledger
+                                     f"BatchData({batch_size})", [type(self.ds).__name__])
+        source = self.ds._resume(pool, resume, size)
+        ledger = cursor.ledger
+        assert ledger is not None  # the resumed stream's: _resume() made it
         plan = BatchPlan(pool, batch_size, size, use_list, pad_value, ledger)
         plan.block_base = ledger.pulled - fused["offset"]
-        plan.skip_starts = {start for start, _ in stage._skips}
+        plan.skip_starts = {start for start, _ in cursor.skips}
         plan.taken = max(0, resume["taken"] - fused["held"])  # the held groups are taken again
         quota = None
         if size is not None:
             quota = -(-size // batch_size) - resume["taken"] + fused["held"]
-        plan.groups, plan.source = self._groups(stage, plan, source, fused["offset"], quota), source
+        plan.groups, plan.source = self._groups(cursor, plan, source, fused["offset"], quota), source
         return plan
 
-    def _batches(self, stage: Any, pool: WorkerPool, plan: BatchPlan) -> Iterator:
+    def _batches(self, cursor: MapCursor, pool: WorkerPool, plan: BatchPlan) -> Iterator:
+        stage = self.ds
         remainder = self.remainder
         batch_size, use_list, pad_value = plan.batch_size, plan.use_list, plan.pad_value
         ledger = plan.ledger
@@ -394,9 +403,9 @@ class WorkerBatching(ProxyDataFlow):
                 start, length = plan.tasks.pop(pool.last_task_id)
                 plan.taken += 1
                 delivered = 0
-                if stage._partial is not None and stage._partial[0] == start:  # delivered in part before a resume
-                    delivered = stage._partial[1]
-                    stage._partial = None
+                if cursor.partial is not None and cursor.partial[0] == start:  # delivered in part before a resume
+                    delivered = cursor.partial[1]
+                    cursor.partial = None
                 if type(out) is Stacked and not holder and not delivered:
                     ledger.received(start, length)
                     stage._stats.datapoints += batch_size
@@ -419,18 +428,19 @@ class WorkerBatching(ProxyDataFlow):
             complete = True
         finally:
             if complete and plan.size is not None and stage._pool is pool:
-                stage._batched = plan  # the next epoch takes over the groups already in flight
+                cursor.batched = plan  # the next epoch takes over the groups already in flight
             else:
                 plan.close()
-                if stage._pool is pool and stage._ledger is ledger:
+                if stage._pool is pool and cursor.ledger is ledger:
                     if plan.size is None:  # a strict epoch is over: the source's own state says where it is
                         if pool.outstanding:
                             pool.discard_outstanding()
-                        stage._ledger = None
+                        cursor.ledger = None
                     else:
                         stage._drop_in_flight(pool, plan)
 
-    def _groups(self, stage: Any, plan: BatchPlan, source: Iterator, offset: int, quota: int | None) -> Iterator:
+    def _groups(self, cursor: MapCursor, plan: BatchPlan, source: Iterator, offset: int,
+                quota: int | None) -> Iterator:
         """The groups of source datapoints to map and stack, ``(first pull index, datapoints)`` each, and
         :data:`EPOCH_END` after each epoch's: one epoch of ``source`` when strict; else epochs of ``size``
         datapoints of the carried stream (the first ``quota`` groups after a resume), forever. Groups start
@@ -445,9 +455,9 @@ class WorkerBatching(ProxyDataFlow):
                     group = list(itertools.islice(source, batch_size))
                     ledger.pulled += len(group)
                     if len(group) < batch_size:  # the source's epoch ended (a state says so from now on)
-                        stage._ended = True
+                        cursor.ended = True
                     if start in skip:
-                        stage._skipped(start)
+                        cursor.skipped(start)
                     elif group:
                         yield start, group
                     if len(group) < batch_size:
@@ -460,6 +470,7 @@ class WorkerBatching(ProxyDataFlow):
         per_epoch = -(-size // batch_size)
         quota = per_epoch if quota is None else quota
         sent = 0
+        next_of = cursor.next_of
         while True:
             if sent >= quota:
                 yield EPOCH_END
@@ -469,11 +480,11 @@ class WorkerBatching(ProxyDataFlow):
                 if ledger.pulled >= ledger.next_snap:
                     ledger.snapshot()
                 start = ledger.pulled
-                group = [stage._next(source) for _ in range(min(batch_size, size - at))]
+                group = [next_of(source) for _ in range(min(batch_size, size - at))]
                 ledger.pulled += len(group)
                 if start in skip:
                     skip.discard(start)
-                    stage._skipped(start)
+                    cursor.skipped(start)
                     continue
                 yield start, group
                 sent += 1
@@ -481,4 +492,3 @@ class WorkerBatching(ProxyDataFlow):
                     yield EPOCH_END
                     sent, quota = 0, per_epoch
             offset = 0
-

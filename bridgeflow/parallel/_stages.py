@@ -31,7 +31,7 @@ augmentation.
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterator
@@ -54,8 +54,8 @@ from ._common import (
 )
 from ._faults import MapFaults, Skipped, check_on_error, map_task
 from ._fused import BatchPlan, WorkerBatching
-from ._progress import SNAPSHOT_EVERY, SourceLedger, check_runs, check_source_position
-from ._resume_plan import HeldFirst, close_stream, drop_in_flight, most_in_flight, read_ahead, resume_source
+from ._progress import SNAPSHOT_EVERY, check_runs, check_source_position
+from ._resume_plan import MapCursor, drop_in_flight, most_in_flight, resume_source
 from ._runners import MultiProcessRunner, MultiThreadRunner
 from ._transport.pool import WorkerContext, WorkerPool
 
@@ -127,30 +127,13 @@ class _MapStage(ParallelStage):
         self.start_method = start_method
         self.seed = seed
         self._capacity = self.buffer_size
-        self._carry: Iterator | None = None
-        self._batched: BatchPlan | None = None  # fused batching: groups in flight into the next epoch
-        self._plan: BatchPlan | None = None  # the fused plan of the epoch in progress
-        self._batching: WorkerBatching | None = None  # set while WorkerBatching begins an epoch of batches
-        self._ledger: SourceLedger | None = None  # the source stream's positions (None: no stream)
-        self._taken = 0  # results taken in the (unbatched) epoch in progress
-        self._skips: collections.deque = collections.deque()  # after an unordered resume: runs received already
-        self._index_of: dict[int, int] = {}  # unordered: task id -> pull index
         self._loose: str | None | bool = False  # the unordered stage under this one (False: not looked yet)
-        self._pulls: collections.deque = collections.deque()  # over an unordered stage: datapoints pulled from
-        self._pulls_from = 0  # this pull index on, while not received (the state holds those in flight)
-        self._ended = False  # the (strict) source's epoch ended: the stream gives no more
-        self._held_first: HeldFirst | None = None  # after a resume over an unordered stage: the held datapoints
-        self._partial: tuple[int, int, int] | None = None  # a fused group delivered in part before a resume (or
-        # before the stream went back): (first pull index, mapped datapoints delivered, batch size)
-        self._align = 0  # fused: where in an epoch of the source the next plan's first group starts
-        self._fused_size = 0  # fused: the batch size of the last plan (0: none)
-        self._began_strict = False  # the epoch in progress began strict (its source's length unknown then: a
-        # CacheData filling knows it once filled, and the rest of that epoch stays strict)
+        self._cursor = MapCursor()  # where the stage stands in its source's stream
 
     def _new_pool(self) -> WorkerPool:
         if self._processes and self.start_method not in (None, "fork"):
             check_picklable(self.map_func, "map_func", type(self).__name__, self.start_method)
-        self._drop_iteration()  # the last pool's carried stream and plans: a new pool starts anew
+        self._cursor.drop()  # the last pool's carried stream and plans: a new pool starts anew
         return WorkerPool(functools.partial(_map_init, self.map_func, skip=self.on_error == "skip"), self.num_workers,
                           processes=self._processes, start_method=self.start_method, name=type(self).__name__,
                           base_seed=self.seed, ordered=self.ordered,
@@ -180,58 +163,28 @@ class _MapStage(ParallelStage):
             self._loose = unordered_stage(self)
         return self._loose  # type: ignore[return-value]  # never False here: looked up just above
 
-    def _new_ledger(self) -> SourceLedger:
-        """Positions of a new stream of the source, starting where the source is now."""
-        self._skips.clear()
-        self._partial = None
-        self._align = 0
-        self._index_of.clear()
-        self._pulls.clear()
-        self._pulls_from = 0
-        self._ended = False
-        first = self._held_first
-        if first is not None and first.items:  # a resumed stream goes on without the runs received before the
-            # state (its ledger is new): the held datapoints still come first, less the received ones (None)
-            first.items = collections.deque(dp for dp in first.items if dp is not None)
-        self._held_first = first if first is not None and first.items else None
-        loose = self._source_loose() is not None  # the source's state is taken when asked, not noted as it goes
-        self._ledger = SourceLedger(self.ds, every=float("inf") if loose else SNAPSHOT_EVERY)
-        return self._ledger
-
-    def _stream(self, source: Iterator) -> Iterator:
-        """``source`` as the stage pulls it: over an unordered stage, each datapoint is kept until received,
-        and the end of the source's epoch noted (the source's state then starts its next epoch)."""
-        if self._source_loose() is None:
+    def _source_stream(self, size: int | None) -> Iterator:
+        """The source stream an epoch reads (see :meth:`MapCursor.stream`): one epoch of the source when strict
+        (``size`` None), on a new ledger; else the endless stream of source datapoints that non-strict epochs
+        share."""
+        cursor, loose = self._cursor, self._source_loose() is not None
+        if size is None:
+            source = cursor.stream(iter(self.ds), loose)
+            cursor.new_ledger(self.ds, loose)
             return source
-        return self._kept(source)
-
-    def _kept(self, source: Iterator) -> Iterator:
-        try:
-            for dp in source:
-                ledger, pulls = self._ledger, self._pulls
-                if ledger is not None:  # let go of those received
-                    while self._pulls_from < ledger.low and pulls:
-                        pulls.popleft()
-                        self._pulls_from += 1
-                pulls.append(dp)
-                yield dp
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
-
-    def _carried(self) -> Iterator:
-        """The endless stream of source datapoints that non-strict epochs share."""
-        if self._carry is None:
-            self._carry = self._stream(forever(self.ds, type(self).__name__))
-            self._new_ledger()
-        return self._carry
+        if cursor.carry is None:
+            cursor.carry = cursor.stream(forever(self.ds, type(self).__name__), loose)
+            cursor.new_ledger(self.ds, loose)
+        return cursor.carry
 
     # the resume planning, in bridgeflow.parallel._resume_plan: where a resumed or gone-back source stands
-    _drop_in_flight = drop_in_flight
-    _resume = resume_source
-    _read_ahead = read_ahead
-    _most_in_flight = most_in_flight
+    def _drop_in_flight(self, pool: WorkerPool, plan: BatchPlan | None = None) -> None:
+        drop_in_flight(self._cursor, self.ds, pool, plan, size=self._epoch_size(),
+                       loose=self._source_loose() is not None, ordered=bool(self.ordered), name=type(self).__name__)
+
+    def _resume(self, pool: WorkerPool, resume: dict, size: int | None) -> Iterator:
+        return resume_source(self._cursor, self.ds, pool, resume, size, loose=self._source_loose() is not None,
+                             name=type(self).__name__)
 
     def _get(self, pool: WorkerPool) -> Any:
         out = super()._get(pool)
@@ -244,100 +197,58 @@ class _MapStage(ParallelStage):
     def _skip_position(self, task: int, item: int | None, exact: bool = True) -> str:
         """Where the datapoint ``item`` of ``task`` is in its epoch, in words ('' when unknown): the number of
         a received result in an ordered epoch (``exact``: it is the one received now), or a fused group's."""
-        plan = self._plan
+        cursor = self._cursor
+        plan = cursor.plan
         size = self._epoch_size()
         if plan is not None and task in plan.tasks:
             at = plan.tasks[task][0] + (item or 0) - plan.block_base
             return f" (#{at % size if size else at} of the epoch)"
-        if exact and self.ordered and self._ledger is not None:
-            return f" (#{self._taken} of the epoch)"
+        if exact and self.ordered and cursor.ledger is not None:
+            return f" (#{cursor.taken} of the epoch)"
         return ""
 
-    def _skipped(self, start: int) -> None:
-        """A fused group received before a resume was pulled again and not sent."""
-        for i, (s, _) in enumerate(self._skips):
-            if s == start:
-                del self._skips[i]
-                return
-
-    def _pull(self, source: Iterator) -> Any:
-        """The next source datapoint, counted (and the source's state noted every so often)."""
-        ledger = self._ledger
-        assert ledger is not None  # a stream is pulled only while its ledger counts it (_new_ledger)
-        while self._skips and self._skips[0][0] == ledger.pulled:  # received before the state was saved
-            _, length = self._skips.popleft()
-            for _ in range(length):
-                self._next(source)
-            ledger.pulled += length
-        if ledger.pulled >= ledger.next_snap:
-            ledger.snapshot()
-        dp = self._next(source)
-        ledger.pulled += 1
-        return dp
-
-    def _next(self, source: Iterator) -> Any:
-        try:
-            return next(source)
-        except StopIteration:
-            raise
-        except BaseException:
-            # The source raised, so its generator is finished: the next epoch must start a new pass (a
-            # finished generator would raise StopIteration, or end every later epoch at once).
-            if self._carry is source:
-                self._carry = self._ledger = None
-            raise
-
     def _put(self, pool: WorkerPool, source: Iterator) -> None:
-        task = pool.put(self._pull(source))
+        cursor = self._cursor
+        task = pool.put(cursor.pull(source))
         if not self.ordered:
-            ledger = self._ledger
-            assert ledger is not None  # _pull counted this one in it
-            self._index_of[task] = ledger.pulled - 1
-
-    def _took(self, pool: WorkerPool) -> None:
-        """Bookkeeping for one result taken from the pool (the consumer receives it, or it was dropped)."""
-        self._taken += 1
-        ledger = self._ledger
-        assert ledger is not None  # results are taken only from a stream's epoch, which has a ledger
-        if self.ordered:
-            ledger.low += 1
-        else:
-            ledger.received(self._index_of.pop(pool.last_task_id), 1)
+            ledger = cursor.ledger
+            assert ledger is not None  # pull counted this one in it
+            cursor.index_of[task] = ledger.pulled - 1
 
     # --- iteration ----------------------------------------------------------------------------------
 
     def _begin_epoch(self, resume: dict | None) -> Iterator:
-        if self._held_first is not None and self._epoch_size() is None:  # a strict epoch's source ends with it,
-            self._held_first.close()  # begun or not (one closed before its first datapoint never ran its finally)
-            self._held_first = None
+        cursor = self._cursor
+        if cursor.held_first is not None and self._epoch_size() is None:  # a strict epoch's source ends with it,
+            cursor.held_first.close()  # begun or not (one closed before its first datapoint never ran its finally)
+            cursor.held_first = None
         pool = self._live_pool()
-        batching, self._batching = self._batching, None
+        batching, cursor.batching = cursor.batching, None
         if batching is not None:  # an epoch of batches made in the workers
-            return batching.stage_epoch(pool, resume)
-        if self._batched is not None:  # groups of a fused BatchData are in flight: not datapoints
+            return batching.stage_epoch(cursor, pool, resume, self._epoch_size())
+        if cursor.batched is not None:  # groups of a fused BatchData are in flight: not datapoints
             self._drop_in_flight(pool)
         size = self._epoch_size()
-        self._began_strict = size is None
-        self._taken = 0
-        self._plan = None
+        cursor.began_strict = size is None
+        cursor.taken = 0
+        cursor.plan = None
         if resume is not None:
             fused = resume["batch"]
             if fused is not None and (resume["taken"] or fused["held"]):
                 raise StateMismatchError("the state was saved under a BatchData (batches made in the workers), "
                                          "this stage is iterated without one", [type(self).__name__])
             source = self._resume(pool, resume, size)
-            self._taken = resume["taken"]
-        elif size is None:
-            source = self._stream(iter(self.ds))
-            self._new_ledger()
+            cursor.taken = resume["taken"]
         else:
-            source = self._carried()
+            source = self._source_stream(size)
         if size is None:
             return self._strict_epoch(pool, source)
         return self._carried_epoch(pool, size)
 
     def _strict_epoch(self, pool: WorkerPool, source: Iterator) -> Iterator:
-        ledger = self._ledger
+        cursor = self._cursor
+        ledger = cursor.ledger
+        ordered = bool(self.ordered)
         more = True
 
         def refill() -> None:
@@ -347,13 +258,13 @@ class _MapStage(ParallelStage):
                     self._put(pool, source)
                 except StopIteration:
                     more = False
-                    self._ended = True
+                    cursor.ended = True
 
         try:
             refill()
             while pool.outstanding:  # none only once the source ran out (a saturated pool holds tasks)
                 out = self._get(pool)
-                self._took(pool)
+                cursor.took(pool, ordered)
                 refill()
                 if out is not None:
                     self._stats.datapoints += 1
@@ -363,18 +274,20 @@ class _MapStage(ParallelStage):
                 pool.discard_outstanding()
             if hasattr(source, "close"):
                 source.close()
-            if self._ledger is ledger:  # the source's epoch is over: its own state says where it is
-                self._ledger = None
+            if cursor.ledger is ledger:  # the source's epoch is over: its own state says where it is
+                cursor.ledger = None
 
     def _carried_epoch(self, pool: WorkerPool, size: int) -> Iterator:
-        carry = self._carry
-        assert carry is not None  # the carried stream: _carried() made it before this epoch began
+        cursor = self._cursor
+        carry = cursor.carry
+        assert carry is not None  # the carried stream: _source_stream() made it before this epoch began
         buffer_size = self.buffer_size
-        while self._taken < size:
+        ordered = bool(self.ordered)
+        while cursor.taken < size:
             while pool.outstanding < buffer_size and not pool.saturated:  # bytes bound it too
                 self._put(pool, carry)
             out = self._get(pool)
-            self._took(pool)
+            cursor.took(pool, ordered)
             if out is not None:
                 self._stats.datapoints += 1
                 yield out
@@ -392,9 +305,10 @@ class _MapStage(ParallelStage):
         in its epoch (see :mod:`bridgeflow.parallel._progress`). Costs a few dict entries: the source's
         state was taken as the stage read it."""
         live = epoch_live(self)
-        strict = self._began_strict if live else self._epoch_size() is None
+        cursor = self._cursor
+        strict = cursor.began_strict if live else self._epoch_size() is None
         head = {"strict": strict, "ordered": bool(self.ordered)}
-        ledger = self._ledger
+        ledger = cursor.ledger
         if ledger is None:
             return {**head, "source": child_state(self.ds), "replay": 0, "skip": [], "taken": 0, "batch": None,
                     "held": None, "ended": False, "ahead": 0, "costs": None}
@@ -404,37 +318,26 @@ class _MapStage(ParallelStage):
             source, replay, skip = ledger.position()
             held = None
             if strict:  # how far the source was read, for a resumed epoch to match
-                ahead = ledger.pulled - ledger.low + (len(self._held_first.left()) if self._held_first else 0)
+                ahead = ledger.pulled - ledger.low + (len(cursor.held_first.left()) if cursor.held_first else 0)
                 # and what the pool learned its tasks cost: a fresh one would read less far ahead until its
                 # first result, and leave the source elsewhere if the epoch is closed before it takes more
                 costs = self._pool.costs() if self._pool is not None else None
         else:  # the source's state now, and what was pulled from it and not received
             source, replay, skip = child_state(self.ds), 0, sorted([s - ledger.low, n] for s, n in ledger.done.items())
-            held = pack_held(self._in_flight(ledger), loose)
-        plan = self._plan if live else self._batched
-        pending = self._partial[:2] if self._partial is not None else None
+            held = pack_held(cursor.in_flight(ledger), loose)
+        plan = cursor.plan if live else cursor.batched
+        pending = cursor.partial[:2] if cursor.partial is not None else None
         if plan is not None and plan.ledger is ledger:
             batch = plan.state(plan.taken if live else 0, pending)
             taken = batch.pop("taken")
         else:
-            batch, taken = None, self._taken if live else 0
-            if self._fused_size and (pending is not None or self._align):  # after going back: where the next
+            batch, taken = None, cursor.taken if live else 0
+            if cursor.fused_size and (pending is not None or cursor.align):  # after going back: where the next
                 # plan's groups start, and a group delivered in part (to come again in the next epoch of batches)
-                batch = {"size": self._fused_size, "offset": self._align, "held": 0,
+                batch = {"size": cursor.fused_size, "offset": cursor.align, "held": 0,
                          "partial": None if pending is None else [pending[0] - ledger.low, pending[1]]}
         return {**head, "source": source, "replay": replay, "skip": skip, "taken": taken, "batch": batch,
-                "held": held, "ended": self._ended, "ahead": ahead, "costs": costs}
-
-    def _in_flight(self, ledger: SourceLedger) -> list:
-        """The datapoints pulled from the source and not received, by pull index from ``ledger.low`` (None
-        where received already: the state's 'skip' runs)."""
-        pulls, start = self._pulls, ledger.low - self._pulls_from
-        items = [pulls[i] for i in range(start, min(len(pulls), ledger.pulled - self._pulls_from))]
-        for s, n in ledger.done.items():
-            items[s - ledger.low:s - ledger.low + n] = [None] * n
-        if self._held_first is not None:  # held by the loaded state and not pulled again yet: still in flight
-            items += self._held_first.left()
-        return items
+                "held": held, "ended": cursor.ended, "ahead": ahead, "costs": costs}
 
     def _take_state(self, state: dict) -> None:
         """The bounds that depend on the fused batch size (a task holds a batch's datapoints), and order. Each is
@@ -445,7 +348,7 @@ class _MapStage(ParallelStage):
             if run[1] > per:
                 raise StateMismatchError(f"the 'skip' entry {run!r:.60} of the state is longer than a task ({per})")
         # pulled past the position: the work in flight, and the runs received above it (unordered)
-        reach = self._most_in_flight(batch) + len(state["skip"]) * per
+        reach = most_in_flight(batch, self.buffer_size, self.num_workers) + len(state["skip"]) * per
         why = (f"buffer_size={self.buffer_size} in flight, {len(state['skip'])} runs received above the position "
                f"and {SNAPSHOT_EVERY} pulls between two snapshots")
         if batch is not None:
@@ -473,29 +376,20 @@ class _MapStage(ParallelStage):
                 raise StateMismatchError(f"the state's {held} held datapoints disagree with its 'replay' "
                                          f"{state['replay']} and 'skip' {state['skip']!r:.60} (at most {reach})")
 
-    def _drop_iteration(self) -> None:
-        """Close the carried source stream and the fused plans: the source's iteration they hold ends now (a
-        dropped generator caught in a reference cycle would hold the source until a collection, and the
-        source would refuse its next iteration)."""
-        for plan in {id(p): p for p in (self._batched, self._plan) if p is not None}.values():
-            plan.close()
-        if self._held_first is not None:
-            self._held_first.close()
-        carry = self._carry
-        self._batched = self._plan = self._carry = self._ledger = self._held_first = None
-        if carry is not None:
-            close_stream(carry)
-
     def close(self) -> None:
-        self._drop_iteration()
+        self._cursor.drop()
         super().close()
 
     def __getstate__(self) -> dict:
         state = super().__getstate__()
-        # generators and positions of this process's iteration
-        state["_carry"] = state["_batched"] = state["_plan"] = state["_ledger"] = state["_held_first"] = None
-        state["_skips"], state["_index_of"], state["_pulls"] = collections.deque(), {}, collections.deque()
+        state["_cursor"] = self._cursor.detached()  # without the generators and positions of this iteration
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        if "_cursor" not in state:  # pickled before the cursor: its fields were the stage's own
+            fields = [f.name for f in dataclasses.fields(MapCursor)]
+            state["_cursor"] = MapCursor(**{f: state.pop("_" + f) for f in fields if "_" + f in state}).detached()
+        super().__setstate__(state)
 
 
 class MultiProcessMapData(_MapStage):

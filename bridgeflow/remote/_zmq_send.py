@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import queue
+import time
 import traceback
 from collections.abc import Iterable
 from typing import Any
@@ -37,6 +38,9 @@ __all__ = ["FORMATS", "send_dataflow_zmq"]
 log = logging.getLogger(__name__)
 
 _QUEUE_DEPTH = 4  # encoded datapoints waiting between the producer's reader thread and its socket
+# A connecting producer waits at most this long after its last message for the binding consumer to hang up
+# (that consumer keeps its socket for other producers, so it may never hang up; see _Peers).
+_HANGUP_GRACE_S = 5.0
 # tensorpack's names (its `format`, and its TENSORPACK_SERIALIZE serializers) -> bridgeflow's codec
 FORMATS = {None: DEFAULT_CODEC, "bridgeflow": DEFAULT_CODEC, "msgpack": DEFAULT_CODEC, "pyarrow": DEFAULT_CODEC,
            "pickle": "pickle"}
@@ -93,6 +97,57 @@ def _send_datapoint(sock: Any, frames: list, prefix: list) -> None:
             sock.send_multipart(prefix + [P.SPLIT_PART, v[off:off + step]], copy=False)
 
 
+class _Peers:
+    """The connections of the producer's socket, from its ZeroMQ monitor: after the last message the producer
+    waits for the consumer to hang up before closing.
+
+    libzmq (4.3.5) drops what a peer sent but the receiving engine has not read yet when the connection closes
+    while the receiver's queue is full (RCVHWM): on ``ipc://`` the hang-up wakes the stalled engine, which then
+    stops reading the socket for good. A producer that closed as soon as its last message was written lost
+    the tail of the stream (and the end marker) whenever the consumer was behind, and the consumer waited
+    ``timeout`` for it. The consumer hangs up on the producer's last message (connecting, it closes that
+    producer's socket; binding, it closes its socket when the flow is closed), so the producer closes after
+    that: nothing it sent is still on its way.
+    """
+
+    def __init__(self, zmq: Any, sock: Any) -> None:
+        self.zmq = zmq
+        self.up = 0
+        self.monitor = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+
+    def read(self, timeout_ms: int = 0) -> None:
+        """Count the connections made and lost since the last read (read them often: the monitor holds 1,000
+        events, and drops what comes after)."""
+        from zmq.utils.monitor import recv_monitor_message
+        zmq = self.zmq
+        while self.monitor.poll(timeout_ms):
+            event = recv_monitor_message(self.monitor)["event"]
+            if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
+                self.up += 1
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.up = max(0, self.up - 1)
+            timeout_ms = 0
+
+    def await_hangup(self, timeout: float | None) -> bool:
+        """Wait until no consumer is connected, for at most ``timeout`` seconds (``None``: no limit); returns
+        whether none is."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self.read()
+        while self.up > 0:
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.read(max(1, int(min(left, 1.0) * 1000)))
+        return True
+
+    def close(self, sock: Any) -> None:
+        try:
+            sock.disable_monitor()
+        except self.zmq.ZMQError:
+            pass
+        self.monitor.close(linger=0)
+
+
 def _read_source(df: Any, epochs: int | None, codec: str, out: Any) -> None:
     """Reader thread: encode every datapoint of ``epochs`` passes over ``df`` for the sending thread (an
     error of the flow reaches it after the datapoints before it)."""
@@ -124,7 +179,10 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
     takes long to make. ``epochs=None`` sends forever (tensorpack's producer always does). ``send_timeout``
     (seconds) gives up with :class:`RemoteConnectionError` when no consumer takes a message for that long
     (default: wait). The end-and-goodbye marker of the last pass is delivered before returning (within
-    ``send_timeout``). Arrays are sent without copying: the flow must not modify an array after yielding it.
+    ``send_timeout``): a binding producer returns once its consumer, having read it, hung up; a connecting
+    one waits for that at most 5 s, since a binding consumer hangs up only when closed (closing sooner
+    could lose what the consumer had not read yet: libzmq drops it). Arrays are sent without copying: the flow
+    must not modify an array after yielding it.
 
     ``keys``: a key folder made by ``bridgeflow keys`` (or :func:`~bridgeflow.remote.generate_keys`), the
     same on every machine: the stream is encrypted and authenticated with CurveZMQ, and only a consumer
@@ -162,6 +220,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
     sock.setsockopt(zmq.RCVHWM, 1)
     if send_timeout is not None:
         sock.setsockopt(zmq.SNDTIMEO, int(send_timeout * 1000))
+    peers = _Peers(zmq, sock)  # before binding or connecting: every connection is counted
     try:
         if bind:
             security.binding(sock)
@@ -172,6 +231,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
                 sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.connect(addr)
     except zmq.ZMQError as exc:
+        peers.close(sock)
         sock.close(0)
         security.close()
         ctx.term()
@@ -185,6 +245,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
         try:
             sock.send_multipart(prefix + [P.HELLO])
         except zmq.Again:
+            peers.close(sock)
             sock.close(0)
             security.close()
             ctx.term()
@@ -209,6 +270,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
             try:
                 kind, payload = reader.get(timeout=heartbeat_s)
             except queue.Empty:
+                peers.read()
                 try:
                     sock.send_multipart(prefix + [P.HEARTBEAT], zmq.NOBLOCK)
                 except zmq.Again:  # no consumer yet, or its queue is full (it has data to read)
@@ -222,6 +284,8 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
                 if kind == "D":
                     _send_datapoint(sock, payload, prefix)
                     sent += 1
+                    if sent % 256 == 0:
+                        peers.read()
                     if bar is not None:
                         bar.update(1)
                 elif kind == "E":
@@ -229,12 +293,18 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
                 elif kind == "L":
                     sock.send_multipart(prefix + [P.LAST])
                     linger = -1 if send_timeout is None else int(send_timeout * 1000)
+                    # Closing now could lose the tail of the stream (see _Peers): wait for the consumer to hang
+                    # up; one binding for many producers may never, so a connecting producer waits a while.
+                    wait = send_timeout if bind else min(send_timeout or _HANGUP_GRACE_S, _HANGUP_GRACE_S)
+                    peers.await_hangup(wait)
                     return sent
                 else:
                     text = "".join(traceback.format_exception(type(payload), payload, payload.__traceback__))
                     try:
                         sock.send_multipart(prefix + [P.ERROR + text.encode("utf-8", "replace")], zmq.NOBLOCK)
                         linger = 2000
+                        if bind:  # a connecting consumer hangs up on an error too (see _Peers)
+                            peers.await_hangup(2.0)
                     except zmq.Again:
                         pass
                     raise payload
@@ -246,6 +316,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
             log.warning("%s: the reader thread of %s is still inside the flow after 5 s", who, addr)
         if bar is not None:
             bar.close()
+        peers.close(sock)
         sock.close(linger=linger)
         security.close()
         ctx.term()

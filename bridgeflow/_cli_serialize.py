@@ -2,7 +2,7 @@
 
 ``register(subparsers)`` adds ``serialize`` and ``inspect`` to the ``bridgeflow`` command;
 ``bench_file(path, args)`` is what ``bridgeflow bench`` runs when its target is a dataset file.
-``main(argv)`` runs these commands alone (``python -m bridgeflow.serialize._cli``).
+``main(argv)`` runs these commands alone (``python -m bridgeflow._cli_serialize``).
 
 Example (shell):
     bridgeflow serialize photos/ photos.lmdb --workers 4
@@ -24,11 +24,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .._base import DataFlow
-from .._commands import Terminated, load_object, run_command
-from .._serialize_errors import CorruptDataError, TargetExistsError
-from ._atomic import check_target
-from ._formats import EXTENSIONS, FORMATS, detect_format, load_dataset
+from ._base import DataFlow
+from ._commands import Terminated, load_object, run_command
+from ._serialize_errors import CorruptDataError, TargetExistsError
+from .serialize._atomic import check_target
+from .serialize._formats import EXTENSIONS, FORMATS, detect_format, load_dataset
 
 __all__ = ["Terminated", "bench_file", "main", "open_source", "register"]
 
@@ -63,13 +63,13 @@ def sigterm_unwinds() -> Iterator[None]:
 
 def _parallel_map(df: DataFlow, workers: int) -> DataFlow:
     """Run the outermost ``MapData`` of ``df`` in ``workers`` processes, order kept."""
-    from .._transforms import MapData
+    from ._transforms import MapData
 
     if not isinstance(df, MapData):
         raise ValueError(f"--workers needs a source whose last stage is a MapData (its map stage runs in "
                          f"parallel); {type(df).__name__} has none. Build the map stage in parallel yourself.")
     try:
-        from ..parallel import MultiProcessMapData
+        from .parallel import MultiProcessMapData
     except ImportError as exc:  # the parallel package is optional for this module
         raise ValueError("--workers needs bridgeflow.parallel.MultiProcessMapData, which is not available") \
             from exc
@@ -98,7 +98,7 @@ def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, s
     skipped: list[str] = []
     found = None
     if os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "data.mdb")):
-        from ._images import ImageFolderData
+        from .serialize._images import ImageFolderData
 
         images = ImageFolderData(spec, decode=decode, split=split, non_images=non_images,
                                  bad_images={"keep": None, "skip": "error"}.get(bad_images, bad_images))
@@ -120,7 +120,7 @@ def _open_source(spec: str, *, decode: bool, workers: int, allow_pickle: bool, s
         if not hasattr(df, "__iter__"):
             raise ValueError(f"{spec} returned a {type(df).__name__}, not a DataFlow")
         if not isinstance(df, DataFlow):
-            from .._sources import DataFromIterable
+            from ._sources import DataFromIterable
 
             df = DataFromIterable(df)
     else:
@@ -143,7 +143,7 @@ def _read_or_name(read: Any, dp: list) -> list:
 
 def _drop_undecodable(df: DataFlow, names: list[str]) -> DataFlow:
     """``df`` less the images :func:`_read_or_name` named, whose paths go to ``names``."""
-    from .._transforms import MapData
+    from ._transforms import MapData
 
     def drop(dp: Any) -> Any:
         if not (isinstance(dp, list) and dp and isinstance(dp[0], _Undecodable)):
@@ -175,24 +175,24 @@ def _cmd_serialize(args: argparse.Namespace) -> int:
         if args.bad_images == "skip" and images is not None:
             df = _drop_undecodable(df, undecodable)
         if args.limit:
-            from .._transforms import FixedSizeData
+            from ._transforms import FixedSizeData
 
             df = FixedSizeData(df, args.limit)
         progress = not args.quiet
         with df:
             if fmt == "lmdb":
-                from ._lmdb_format import LMDBSerializer
+                from .serialize._lmdb_format import LMDBSerializer
 
                 n = LMDBSerializer.save(df, args.output, write_frequency=args.write_frequency, codec=args.codec,
                                         overwrite=args.overwrite, progress=progress, checksum=args.checksum,
                                         classes=classes)
             elif fmt == "hdf5":
-                from ._hdf5_format import HDF5Serializer
+                from .serialize._hdf5_format import HDF5Serializer
 
                 n = HDF5Serializer.save(df, args.output, overwrite=args.overwrite, progress=progress,
                                         classes=classes)
             else:
-                from ._npz_format import NumpySerializer
+                from .serialize._npz_format import NumpySerializer
 
                 n = NumpySerializer.save(df, args.output, overwrite=args.overwrite, progress=progress,
                                          classes=classes)
@@ -242,7 +242,7 @@ def _checksums(fmt: str, ds: Any) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .._transforms import describe_datapoint
+    from ._transforms import describe_datapoint
 
     path = args.path
     # a reader (LMDBDataset, HDF5Data or NumpyData): indexable, though load_dataset promises a DataFlow only
@@ -280,8 +280,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def bench_file(path: str, args: argparse.Namespace) -> int:
     """``bridgeflow bench FILE``: datapoints/s of the loaded flow, sequential then shuffled."""
-    from .._batch import BatchData
-    from .._speed import TestDataSpeed, bench_counts
+    from ._batch import BatchData
+    from ._speed import TestDataSpeed, bench_counts
 
     quiet = bool(getattr(args, "quiet", False))
     for shuffle in (False, True):

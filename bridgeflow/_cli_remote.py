@@ -19,7 +19,8 @@ import argparse
 import os
 from typing import Any
 
-from ..engine import DataFlow, load_object
+from ._base import DataFlow
+from ._commands import load_object
 
 __all__ = ["DEFAULT_ADDR", "load_source", "register"]
 
@@ -27,22 +28,9 @@ DEFAULT_ADDR = "tcp://127.0.0.1:8877"
 
 
 def _load_file(path: str, shuffle: bool, allow_pickle: bool = False) -> DataFlow:
-    from .. import serialize
+    from .serialize import load  # recognises LMDB, HDF5 and npz files by their content
 
-    loader = getattr(serialize, "load", None)  # recognises LMDB, HDF5 and npz files by their content
-    if callable(loader):
-        return loader(path, shuffle=shuffle, **({"allow_pickle": True} if allow_pickle else {}))
-    low = path.lower()
-    if low.endswith(".lmdb") or os.path.isfile(os.path.join(path, "data.mdb")):
-        from ..serialize import LMDBSerializer
-
-        return LMDBSerializer.load(path, shuffle=shuffle)
-    if low.endswith((".h5", ".hdf5")):
-        from ..serialize import HDF5Serializer
-
-        return HDF5Serializer.load(path, shuffle=shuffle)
-    raise ValueError(f"bridgeflow serve: cannot tell the format of {path}; name LMDB files *.lmdb and HDF5 "
-                     "files *.h5, or give module:function")
+    return load(path, shuffle=shuffle, allow_pickle=allow_pickle)
 
 
 def load_source(source: str, shuffle: bool = False, allow_pickle: bool = False) -> Any:
@@ -58,7 +46,7 @@ def load_source(source: str, shuffle: bool = False, allow_pickle: bool = False) 
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from ._zmq_flow import send_dataflow_zmq
+    from .remote import send_dataflow_zmq
 
     df = load_source(args.source, shuffle=args.shuffle, allow_pickle=args.allow_pickle)
     epochs = None if args.epochs == 0 else args.epochs
@@ -74,7 +62,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:
-    from ._keys import generate_keys
+    from .remote import generate_keys
 
     try:
         keys = generate_keys(args.folder, overwrite=args.overwrite)
