@@ -45,7 +45,7 @@ def test_the_seam_contract_forbids_every_private_module_of_the_core():
 def test_the_finder_sees_nested_private_modules():
     found = private_modules()
     assert {"bridgeflow._base", "bridgeflow._background", "bridgeflow.parallel._transport",
-            "bridgeflow.parallel._transport.pool", "bridgeflow.serialize._cli"} <= found
+            "bridgeflow.parallel._transport.pool", "bridgeflow.serialize._lmdb_format"} <= found
     public = {"bridgeflow.engine", "bridgeflow.parallel", "bridgeflow.remote._zmq_flow", "bridgeflow.__main__"}
     assert not public & found
 
