@@ -7,7 +7,7 @@ outside ``api_pages.NAMESPACES`` are internal: they get one line each in a modul
 (``api/internals.rst``), not entries.
 
 A docstring's cross-reference may name an object by any of its paths (``bridgeflow.serialize._lmdb_format.
-LMDBSerializer``, ``.pinning.SlabPinner``, or a bare ``WorkerError``): :func:`setup` sends each to the entry
+LMDBSerializer``, ``._pinning.SlabPinner``, or a bare ``WorkerError``): :func:`setup` sends each to the entry
 (or, for an internal object, to its module in the module map), and a reference that names a ``bridgeflow``
 path and leads nowhere is a warning, so the ``-W`` build fails on it.
 """

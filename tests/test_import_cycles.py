@@ -133,9 +133,9 @@ def test_the_walk_sees_function_level_and_relative_imports():
     assert "bridgeflow._base" in edges["bridgeflow._transforms"]  # from .base import ...
     assert "bridgeflow.parallel._transport.pool" in edges["bridgeflow.parallel._stages"]  # from .pool import ...
     assert "bridgeflow._demo" in edges["bridgeflow.cli"]  # imported inside a function
-    assert "bridgeflow._base" in edges["bridgeflow.adapters.torch._loader"]  # the adapters, by their package name
+    assert "bridgeflow.engine" in edges["bridgeflow.adapters.torch._loader"]  # the adapters, by their package name
     # the packages Python runs first: parallel/__init__ and parallel/_transport/__init__ before the pool...
-    assert {"bridgeflow.parallel", "bridgeflow.parallel._transport"} <= edges["bridgeflow.remote._ray_map"]
+    assert {"bridgeflow.parallel", "bridgeflow.parallel._transport"} <= edges["bridgeflow.engine"]
     # ...but not a package the importer is inside, which started before it
     assert "bridgeflow.parallel" not in edges["bridgeflow.parallel._stages"]
 

@@ -24,7 +24,7 @@ _SCENARIO = textwrap.dedent("""
     import numpy as np
     from collections import Counter
     from bridgeflow import DataFromList, MapData, MultiProcessMapData, MultiProcessRunner, MultiThreadMapData
-    from bridgeflow.parallel._transport.background import BackgroundIterator
+    from bridgeflow.engine import BackgroundIterator
 
     def f(dp):
         return [np.full(50_000, dp[0], np.int64)]  # 400 KB: results travel in shared-memory slabs

@@ -18,7 +18,7 @@ need("torch")
 
 import torch
 
-from bridgeflow.adapters.torch.pinning import PinningError, SlabPinner, attach_pinner
+from bridgeflow.adapters.torch._pinning import PinningError, SlabPinner, attach_pinner
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -345,7 +345,7 @@ def test_batches_read_in_place_from_real_slabs_keep_their_values(num_stages, lea
 
 @needs_cuda
 def test_gpu_registered_shared_memory_is_pinned_and_unregisters_cleanly():
-    from bridgeflow.adapters.torch.pinning import CudaHostRegistrar
+    from bridgeflow.adapters.torch._pinning import CudaHostRegistrar
 
     pinner = SlabPinner(CudaHostRegistrar("cuda"))
     slabs = Slabs(pinner)
@@ -364,7 +364,7 @@ def test_gpu_registered_shared_memory_is_pinned_and_unregisters_cleanly():
 
 @needs_cuda
 def test_gpu_a_failed_registration_raises_pinning_error_and_leaves_cuda_usable():
-    from bridgeflow.adapters.torch.pinning import CudaHostRegistrar
+    from bridgeflow.adapters.torch._pinning import CudaHostRegistrar
 
     registrar = CudaHostRegistrar("cuda")
     with pytest.raises(PinningError, match="cudaHostRegister"):

@@ -26,7 +26,7 @@ import torch.utils.data as tud
 from torch_backends import DmaBackend, FakePinnedMemory, FakeRegistrar, HostBackend
 
 from bridgeflow.adapters.torch import CUDAPrefetcher, DataLoader
-from bridgeflow.adapters.torch.pinning import SlabPinner
+from bridgeflow.adapters.torch._pinning import SlabPinner
 
 
 class Images(tud.Dataset):

@@ -16,7 +16,7 @@ import weakref
 import numpy as np
 import torch
 
-from bridgeflow.adapters.torch.pinning import SlabPinner
+from bridgeflow.adapters.torch._pinning import SlabPinner
 
 
 class HostBackend:

@@ -11,7 +11,7 @@ Importing this package imports TensorFlow (the core ``bridgeflow`` package never
   to compare with and to time the model alone.
 """
 
-from bridgeflow._deps import require
+from bridgeflow.engine import require
 
 require("tensorflow", "bridgeflow.adapters.tensorflow")  # first: a missing TensorFlow is named, with its install
 

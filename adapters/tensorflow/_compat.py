@@ -11,7 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from bridgeflow._errors import BridgeflowError
+from bridgeflow import BridgeflowError
 
 __all__ = ["TFCompatError", "default_device", "staging_area_class"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from bridgeflow._iterables import not_a_flow
+from bridgeflow.engine import not_a_flow
 
 from ._flow import END, close_iterator, dynamic_batch_for, peek, reset_once
 from ._signature import Signature

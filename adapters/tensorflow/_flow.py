@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from bridgeflow import _base as base
-from bridgeflow._errors import DatapointError
+from bridgeflow import DatapointError, engine
 
 __all__ = ["END", "close_iterator", "dynamic_batch_for", "peek", "reset_once", "with_first"]
 
@@ -16,7 +15,7 @@ END = object()  # sentinel: the iterator is exhausted
 def reset_once(df: Any) -> None:
     """Call ``df.reset_state()`` unless it ran already (plain iterables have none)."""
     if hasattr(df, "reset_state"):
-        base.reset_once(df)
+        engine.reset_once(df)
 
 
 def close_iterator(it: Any) -> None:
@@ -52,7 +51,7 @@ def dynamic_batch_for(df: Any, dynamic_batch: bool | None) -> bool:
     batching flow found from the top of the pipeline), so its smaller last batch fits the signature."""
     if dynamic_batch is not None:
         return bool(dynamic_batch)
-    from bridgeflow._batch import BatchData, BatchDataByShape
+    from bridgeflow import BatchData, BatchDataByShape
     from bridgeflow.pipeline import iter_flows
 
     for _, flow in iter_flows(df):

@@ -45,9 +45,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from bridgeflow._errors import DatapointError
-from bridgeflow._iterables import not_a_flow
-from bridgeflow.parallel._transport.background import Producer
+from bridgeflow import DatapointError
+from bridgeflow.engine import Producer, not_a_flow
 
 from ._flow import END, close_iterator, dynamic_batch_for, reset_once
 from ._signature import Signature

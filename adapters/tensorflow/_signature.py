@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from bridgeflow._errors import DatapointError
+from bridgeflow import DatapointError
 
 __all__ = ["Signature", "infer_signature"]
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import tensorflow as tf
 
-from bridgeflow._errors import BridgeflowError
+from bridgeflow import BridgeflowError
 
 from ._signature import Signature
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from bridgeflow.parallel._transport.background import Producer
+from bridgeflow.engine import Producer
 
 from ._compat import default_device, staging_area_class
 from ._signature import Signature

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bridgeflow._deps import require
+from bridgeflow.engine import require
 
 torch = require("torch", "bridgeflow.adapters.torch")
 

@@ -32,7 +32,7 @@ import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from bridgeflow._errors import BridgeflowError
+from bridgeflow import BridgeflowError
 
 from . import _compat
 from ._dispatch import Dispatcher
@@ -287,7 +287,7 @@ class EpochIterator(_compat.TorchIteratorNames):
                 raise
             if result.state is not None and worker is not None:
                 record.note_worker_state(worker, max(1, n), result.state)
-            if result.tag == ENDED:  # the worker's stream ran out: no more tasks for it this epoch
+            if result.tag is ENDED:  # the worker's stream ran out: no more tasks for it this epoch
                 assert worker is not None  # only a dataset error (FAILED) comes without its worker
                 dispatch.retire(worker)
                 record.note_exhausted(worker, max(1, n))
@@ -295,7 +295,7 @@ class EpochIterator(_compat.TorchIteratorNames):
             if self._discard:  # a fast-forward reads it again: the consumer saw it (or its error) already
                 self._discard -= 1
                 continue
-            if result.tag == STOPPED:  # a map-style dataset raised StopIteration: torch re-raises it
+            if result.tag is STOPPED:  # a map-style dataset raised StopIteration: torch re-raises it
                 if self._source.reads_ahead:
                     self._fill()
                 else:
@@ -308,9 +308,9 @@ class EpochIterator(_compat.TorchIteratorNames):
                 self._stream.delivered(record)
             if self._source.reads_ahead:
                 self._fill()  # the task replacing it, drawn here as torch does
-            if result.tag == SKIPPED:  # no sample of it is left
+            if result.tag is SKIPPED:  # no sample of it is left
                 continue
-            if result.tag == FAILED:
+            if result.tag is FAILED:
                 error = result.value
                 try:
                     raise error

@@ -31,14 +31,19 @@ import warnings
 from collections.abc import Iterator
 from typing import Any, Protocol, TypeGuard, cast
 
-from bridgeflow._augment import AugmentImageComponent, AugmentImageComponents
-from bridgeflow._base import DataFlow, reset_once
-from bridgeflow._combine import LocallyShuffleData
-from bridgeflow._errors import LengthUnknownError
-from bridgeflow._order import IndexedSource
-from bridgeflow._rng import worker_seed_scope
-from bridgeflow._transforms import FilterData, MapData, MapDataComponent, SelectComponent
-from bridgeflow.parallel._common import ParallelStage
+from bridgeflow import (
+    AugmentImageComponent,
+    AugmentImageComponents,
+    DataFlow,
+    FilterData,
+    LengthUnknownError,
+    LocallyShuffleData,
+    MapData,
+    MapDataComponent,
+    SelectComponent,
+    worker_seed_scope,
+)
+from bridgeflow.engine import IndexedSource, ParallelStage, reset_once
 from bridgeflow.pipeline import iter_flows
 
 from ._compat import Dataset, IterableDataset, get_worker_info

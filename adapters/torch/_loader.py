@@ -53,9 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from bridgeflow._base import DataFlow
-from bridgeflow._shard import warn_if_unsharded
-from bridgeflow.parallel._transport.supervision import check_max_restarts
+from bridgeflow import DataFlow
+from bridgeflow.engine import check_max_restarts, warn_if_unsharded
 from bridgeflow.pipeline import iter_flows
 
 from . import _compat
@@ -416,12 +415,8 @@ class DataLoader(_compat.TorchDataLoader[T_co]):
         is unmapped (:class:`~bridgeflow.parallel.MappingHooks`; ``None`` removes them): the slabs
         of the worker pool of every iterator, running or started later (persistent workers included),
         and of the parallel stages of a DataFlow dataset. :class:`CUDAPrefetcher` calls it to page-lock
-        the slabs (:class:`~bridgeflow.adapters.torch.pinning.SlabPinner`), so its copies read batches
+        the slabs (:class:`~bridgeflow.adapters.torch._pinning.SlabPinner`), so its copies read batches
         where the workers wrote them.
-
-        Example:
-            >>> from bridgeflow.adapters.torch.pinning import CudaHostRegistrar, SlabPinner  # doctest: +SKIP
-            >>> loader.set_mapping_hooks(SlabPinner(CudaHostRegistrar("cuda")))            # doctest: +SKIP
         """
         self._bf.set_hooks(hooks)
         for it in list(self._bf.iters):

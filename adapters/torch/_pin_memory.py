@@ -3,7 +3,7 @@
 :class:`BatchPinner` copies every CPU tensor of a batch into page-locked memory taken from torch's pinned
 caching allocator, splitting large copies across a few threads (:class:`~._staging.ParallelCopier`).
 Tensors already pinned by that allocator pass through. Tensors that view a *registered* shared-memory slab
-(see :mod:`.pinning`) are pinned too, but the loader's user may start a non-blocking copy from them and
+(see :mod:`._pinning`) are pinned too, but the loader's user may start a non-blocking copy from them and
 drop them at once; torch tracks such copies only for memory its own allocator gave out, so the slab could
 go back to its worker while the copy still reads it. So they are copied as well, unless ``zero_copy=True``
 says the consumer keeps each batch until its copies are done (as :class:`~._prefetcher.CUDAPrefetcher` does).
@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bridgeflow.parallel._transport.background import Producer
+from bridgeflow.engine import Producer
 
 from . import _compat
 from ._compat import torch
@@ -130,7 +130,7 @@ class _Stopped(BaseException):
 
 def _pinned(result: Result, pinner: BatchPinner) -> Result:
     """A result with its batch pinned; a pinning error is that batch's error (it counts as delivered)."""
-    if result.tag != BATCH:
+    if result.tag is not BATCH:
         return result
     try:
         return Result(BATCH, pinner(result.value), result.state)

@@ -9,9 +9,9 @@ the device batch; the consumer's stream waits on that event before the batch is 
 Where the host bytes come from:
 
 - **Pinned already** (a ``pin_memory=True`` loader, or a shared-memory slab registered as page-locked:
-  see :mod:`.pinning`; the prefetcher registers the slabs of the bridgeflow loader or flow it reads,
+  see :mod:`._pinning`; the prefetcher registers the slabs of the bridgeflow loader or flow it reads,
   through their ``set_mapping_hooks``, for as long as it lives): the copy reads the batch where it lies,
-  with no host copy at all. Its :class:`~.pinning.SlabPinner` says ``zero_copy``, so a ``pin_memory=True``
+  with no host copy at all. Its :class:`~._pinning.SlabPinner` says ``zero_copy``, so a ``pin_memory=True``
   loader hands tensors in registered slabs out as they are.
 - **Pageable** (in-process flows, user iterables): the batch is first copied into reused pinned buffers,
   large tensors by several threads at once (:class:`~._staging.ParallelCopier`). There are
@@ -47,15 +47,13 @@ from typing import Any
 
 import numpy as np
 
-from bridgeflow._base import DataFlow
-from bridgeflow._errors import BridgeflowError
-from bridgeflow._shard import warn_if_unsharded
-from bridgeflow.parallel._transport.background import BackgroundIterator, Producer
+from bridgeflow import BridgeflowError, DataFlow
+from bridgeflow.engine import BackgroundIterator, Producer, warn_if_unsharded
 
 from ._compat import torch
 from ._convert import map_structure
+from ._pinning import CudaHostRegistrar, SlabPinner, attach_pinner
 from ._staging import ParallelCopier
-from .pinning import CudaHostRegistrar, SlabPinner, attach_pinner
 
 __all__ = ["CUDAPrefetcher", "DeviceUnavailableError"]
 

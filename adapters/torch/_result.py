@@ -17,19 +17,42 @@ sample's index, or the batch's indices when the task cannot be told apart; the e
 ``state`` is the worker's dataset state right after the task (torchdata's convention, see
 :meth:`~._fetch.Fetcher.state`): None when the dataset has none, an exception when reading it failed.
 
+The tags are the members of :class:`Tag`, an :class:`enum.Enum`, also bound at module level (``BATCH``, ...).
+Each is one object in every process: a pickled tag is loaded by name as the same member, so the epoch iterator
+tells them apart with ``is``.
+
 Example:
     >>> r = Result(BATCH, [1, 2])
-    >>> r.tag == BATCH, r.value, r.state
+    >>> r.tag is BATCH, r.value, r.state
     (True, [1, 2], None)
+    >>> import pickle
+    >>> pickle.loads(pickle.dumps(r)).tag is BATCH
+    True
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
-__all__ = ["BATCH", "ENDED", "FAILED", "SKIPPED", "STARTED", "STOPPED", "Result"]
+__all__ = ["BATCH", "ENDED", "FAILED", "SKIPPED", "STARTED", "STOPPED", "Result", "Tag"]
 
-BATCH, ENDED, STOPPED, FAILED, STARTED, SKIPPED = "batch", "ended", "stopped", "failed", "started", "skipped"
+
+class Tag(enum.Enum):
+    """What a task's :class:`Result` says happened (see the module doc). The values are the tags' numbers on
+    the wire: a pickled :class:`Result` carries its tag as that small int."""
+
+    BATCH = 0
+    ENDED = 1
+    STOPPED = 2
+    FAILED = 3
+    STARTED = 4
+    SKIPPED = 5
+
+
+BATCH, ENDED, STOPPED = Tag.BATCH, Tag.ENDED, Tag.STOPPED
+FAILED, STARTED, SKIPPED = Tag.FAILED, Tag.STARTED, Tag.SKIPPED
+_TAGS = tuple(Tag)  # a tag's member by its number: _TAGS[tag._value_] is tag
 
 
 class Result:
@@ -38,16 +61,23 @@ class Result:
 
     __slots__ = ("skipped", "state", "tag", "value")
 
-    def __init__(self, tag: str, value: Any = None, state: Any = None, skipped: list | None = None) -> None:
+    def __init__(self, tag: Tag, value: Any = None, state: Any = None, skipped: list | None = None) -> None:
         self.tag = tag
         self.value = value
         self.state = state
         self.skipped = skipped
 
     def __reduce__(self) -> tuple:
+        # The tag travels as its number (``_value_``, a plain attribute): a worker sends a result per batch, and
+        # pickling the member itself would look its class up by name on each load.
         if self.skipped is None:
-            return (Result, (self.tag, self.value, self.state))
-        return (Result, (self.tag, self.value, self.state, self.skipped))
+            return (_loaded, (self.tag._value_, self.value, self.state))
+        return (_loaded, (self.tag._value_, self.value, self.state, self.skipped))
 
     def __repr__(self) -> str:
-        return f"Result({self.tag}, state={'yes' if self.state is not None else 'none'})"
+        return f"Result({self.tag.name.lower()}, state={'yes' if self.state is not None else 'none'})"
+
+
+def _loaded(tag: int, value: Any, state: Any, skipped: list | None = None) -> Result:
+    """A pickled :class:`Result` loaded: its tag back from its number."""
+    return Result(_TAGS[tag], value, state, skipped)

@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bridgeflow._errors import WorkerError, WorkerTimeoutError
-from bridgeflow.parallel._transport.pool import EXHAUSTED, WorkerPool
-from bridgeflow.parallel._transport.supervision import FaultPolicy
+from bridgeflow import WorkerError, WorkerTimeoutError
+from bridgeflow.engine import FaultPolicy
+from bridgeflow.parallel import EXHAUSTED, WorkerPool
 
 from ._fetch import COLLATE, MAP, Reset, WorkerSpec, WorkerTask, close_source, init_worker
 from ._result import ENDED, FAILED, SKIPPED, STARTED, Result

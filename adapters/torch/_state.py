@@ -39,7 +39,8 @@ import logging
 from collections.abc import Iterator, Sized
 from typing import TYPE_CHECKING, Any
 
-from bridgeflow._state import MAX_DEPTH, StateMismatchError, short
+from bridgeflow import StateMismatchError
+from bridgeflow.engine import MAX_DEPTH, short
 
 from . import _compat
 from ._compat import InfiniteConstantSampler, torch

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from bridgeflow import StateMismatchError
-from bridgeflow._state import short
-from bridgeflow._state_schema import Count, Field, Flag, Value, check_fields
+from bridgeflow.engine import Count, Field, Flag, Value, check_fields, short
 
 __all__ = ["LOADER_FIELDS", "LoaderFacts", "check_loader_state", "fields_checksum"]
 

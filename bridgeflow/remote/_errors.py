@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._errors import BridgeflowError
+from ..engine import BridgeflowError
 
 __all__ = ["MessageTooLargeError", "ProducerError", "ProducerLostError", "RemoteConnectionError"]
 

@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any
 
-from .._deps import require
+from ..engine import require
 
 __all__ = ["CurveKeys", "Security", "Throttle", "fingerprint", "generate_keys", "load_keys"]
 

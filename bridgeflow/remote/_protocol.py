@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from .._serialize_errors import CorruptDataError
+from ..serialize import CorruptDataError
 
 __all__ = [
     "BYE", "CONTROL", "END", "ERROR", "FRAGMENT_BYTES", "HEARTBEAT", "HELLO", "LAST", "MAX_FRAME_BYTES", "SPLIT",

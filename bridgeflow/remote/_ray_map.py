@@ -42,12 +42,16 @@ from typing import Any
 
 import numpy as np
 
-from .._base import DataFlow
-from .._deps import require
-from .._errors import WorkerError
-from .._proxy import ProxyDataFlow
-from .._transforms import _DATAPOINT_TYPES, check_datapoint
-from ..parallel._transport.pool import pack_exception, unpack_exception
+from ..engine import (
+    DATAPOINT_TYPES,
+    DataFlow,
+    ProxyDataFlow,
+    WorkerError,
+    check_datapoint,
+    pack_exception,
+    require,
+    unpack_exception,
+)
 
 __all__ = ["RayMapData"]
 
@@ -73,7 +77,7 @@ class _MapActor:
         try:
             for dp in items:
                 r = func(dp)
-                if r is not None and type(r) not in _DATAPOINT_TYPES:
+                if r is not None and type(r) not in DATAPOINT_TYPES:
                     check_datapoint(r, self.who)
                 out.append(r)
         except BaseException as exc:  # sent back as data, re-raised by the consumer

@@ -23,8 +23,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .._codec import DECODE_ERRORS
-from .._errors import DataFlowTerminated
+from ..engine import DECODE_ERRORS, DataFlowTerminated
 from ..serialize import CorruptDataError, decode_frames
 from . import _protocol as P
 from ._errors import MessageTooLargeError, ProducerError, ProducerLostError, RemoteConnectionError

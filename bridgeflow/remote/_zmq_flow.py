@@ -65,9 +65,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .._base import DataFlow
-from .._deps import require
-from .._errors import DataFlowTerminated
+from ..engine import DataFlow, DataFlowTerminated, require
 from . import _protocol as P
 from ._errors import RemoteConnectionError
 from ._keys import CurveKeys, Security, load_keys

@@ -27,10 +27,8 @@ import traceback
 from collections.abc import Iterable
 from typing import Any
 
-from .._codec import CODECS, DEFAULT_CODEC, encode_frames
-from .._deps import require
-from .._progress import progress_bar
-from ..parallel._transport.background import Producer
+from ..engine import Producer, progress_bar, require
+from ..serialize import CODECS, DEFAULT_CODEC, encode_frames
 from . import _protocol as P
 from ._errors import RemoteConnectionError
 from ._keys import CurveKeys, Security, load_keys

@@ -16,7 +16,7 @@ pinner warns once and stops registering: batches in unregistered slabs take the 
 they did before, and nothing crashes.
 
 Example:
-    >>> from bridgeflow.adapters.torch.pinning import SlabPinner, attach_pinner   # doctest: +SKIP
+    >>> from bridgeflow.adapters.torch._pinning import SlabPinner, attach_pinner   # doctest: +SKIP
     >>> pinner = SlabPinner(CudaHostRegistrar("cuda:0"))                           # doctest: +SKIP
     >>> attach_pinner(flow, pinner)   # every parallel stage of the flow          # doctest: +SKIP
 """
@@ -33,7 +33,7 @@ import warnings
 import weakref
 from typing import Any, Protocol
 
-from bridgeflow._errors import BridgeflowError
+from bridgeflow import BridgeflowError
 
 from ._compat import torch
 
@@ -243,7 +243,7 @@ def attach_pinner(target: Any, hooks: Any) -> int:
     DataFlow and the loader has no ``set_mapping_hooks`` of its own (bridgeflow's DataLoader passes
     them on to its dataset itself). Returns how many were found (0: nothing here maps slabs through a
     hook)."""
-    from bridgeflow._base import DataFlow
+    from bridgeflow import DataFlow
 
     seen: set[int] = set()
     stack = [target]

@@ -15,7 +15,7 @@ stops and joins the thread. The torch adapter's pin thread and CUDA prefetcher, 
 TensorFlow producer loops all run on :class:`Producer`.
 
 Example:
-    >>> from bridgeflow.parallel._transport.background import BackgroundIterator, Producer
+    >>> from bridgeflow.engine import BackgroundIterator, Producer
     >>> list(BackgroundIterator(range(4), lambda x: x * 10, depth=2))
     [0, 10, 20, 30]
     >>> def count(p):
@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
-from ..._errors import BridgeflowError, LengthUnknownError
+from ._errors import BridgeflowError, LengthUnknownError
 
 __all__ = ["BackgroundIterator", "Producer"]
 

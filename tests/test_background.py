@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from bridgeflow.parallel._transport.background import BackgroundIterator, Producer
+from bridgeflow.engine import BackgroundIterator, Producer
 from conftest import PROMPTLY_S, wait_for
 
 
