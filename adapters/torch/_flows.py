@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Iterator
+from inspect import getattr_static
 from typing import Any, Protocol, TypeGuard, cast
 
 from bridgeflow import (
@@ -69,8 +70,11 @@ class UnsplitFlowWarning(UserWarning):
 
 def _maps_by_index(flow: Any) -> TypeGuard[MapData | MapDataComponent]:
     """A MapData/MapDataComponent (or a subclass that iterates as it does), whose ``flow[i]`` maps its child's."""
+    # The methods as the classes hold them: read off a class, DataFlow's public methods are descriptors that
+    # make a new callable for each read (bridgeflow._tensorpack_style.Public), so only what is stored compares.
     cls = type(flow)
-    return any(isinstance(flow, m) and cls.__iter__ is m.__iter__ and cls.__getitem__ is m.__getitem__ for m in _MAPS)
+    return any(isinstance(flow, m) and getattr_static(cls, "__iter__") is getattr_static(m, "__iter__")
+               and getattr_static(cls, "__getitem__") is getattr_static(m, "__getitem__") for m in _MAPS)
 
 
 def indexable(flow: DataFlow) -> bool:
