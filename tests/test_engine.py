@@ -10,15 +10,15 @@ import pytest
 
 import bridgeflow
 from bridgeflow import engine
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import source_tree
 
 
 def private_modules() -> set[str]:
     """The core's private modules outside remote, found on disk: a module or package with a ``_name`` part."""
+    root = Path(source_tree())  # the checkout: the installed package may lack a module the tree has
     out = set()
-    for path in (ROOT / "bridgeflow").rglob("*.py"):
-        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    for path in (root / "bridgeflow").rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         if parts[1:2] != ["remote"] and any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
@@ -28,7 +28,7 @@ def private_modules() -> set[str]:
 
 def seam_contract() -> dict:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    config = tomllib.loads((Path(source_tree()) / "pyproject.toml").read_text())
     (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "seam"]
     return contract
 
