@@ -429,9 +429,17 @@ class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
     def _identity(self) -> dict:
         return {"count": self.meta["count"], "bytes": self._pin.size()}
 
-    def _damaged(self, index: int, exc: Exception) -> CorruptDataError:
-        """A stored value that does not decode: the file's metadata names its codec and version, so a
-        value claiming another (or a pickle in a bridgeflow-codec file) is damage too."""
+    def _damaged(self, index: int, exc: Exception | None = None) -> CorruptDataError:
+        """A stored value whose CRC does not match (``exc`` None) or that does not decode (``exc``): the
+        file's metadata names its codec and version, so a value claiming another (or a pickle in a
+        bridgeflow-codec file) is damage too. A file cut in place while the value was read is named as
+        such: the read can come back full length with the bytes past the new end zeroed (the kernel
+        shrinks the file's size before it clears the cut page's tail)."""
+        off, size = self._offsets[index], self._sizes[index]
+        if self._pin.size() < off + size:
+            return self._cut(off, size, f"datapoint {index}")
+        if exc is None:
+            return CorruptDataError(f"{self.path}: datapoint {index}: checksum mismatch: the stored value is damaged")
         if isinstance(exc, PickleNotAllowedError):  # "pass allow_pickle=True" would be no help here
             return CorruptDataError(f"{self.path}: datapoint {index} is a pickle, but the file's metadata says "
                                     f"codec={self.meta['codec']}: the file is damaged or was tampered with; "
@@ -462,7 +470,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
     def _finish(self, i: int, data: Any, crc: Any) -> Any:
         """Check the CRC (``crc``: the stored 4 bytes, or ``None``) and decode datapoint ``i``'s value."""
         if crc is not None and crc32()(data) != _CRC.unpack(crc)[0]:
-            raise CorruptDataError(f"{self.path}: datapoint {i}: checksum mismatch: the stored value is damaged")
+            raise self._damaged(i)
         if self.format == "tensorpack":
             try:
                 return decode_tensorpack(data, allow_pickle=self.allow_pickle, serializer=self.meta["codec"])
@@ -541,8 +549,7 @@ class LMDBDataset(IndexedSource, PinnedLMDB, SmallValueReads):
                 j += 1
                 nbytes += size
                 if crc32_of(data) != stored(crc)[0]:
-                    failed = CorruptDataError(f"{self.path}: datapoint {i}: checksum mismatch: the stored value "
-                                              "is damaged")
+                    failed = self._damaged(i)
                     break
                 try:
                     batch.append(decode(data, allow_pickle=allow))
