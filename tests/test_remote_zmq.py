@@ -126,11 +126,13 @@ def test_killed_producer_is_named_within_timeout_and_the_others_go_on(leak_check
     assert any(x < 500_000 for x in seen) and any(x >= 500_000 for x in seen)
     os.kill(victim.pid, signal.SIGKILL)
     killed = time.monotonic()
+    from_victim = sum(x < 500_000 for x in seen)
     with pytest.raises(ProducerLostError) as info:
-        for _ in it:
-            pass
+        for dp in it:
+            from_victim += dp[1] < 500_000
     assert time.monotonic() - killed < PROMPTLY_S  # not the other producer's 500 s
     assert info.value.addr == a and a in str(info.value) and b not in str(info.value).split("sent nothing")[0]
+    assert f"{a} (after {from_victim:,} datapoints from it) sent nothing" in str(info.value)
     more = [dp[1] for _, dp in zip(range(30), df)]  # iterating again goes on with the survivor
     assert len(more) == 30 and all(x >= 500_000 for x in more)
     assert df.stats()["RemoteDataZMQ"]["producers_lost"] == 1 and df.stats()["RemoteDataZMQ"]["producers"] == 1

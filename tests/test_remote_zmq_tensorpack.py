@@ -146,11 +146,14 @@ def test_bound_consumer_names_a_killed_producer(leak_check, producers, tmp_path)
         first = [next(it) for _ in range(3)]
         os.kill(slow.pid, signal.SIGKILL)
         t0 = time.monotonic()
+        n = len(first)
         with pytest.raises(ProducerLostError, match=r"producer [0-9a-f]{16}.*sent nothing") as info:
             for _ in it:
-                pass
+                n += 1
         assert time.monotonic() - t0 < PROMPTLY_S and info.value.addr.startswith(addr)
         assert [dp[1] for dp in first] == [0, 1, 2]
+        assert f"(after {n:,} datapoints from it) sent nothing" in str(info.value)  # how far it got
+        assert "and no end of its pass" in str(info.value)
 
 
 def test_bound_consumer_without_producers_raises_after_timeout(leak_check, tmp_path):

@@ -48,7 +48,7 @@ class _Producer:
     ``shared``: the socket is a bound one that other producers also send to (``bind=True``).
     """
 
-    __slots__ = ("addr", "sock", "state", "ended", "last_seen", "split", "shared", "spoke")
+    __slots__ = ("addr", "sock", "state", "ended", "last_seen", "split", "shared", "spoke", "received")
 
     def __init__(self, addr: str, sock: Any, shared: bool = False) -> None:
         self.addr, self.sock, self.shared = addr, sock, shared
@@ -57,6 +57,7 @@ class _Producer:
         self.last_seen = time.monotonic()
         self.split: P.Split | None = None  # a datapoint arriving in pieces
         self.spoke = not shared  # a producer sharing a bound address: sent something besides its hello
+        self.received = 0  # datapoints from it, every pass: an error for a lost producer says how far it got
 
 
 class Consumer:
@@ -236,11 +237,12 @@ class Consumer:
         for p in lost:
             self._drop(p, _LOST)
         self._lost += len(lost)
-        names = ", ".join(p.addr for p in lost)
+        names = ", ".join(f"{p.addr} (after {p.received:,} datapoints from it)" for p in lost)
         silent = now - min(p.last_seen for p in lost)
         left = sum(p.state == _ACTIVE for p in self._producers)
         msg = (f"{self.who}: producer {names} sent nothing for {silent:.1f} s "
-               f"(timeout={self.flow.timeout:g} s); dropped, {left} other producer(s) go on{self._note()}")
+               f"(timeout={self.flow.timeout:g} s) and no end of its pass; dropped, {left} other producer(s) "
+               f"go on{self._note()}")
         if self.flow.on_lost == "raise":
             raise ProducerLostError(msg, addr=lost[0].addr, silent_s=silent)
         log.warning("%s", msg)
@@ -291,6 +293,7 @@ class ConnectingConsumer(Consumer):
             dp = self._decode(p, frames)
             if dp is not _INCOMPLETE:
                 self._n += 1
+                p.received += 1
                 yield dp
 
     def _receive(self, pending: list[_Producer]) -> tuple[_Producer, list] | None:
@@ -414,6 +417,7 @@ class BindingConsumer(Consumer):
             dp = self._decode(p, frames)
             if dp is not _INCOMPLETE:
                 self._n += 1
+                p.received += 1
                 yield dp
 
     def _tagged(self, addr: str, frames: list) -> _Producer | None:

@@ -231,10 +231,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
                 sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.connect(addr)
     except zmq.ZMQError as exc:
-        peers.close(sock)
-        sock.close(0)
-        security.close()
-        ctx.term()
+        _close(ctx, sock, peers, security, 0)
         hint = "" if bind else " (a connecting producer needs the consumer's address, not a wildcard)"
         raise RemoteConnectionError(f"{who}: cannot {'bind' if bind else 'connect to'} {addr}: {exc}{hint}",
                                     addr=addr) from exc
@@ -245,10 +242,7 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
         try:
             sock.send_multipart(prefix + [P.HELLO])
         except zmq.Again:
-            peers.close(sock)
-            sock.close(0)
-            security.close()
-            ctx.term()
+            _close(ctx, sock, peers, security, 0)
             raise RemoteConnectionError(f"{who}: no consumer took a message on {addr} for {send_timeout} s "
                                         f"(send_timeout){security.note()}", addr=addr) from None
 
@@ -316,7 +310,13 @@ def send_dataflow_zmq(df: Iterable, addr: str, hwm: int = 50, format: str | None
             log.warning("%s: the reader thread of %s is still inside the flow after 5 s", who, addr)
         if bar is not None:
             bar.close()
-        peers.close(sock)
-        sock.close(linger=linger)
-        security.close()
-        ctx.term()
+        _close(ctx, sock, peers, security, linger)
+
+
+def _close(ctx: Any, sock: Any, peers: _Peers, security: Security, linger: int) -> None:
+    """Close the producer's socket (after ``linger`` ms for what it still holds; -1: until sent), its monitor,
+    its keys and its context."""
+    peers.close(sock)
+    sock.close(linger=linger)
+    security.close()
+    ctx.term()
