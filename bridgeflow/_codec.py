@@ -63,6 +63,7 @@ __all__ = [
     "DECODE_ERRORS",
     "DEFAULT_CODEC",
     "FORMAT_VERSION",
+    "buffer_spans",
     "decode",
     "decode_frames",
     "decode_many",
@@ -513,6 +514,33 @@ def decode_frames(frames: Sequence[Any], *, allow_pickle: bool = False) -> Any:
         raise
     except Exception as exc:
         raise CorruptDataError(f"cannot decode frames: {type(exc).__name__}: {exc}") from exc
+
+
+def buffer_spans(buf: Any) -> tuple[int, list[tuple[int, int]]]:
+    """Where the parts of an encoding lie: ``(head, spans)``, the length of its head (header, skeleton, values,
+    table and heap: the first frame :func:`decode_frames` takes) and the ``(offset, length)`` of each raw buffer
+    in it. Reads the header and the table only: ``buf`` may be the encoding's first bytes, up to its first
+    buffer. A header that is not bridgeflow's, or parts that do not add up to its length, raise
+    :class:`CorruptDataError`."""
+    b = _as_bytes_like(buf)
+    try:
+        magic, version, cid, _flags, nbuf, skel_len, nvals, heap_len, total = _HEAD.unpack_from(b)
+        _check_head(magic, version, cid)
+        table = HEAD_SIZE + skel_len + 8 * nvals
+        if table + 8 * nbuf > len(b):
+            raise CorruptDataError(f"the table of {nbuf} buffers runs past the {len(b)} bytes given")
+        lengths = struct.unpack_from(f"<{nbuf}Q", b, table)
+    except struct.error as exc:
+        raise CorruptDataError(f"cannot read the header: {exc}") from exc
+    end = head = table + 8 * nbuf + heap_len
+    spans = []
+    for n in lengths:
+        off = end + (-end % ALIGN)
+        spans.append((off, n))
+        end = off + n
+    if end != total:
+        raise CorruptDataError(f"encoding's header says {total} bytes, its parts {end}")
+    return head, spans
 
 
 def peek_codec(buf: Any) -> tuple[str, int]:

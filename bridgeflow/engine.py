@@ -5,7 +5,7 @@ import public names (``bridgeflow.DataFlow``, ``bridgeflow.MapData``, ``bridgefl
 errors, ...) from their public places, and everything else of the core from here: no private module of the core
 is imported from outside it. The ``seam`` contract in ``pyproject.toml`` (``lint-imports``) holds this.
 
-The names fall in five groups:
+The names fall in six groups:
 
 - the background thread: :class:`Producer` and :class:`BackgroundIterator`;
 - the worker pool's parts that a pool owner needs beside :class:`bridgeflow.parallel.WorkerPool`:
@@ -15,6 +15,7 @@ The names fall in five groups:
   :func:`load_object`;
 - helpers: :func:`require`, :func:`progress_bar`, :data:`DECODE_ERRORS`, and the state's :data:`MAX_DEPTH` and
   :func:`short`;
+- batches read into their rows (:mod:`bridgeflow._stacked`): :func:`collating` and :func:`take_block`;
 - the state schema an adapter declares its state with: :class:`Field`, :class:`Count`, :class:`Flag`,
   :class:`Value`, :func:`check_fields`.
 
@@ -46,6 +47,7 @@ from ._order import IndexedSource
 from ._progress import progress_bar
 from ._proxy import ProxyDataFlow
 from ._shard import warn_if_unsharded
+from ._stacked import collating, take_block
 from ._state import MAX_DEPTH, short
 from ._state_schema import Count, Field, Flag, Value, check_fields
 from ._transforms import _DATAPOINT_TYPES as DATAPOINT_TYPES
@@ -78,6 +80,9 @@ __all__ = [
     "DECODE_ERRORS",  # the errors decoding raises on purpose
     "MAX_DEPTH",  # the deepest nesting of dicts and lists a state may have
     "short",  # repr() cut to about 60 characters, for error messages about untrusted states
+    # batches read into their rows
+    "collating",  # around reading and collating one batch: readers may read its arrays into the rows of a block
+    "take_block",  # the block whose rows, in order, are the arrays given (made while collating), or None
     # the state schema, to declare an adapter's state with the core's fields
     "Field",  # one field of a state: its name and what a saved state may hold in it
     "Count",  # a field holding an integer from 0 to a bound

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bridgeflow.engine import require
+from bridgeflow.engine import require, take_block
 
 torch = require("torch", "bridgeflow.adapters.torch")
 
@@ -271,6 +271,12 @@ def _stack_numpy(arrays: list[np.ndarray], alloc: Any = None) -> Any:
     dtype, shape = first.dtype, first.shape
     if dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
         return None
+    block = take_block(arrays)  # the samples were read into the rows of one array (a bridgeflow reader's)
+    if block is not None:
+        try:
+            return torch.from_numpy(block)
+        except TypeError:  # a numpy dtype torch has no type for
+            return None
     for a in arrays:
         if not isinstance(a, np.ndarray) or a.dtype != dtype or a.shape != shape:
             return None

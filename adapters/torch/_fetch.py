@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from bridgeflow.engine import collating
+
 from . import _compat, _convert
 from ._compat import torch
 from ._result import BATCH, ENDED, SKIPPED, STARTED, STOPPED, Result
@@ -65,6 +67,10 @@ class Fetcher:
         self.ended = False
         self.iterator = iter(dataset) if kind == ITERABLE else None
         self.stateful = is_stateful(dataset) or (self.iterator is not None and is_stateful(self.iterator))
+        # A bridgeflow reader (its samples reach the collation untouched), collated as torch's default: it may read
+        # a batch's arrays straight into the rows of the batch (the worker's shared memory), taken as they are
+        self.rows = (kind == MAP and auto_collation and getattr(type(dataset), "samples_untouched", False)
+                     and isinstance(collate_fn, FastCollate))
 
     def state(self) -> dict | None:
         """The dataset's and its iterator's states (torchdata's convention), None when neither has one."""
@@ -357,6 +363,10 @@ class WorkerTask:
     def _fetch(self, fetcher: Fetcher, task: Any, seeder: Seeder | None = None) -> Any:
         """Read the task's samples and collate them: nothing more per sample than torch does. When torch's
         collation fails on a value that could not be sent either, the error names that value's sample."""
+        if fetcher.rows:  # the samples may be read into the rows of the batch (see Fetcher)
+            assert isinstance(fetcher.collate_fn, FastCollate)
+            with collating(fetcher.collate_fn.alloc):
+                return self._collate(fetcher, task, fetcher.read(task, seeder))
         return self._collate(fetcher, task, fetcher.read(task, seeder))
 
     def _collate(self, fetcher: Fetcher, task: Any, samples: Any) -> Any:

@@ -143,7 +143,12 @@ class _RandomAccess(Protocol):
 
 
 class FlowItems(Dataset):
-    """A random-access flow as a map-style dataset: ``flow[i]``, the flow reset once in each process."""
+    """A random-access flow as a map-style dataset: ``flow[i]``, the flow reset once in each process.
+
+    ``samples_untouched``: what ``__getitems__`` returns goes to the collation as it is, held by no one else, so
+    a file reader may read it into the rows of the batch (:func:`bridgeflow.engine.collating`)."""
+
+    samples_untouched = True
 
     def __init__(self, flow: DataFlow) -> None:
         self.flow = flow

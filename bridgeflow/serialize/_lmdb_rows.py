@@ -11,6 +11,10 @@ half values (a small dataset), else with one ``preadv`` a value, which at 300 by
 rest of the read. Either way a file cut short or committed to while it is read is an error before any
 datapoint of the batch is handed out, as for values read one by one.
 
+Large values take another way when a batch of them is read to be collated (torch's DataLoader, see
+:mod:`bridgeflow._stacked`): each value's arrays are read by its ``preadv`` straight into their rows of the
+batch, the rest of it (head, padding, CRC) into small buffers, and its CRC continued over the parts.
+
 Why one CRC over the rows checks every row: a value followed by its own CRC-32 (little-endian) has the same
 CRC-32, whatever the value (the CRC's residue), and the CRC-32 of two buffers end to end depends only on
 the CRC-32 of each and the second's length (zlib's ``crc32_combine``). So ``k`` sound rows of ``s`` bytes
@@ -38,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from .._codec import DECODE_ERRORS, decode_many
+from .._codec import DECODE_ERRORS, buffer_spans, decode, decode_frames, decode_many
 from .._serialize_errors import CorruptDataError
+from .._stacked import collating_now, new_block
 from ._checksum import crc32
 from ._common import normalize_index
 from ._lmdb_file import new_bytearray
@@ -97,6 +102,18 @@ def gather_rows(block: Any, starts: np.ndarray, s: int) -> memoryview:
     return memoryview(windows[starts].reshape(-1))
 
 
+def _arrays(dp: Any) -> Iterator[np.ndarray]:
+    """The numpy arrays in a datapoint (in lists, tuples and dicts, at any depth)."""
+    if type(dp) is np.ndarray:
+        yield dp
+    elif isinstance(dp, (list, tuple)):
+        for v in dp:
+            yield from _arrays(v)
+    elif isinstance(dp, dict):
+        for v in dp.values():
+            yield from _arrays(v)
+
+
 class SmallValueReads:
     """The shuffled-epoch reads of :class:`~bridgeflow.serialize._lmdb_format.LMDBDataset` for small values
     of bridgeflow's format: a batch of :data:`ROWS` at a time, gathered from the epoch's :meth:`_region` (or
@@ -117,7 +134,10 @@ class SmallValueReads:
     _get: Callable[[int, int], Any]
     _finish: Callable[[int, Any, Any], Any]
     _cut: Callable[[int, int, str], CorruptDataError]
+    _damaged: Callable[..., CorruptDataError]
     _written: Callable[[], Exception]
+    _offsets: Any
+    _sizes: Any
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """``[self[i] for i in indices]``, read as a batch (torch's ``DataLoader`` asks for each batch's
@@ -129,6 +149,10 @@ class SmallValueReads:
         idx = self._file_indices(indices)
         fd = self._fd()
         if self.format != "bridgeflow" or not self._index.small or self._unpickle:
+            if self.format == "bridgeflow" and not self._unpickle and len(idx) > 1 and collating_now():
+                into = self._read_into_rows(fd, idx)
+                if into is not None:
+                    return into
             return [self._get(fd, i) for i in idx]
         region = self._held_region(fd)
         out: list = []
@@ -138,6 +162,85 @@ class SmallValueReads:
                 raise failed
             out += batch
         return out
+
+    def _read_into_rows(self, fd: int, idx: list[int]) -> list | None:
+        """``[self[i] for i in idx]`` read for a batch being collated (see :mod:`bridgeflow._stacked`): each
+        value's arrays read by its ``preadv`` straight into their rows of one block per array, the rest of the
+        value (head, padding, CRC) into small buffers; each value's CRC checked over its parts, and the watch
+        once for the batch, before any of it is returned. None where the values are not alike (not one size,
+        or the first's raw buffers are not all arrays): read each into memory of its own then. A value whose
+        parts lie elsewhere than the first's is decoded whole, its arrays its own (the collation copies them)."""
+        sizes = self._index.sizes[idx]
+        size = int(sizes[0])
+        if (sizes != size).any():
+            return None
+        tail = _TAIL if self._crc else 0
+        first = new_bytearray(size)
+        if os.preadv(fd, [first], self._offsets[idx[0]]) != size:
+            raise self._cut(self._offsets[idx[0]], size, f"datapoint {idx[0]}")
+        body = memoryview(first)[:size - tail]
+        if tail and crc32()(body) != int.from_bytes(first[size - tail:], "little"):
+            raise self._damaged(idx[0])
+        try:
+            head, spans = buffer_spans(body)
+            dp = decode_frames([body[:head], *(body[o:o + n] for o, n in spans)])
+        except DECODE_ERRORS:
+            return None  # the usual read names what is wrong with it
+        arrays = {a.__array_interface__["data"][0]: a for a in _arrays(dp)}
+        start = np.frombuffer(first, np.uint8).__array_interface__["data"][0]
+        found = [arrays.get(start + o) for o, n in spans]
+        if not spans or any(a is None or a.nbytes != n for a, (o, n) in zip(found, spans)):
+            return None
+        blocks = [new_block(len(idx), a.shape, a.dtype) for a in found]  # type: ignore[union-attr]
+        if any(b is None for b in blocks):
+            return None
+        rows = [b.reshape(len(idx), -1).view(np.uint8) for b in blocks]  # type: ignore[union-attr]
+        gaps, at = [], 0  # the bytes between the arrays: head and padding, then the CRC
+        for o, n in spans:
+            gaps.append(o - at)
+            at = o + n
+        gaps.append(size - at)
+        out = [self._value_in_rows(fd, idx[0], rows, 0, gaps, head, spans, first)]
+        for k in range(1, len(idx)):
+            out.append(self._value_in_rows(fd, idx[k], rows, k, gaps, head, spans, None))
+        if os.pread(fd, 8, self._watch_at) != self._watch:
+            raise self._written()
+        return out
+
+    def _value_in_rows(self, fd: int, i: int, rows: list, k: int, gaps: list[int], head: int, spans: list,
+                       whole: bytearray | None) -> Any:
+        """Datapoint ``i`` with its arrays in row ``k`` of ``rows`` (one per array, as bytes); ``whole``: its
+        value, already read and checked (the first of the batch), copied into the rows."""
+        parts: list = []
+        for j, row in enumerate(rows):
+            parts.append(bytearray(gaps[j]))
+            parts.append(row[k])
+        parts.append(bytearray(gaps[-1]))
+        if whole is not None:
+            mv = memoryview(whole)
+            at = 0
+            for part in parts:
+                part[:] = mv[at:at + len(part)]
+                at += len(part)
+        else:
+            off, size = self._offsets[i], self._sizes[i]
+            if os.preadv(fd, parts, off) != size:
+                raise self._cut(off, size, f"datapoint {i}")
+            if self._crc:
+                tail = parts[-1]
+                crc, of = 0, crc32()
+                for part in parts[:-1]:
+                    crc = of(part, crc)
+                crc = of(tail[:len(tail) - _TAIL], crc)
+                if crc != int.from_bytes(tail[len(tail) - _TAIL:], "little"):
+                    raise self._damaged(i)
+        try:
+            if buffer_spans(parts[0]) != (head, spans):  # its parts lie elsewhere: decoded whole
+                value = b"".join(parts)
+                return decode(bytearray(value[:len(value) - (_TAIL if self._crc else 0)]))
+            return decode_frames([memoryview(parts[0])[:head], *parts[1:-1:2]])
+        except DECODE_ERRORS as exc:
+            raise self._damaged(i, exc) from exc
 
     def _file_indices(self, indices: Sequence[int]) -> list[int]:
         """The file's datapoint numbers of ``indices`` (this rank's, negative ones from the end), in one
