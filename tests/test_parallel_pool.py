@@ -622,3 +622,42 @@ def test_a_caller_reading_the_consumers_stdout_is_not_held_by_what_tasks_started
     assert out.strip() == f"got {list(range(8))}", err[-2000:]
     assert proc.returncode == 0 and "SystemExit" not in err, err[-2000:]
     assert len(pids) >= 4 and not left, report  # (workers read ahead into the next epoch: more tasks ran)
+
+
+def batch_faults_init(ctx):
+    """The page faults of one round of a batch's worth of 150 KB arrays, written and freed together, as a
+    worker reading 64 samples of its own memory each frees them after the batch."""
+    import resource
+
+    def one_round(_):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        held = [np.ones(150_000, np.uint8) for _ in range(64)]
+        del held
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+    return one_round
+
+
+def test_a_worker_keeps_a_freed_batch_for_the_next(leak_check, monkeypatch):
+    """glibc hands a batch's memory, freed at once, back to the system and faults it in again for the next batch
+    (2,300 faults a round of 64 x 150 KB) until a process has run a while; a worker starts tuned (a fresh
+    spawned interpreter: nothing it inherits could have tuned it), and the user's MALLOC_* settings stand."""
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        libc = ""
+    if not libc.startswith("glibc"):
+        pytest.skip("the C library is not glibc: its malloc has no such thresholds")
+    for env, tuned in ((None, True), ("131072", False)):
+        if env is not None:
+            monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", env)
+        with WorkerPool(batch_faults_init, 1, processes=True, start_method="spawn") as pool:
+            pool.start()
+            for _ in range(4):
+                pool.put(None)
+            faults = [pool.get()[1] for _ in range(4)]
+        assert faults[0] > 64 * 30, faults  # the first round faults its pages in, tuned or not
+        if tuned:
+            assert max(faults[1:]) < 64, faults  # then the freed memory is reused
+        else:
+            assert min(faults[1:]) > 64 * 30, faults  # glibc as the user set it

@@ -195,50 +195,43 @@ class SmallValueReads:
         if any(b is None for b in blocks):
             return None
         rows = [b.reshape(len(idx), -1).view(np.uint8) for b in blocks]  # type: ignore[union-attr]
-        gaps, at = [], 0  # the bytes between the arrays: head and padding, then the CRC
+        parts: list = []  # what a value's preadv fills: the bytes before, between and after its arrays (head,
+        at = 0  # padding, CRC: reused from value to value) and, between them, the arrays' rows
         for o, n in spans:
-            gaps.append(o - at)
+            parts += [bytearray(o - at), None]
             at = o + n
-        gaps.append(size - at)
-        out = [self._value_in_rows(fd, idx[0], rows, 0, gaps, head, spans, first)]
-        for k in range(1, len(idx)):
-            out.append(self._value_in_rows(fd, idx[k], rows, k, gaps, head, spans, None))
+        parts.append(bytearray(size - at))
+        out = []
+        for k, i in enumerate(idx):
+            parts[1::2] = [row[k] for row in rows]
+            out.append(self._value_in_rows(fd, i, parts, head, spans, first if k == 0 else None))
         if os.pread(fd, 8, self._watch_at) != self._watch:
             raise self._written()
         return out
 
-    def _value_in_rows(self, fd: int, i: int, rows: list, k: int, gaps: list[int], head: int, spans: list,
-                       whole: bytearray | None) -> Any:
-        """Datapoint ``i`` with its arrays in row ``k`` of ``rows`` (one per array, as bytes); ``whole``: its
-        value, already read and checked (the first of the batch), copied into the rows."""
-        parts: list = []
-        for j, row in enumerate(rows):
-            parts.append(bytearray(gaps[j]))
-            parts.append(row[k])
-        parts.append(bytearray(gaps[-1]))
+    def _value_in_rows(self, fd: int, i: int, parts: list, head: int, spans: list, whole: bytearray | None) -> Any:
+        """Datapoint ``i`` read into ``parts`` (see :meth:`_read_into_rows`), its arrays views of their rows;
+        ``whole``: its value, already read and checked (the first of the batch), copied into the parts."""
         if whole is not None:
-            mv = memoryview(whole)
             at = 0
             for part in parts:
-                part[:] = mv[at:at + len(part)]
+                part[:] = whole[at:at + len(part)]
                 at += len(part)
         else:
             off, size = self._offsets[i], self._sizes[i]
             if os.preadv(fd, parts, off) != size:
                 raise self._cut(off, size, f"datapoint {i}")
             if self._crc:
-                tail = parts[-1]
-                crc, of = 0, crc32()
+                crc, of, last = 0, crc32(), parts[-1]
                 for part in parts[:-1]:
                     crc = of(part, crc)
-                crc = of(tail[:len(tail) - _TAIL], crc)
-                if crc != int.from_bytes(tail[len(tail) - _TAIL:], "little"):
+                if of(memoryview(last)[:len(last) - _TAIL], crc) != int.from_bytes(last[len(last) - _TAIL:], "little"):
                     raise self._damaged(i)
         try:
             if buffer_spans(parts[0]) != (head, spans):  # its parts lie elsewhere: decoded whole
                 value = b"".join(parts)
                 return decode(bytearray(value[:len(value) - (_TAIL if self._crc else 0)]))
-            return decode_frames([memoryview(parts[0])[:head], *parts[1:-1:2]])
+            return decode_frames([memoryview(parts[0])[:head], *parts[1::2]])
         except DECODE_ERRORS as exc:
             raise self._damaged(i, exc) from exc
 
