@@ -148,20 +148,21 @@ class SmallValueReads:
         committed to or cut since it was opened is an error. Other files are read one value at a time."""
         idx = self._file_indices(indices)
         fd = self._fd()
-        if self.format != "bridgeflow" or not self._index.small or self._unpickle:
-            if self.format == "bridgeflow" and not self._unpickle and len(idx) > 1 and collating_now():
-                into = self._read_into_rows(fd, idx)
-                if into is not None:
-                    return into
-            return [self._get(fd, i) for i in idx]
-        region = self._held_region(fd)
-        out: list = []
-        for j in range(0, len(idx), ROWS):
-            batch, failed = self._rows(fd, idx[j:j + ROWS], region)
-            if failed is not None:
-                raise failed
-            out += batch
-        return out
+        codec = self.format == "bridgeflow" and not self._unpickle  # values in bridgeflow's codec
+        if codec and self._index.small:
+            region = self._held_region(fd)
+            out: list = []
+            for j in range(0, len(idx), ROWS):
+                batch, failed = self._rows(fd, idx[j:j + ROWS], region)
+                if failed is not None:
+                    raise failed
+                out += batch
+            return out
+        if codec and len(idx) > 1 and collating_now():
+            into = self._read_into_rows(fd, idx)
+            if into is not None:
+                return into
+        return [self._get(fd, i) for i in idx]
 
     def _read_into_rows(self, fd: int, idx: list[int]) -> list | None:
         """``[self[i] for i in idx]`` read for a batch being collated (see :mod:`bridgeflow._stacked`): each
@@ -229,8 +230,9 @@ class SmallValueReads:
                     raise self._damaged(i)
         try:
             if buffer_spans(parts[0]) != (head, spans):  # its parts lie elsewhere: decoded whole
-                value = b"".join(parts)
-                return decode(bytearray(value[:len(value) - (_TAIL if self._crc else 0)]))
+                value = bytearray().join(parts)
+                del value[len(value) - (_TAIL if self._crc else 0):]
+                return decode(value)
             return decode_frames([memoryview(parts[0])[:head], *parts[1::2]])
         except DECODE_ERRORS as exc:
             raise self._damaged(i, exc) from exc
